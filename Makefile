@@ -1,0 +1,45 @@
+# dwell's interface: `make run` and `make test` set everything up on a fresh machine.
+SHELL := /bin/bash
+PY := .venv/bin/python
+DEVSTACK := python3 scripts/devstack.py
+PYTEST_ARGS ?=
+
+.PHONY: help install run up down status test test-unit test-integration lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+
+install: ## install what is missing: .venv, redis-server, Apache Kafka and Spark jars
+	$(DEVSTACK) install
+
+run: ## start the whole stack in the foreground, run the demo; Ctrl-C stops it
+	$(DEVSTACK) run --demo
+
+up: ## start the stack in the background (ports 6379, 9092, 8081-8083)
+	$(DEVSTACK) up
+
+down: ## stop exactly what `make up` started
+	$(DEVSTACK) down
+
+status: ## what runs where
+	$(DEVSTACK) status
+
+test: install ## every test suite, against real Redis and Kafka it starts (and stops) itself
+	$(DEVSTACK) --profile test down
+	rm -rf .dwell/test
+	set -o pipefail; rc=0; \
+	  $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	  $(DEVSTACK) --profile test down; exit $$rc
+
+test-unit: install ## the unit tests only (no servers)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: install ## ruff on everything, mypy --strict on dwell.core
+	$(PY) -m ruff check services spark tests bench scripts
+	$(PY) -m mypy --strict services/dwell/core
+
+bench: install ## the benchmarks under bench/ (they start their own servers)
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean: down ## stop the stack and delete .dwell/ state (keeps downloaded jars)
+	rm -rf .dwell/dev .dwell/test

@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""The local stack: installs what is missing and runs Redis, Apache Kafka (KRaft)
+and dwell's processes on 127.0.0.1, with pid files and logs under `.dwell/`.
+
+Standard library only, so it runs before the venv exists. `make run|up|down|test`
+call it; the test suite imports it to start its own servers on other ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE_ROOT = ROOT / ".dwell"
+CACHE = STATE_ROOT / "cache"
+VENV = ROOT / ".venv"
+VENV_PY = VENV / "bin" / "python"
+KAFKA_DIR = ROOT / "scripts" / "kafka"
+SPARK_DIR = ROOT / "spark"
+
+# Ports per profile. The test profile sits 10000 above so that `make test`
+# never touches a stack started with `make up`.
+PROFILES: dict[str, dict[str, int]] = {
+    "dev": {"redis": 6379, "kafka": 9092, "kafka_controller": 9093,
+            "policy": 8081, "admission": 8082, "tracker": 8083},
+    "test": {"redis": 16379, "kafka": 19092, "kafka_controller": 19093,
+             "policy": 18081, "admission": 18082, "tracker": 18083},
+}
+SERVICES = ("policy", "admission", "tracker")
+
+
+def say(msg: str) -> None:
+    print(f"dwell: {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- install
+
+
+def _stamp_ok(stamp: Path, digest: str) -> bool:
+    return stamp.exists() and stamp.read_text() == digest
+
+
+def install_python(extras: str = "dev,spark") -> None:
+    """Create .venv and install dwell with its extras, once per pyproject change."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
+    stamp = VENV / ".dwell-installed"
+    if VENV_PY.exists() and _stamp_ok(stamp, digest):
+        return
+    t0 = time.monotonic()
+    if not VENV_PY.exists():
+        say("creating .venv")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    say(f"pip install -e '.[{extras}]' (first run downloads ~600 MB)")
+    subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                    "-e", f".[{extras}]"], check=True, cwd=ROOT)
+    stamp.write_text(digest)
+    say(f"python packages ready in {time.monotonic() - t0:.0f}s")
+
+
+def redis_server_bin() -> str:
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        sys.exit("dwell: redis-server is missing; install Debian's redis-server package")
+    say("installing Debian's redis-server (apt-get)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    # Debian starts its own redis on 6379 after install; ours must own that port.
+    subprocess.run(["service", "redis-server", "stop"], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return "/usr/bin/redis-server"
+
+
+def _mvn_copy(pom: Path, dest: Path) -> None:
+    """Resolve a pom's runtime dependencies from Maven Central into dest, once."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
+    stamp = dest / ".resolved"
+    if _stamp_ok(stamp, digest):
+        return
+    if not shutil.which("mvn"):
+        sys.exit("dwell: mvn (Apache Maven) is needed to fetch Kafka's jars from Maven Central")
+    say(f"resolving {pom.relative_to(ROOT)} from Maven Central into {dest.relative_to(ROOT)}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    subprocess.run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+                    f"-DoutputDirectory={dest}", "-DincludeScope=runtime"], check=True)
+    stamp.write_text(digest)
+
+
+def kafka_libs() -> Path:
+    dest = CACHE / "kafka-libs"
+    _mvn_copy(KAFKA_DIR / "pom.xml", dest)
+    return dest
+
+
+def spark_kafka_jars() -> list[Path]:
+    """Spark's Kafka connector and its dependencies, for spark.jars (no Ivy at run time)."""
+    pom = SPARK_DIR / "pom.xml"
+    if not pom.exists():
+        return []
+    dest = CACHE / "spark-jars"
+    _mvn_copy(pom, dest)
+    return sorted(dest.glob("*.jar"))
+
+
+def install(with_python: bool = True) -> None:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    redis_server_bin()
+    if not shutil.which("java"):
+        sys.exit("dwell: java (17+) is needed to run Apache Kafka")
+    kafka_libs()
+    if with_python:
+        install_python()
+    spark_kafka_jars()
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    health_url: str | None = None
+    cwd: Path = ROOT
+    start_timeout: float = 60.0
+
+
+class Stack:
+    def __init__(self, profile: str = "dev") -> None:
+        if profile not in PROFILES:
+            raise ValueError(f"unknown profile {profile!r}")
+        self.profile = profile
+        self.ports = PROFILES[profile]
+        self.state = STATE_ROOT / profile
+        self.run_dir = self.state / "run"
+        self.log_dir = self.state / "logs"
+
+    # -- environment shared by every dwell process of this profile
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports['redis']}/0"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.ports['kafka']}"
+
+    def service_env(self) -> dict[str, str]:
+        return {
+            "DWELL_REDIS_URL": self.redis_url,
+            "DWELL_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "DWELL_POLICY_URL": f"http://127.0.0.1:{self.ports['policy']}",
+            "DWELL_ADMISSION_URL": f"http://127.0.0.1:{self.ports['admission']}",
+            "DWELL_TRACKER_URL": f"http://127.0.0.1:{self.ports['tracker']}",
+            "DWELL_SPARK_CHECKPOINT_DIR": str(self.state / "spark-checkpoints"),
+        }
+
+    # -- process definitions
+    def redis(self) -> Proc:
+        data = self.state / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        return Proc("redis", [redis_server_bin(), "--bind", "127.0.0.1", "--port",
+                              str(self.ports["redis"]), "--dir", str(data),
+                              "--appendonly", "yes", "--appendfsync", "everysec",
+                              "--save", "", "--protected-mode", "yes",
+                              "--daemonize", "no"], self.ports["redis"])
+
+    def kafka(self) -> Proc:
+        libs = kafka_libs()
+        kdir = self.state / "kafka"
+        data = kdir / "data"
+        kdir.mkdir(parents=True, exist_ok=True)
+        props = kdir / "server.properties"
+        tpl = string.Template((KAFKA_DIR / "server.properties.template").read_text())
+        props.write_text(tpl.substitute(port=self.ports["kafka"],
+                                        controller_port=self.ports["kafka_controller"],
+                                        data_dir=data))
+        cp = f"{libs}/*"
+        if not (data / "meta.properties").exists():
+            # Kafka wants the 22-char base64 form; StorageTool makes one for us.
+            cluster_id = subprocess.run(
+                ["java", "-cp", cp, "kafka.tools.StorageTool", "random-uuid"],
+                check=True, capture_output=True, text=True).stdout.strip()
+            say(f"formatting Kafka log dir {data.relative_to(ROOT)} (KRaft)")
+            subprocess.run(["java", "-cp", cp, "kafka.tools.StorageTool", "format", "-t",
+                            cluster_id, "-c", str(props)], check=True, capture_output=True)
+        return Proc("kafka", ["java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
+                              f"-Dlog4j2.configurationFile={KAFKA_DIR / 'log4j2.properties'}",
+                              "-cp", cp, "kafka.Kafka", str(props)],
+                    self.ports["kafka"], start_timeout=90)
+
+    def service(self, name: str) -> Proc:
+        env = self.service_env() | {"DWELL_HTTP_PORT": str(self.ports[name])}
+        return Proc(name, [str(VENV_PY), "-m", f"dwell.{name}"], self.ports[name], env,
+                    health_url=f"http://127.0.0.1:{self.ports[name]}/healthz")
+
+    def spark(self) -> Proc:
+        jars = ",".join(str(p) for p in spark_kafka_jars())
+        env = self.service_env() | {"DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY)}
+        return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], 0, env,
+                    cwd=SPARK_DIR, start_timeout=120)
+
+    def proc(self, name: str) -> Proc:
+        if name == "redis":
+            return self.redis()
+        if name == "kafka":
+            return self.kafka()
+        if name == "spark":
+            return self.spark()
+        return self.service(name)
+
+    def available(self) -> list[str]:
+        """Processes this checkout can run: a service joins once its package has a __main__."""
+        names = ["redis", "kafka"]
+        names += [s for s in SERVICES if (ROOT / "services" / "dwell" / s / "__main__.py").exists()]
+        if (SPARK_DIR / "dwell_spark" / "__main__.py").exists():
+            names.append("spark")
+        return names
+
+    # -- pid files
+    def _pidfile(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def pid(self, name: str) -> int | None:
+        try:
+            pid = int(self._pidfile(name).read_text().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            self._pidfile(name).unlink(missing_ok=True)
+            return None
+        except PermissionError:
+            pass
+        return pid
+
+    def start(self, name: str) -> float | None:
+        """Start one process unless it runs; returns seconds to healthy, None if already up."""
+        if self.pid(name):
+            return None
+        p = self.proc(name)
+        if p.port and _port_open(p.port):
+            raise RuntimeError(f"port {p.port} for {name} is taken by a process dwell did not "
+                               f"start; stop it or use another profile")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ) | p.env
+        t0 = time.monotonic()
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            child = subprocess.Popen(p.argv, cwd=p.cwd, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self._pidfile(name).write_text(f"{child.pid}\n")
+        deadline = t0 + p.start_timeout
+        while time.monotonic() < deadline:
+            if child.poll() is not None:
+                self._pidfile(name).unlink(missing_ok=True)
+                raise RuntimeError(f"{name} exited with {child.returncode}; see "
+                                   f"{(self.log_dir / (name + '.log')).relative_to(ROOT)}\n"
+                                   + _tail(self.log_dir / f"{name}.log"))
+            if _healthy(p):
+                return time.monotonic() - t0
+            time.sleep(0.2)
+        self.stop(name)
+        raise RuntimeError(f"{name} did not become healthy within {p.start_timeout:.0f}s\n"
+                           + _tail(self.log_dir / f"{name}.log"))
+
+    def stop(self, name: str, timeout: float = 20.0) -> bool:
+        pid = self.pid(name)
+        if not pid:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        self._pidfile(name).unlink(missing_ok=True)
+        return True
+
+    def up(self, names: list[str] | None = None) -> None:
+        names = names or self.available()
+        for name in names:
+            took = self.start(name)
+            port = self.proc_port(name)
+            where = f"127.0.0.1:{port}" if port else "local[2]"
+            if took is None:
+                say(f"{name:<9} already running  {where}")
+            else:
+                say(f"{name:<9} up in {took:4.1f}s      {where}")
+        if "kafka" in names:
+            _ensure_dwell_topics(self)
+
+    def proc_port(self, name: str) -> int:
+        return self.ports.get(name, 0)
+
+    def down(self, names: list[str] | None = None) -> None:
+        # Stop in reverse dependency order: consumers before the servers they use.
+        names = names or ["spark", *reversed(SERVICES), "kafka", "redis"]
+        for name in names:
+            if self.stop(name):
+                say(f"{name:<9} stopped")
+
+    def status(self) -> list[tuple[str, int | None, int]]:
+        return [(n, self.pid(n), self.proc_port(n)) for n in self.available()]
+
+
+def _ensure_dwell_topics(stack: Stack) -> None:
+    """dwell's own topics, created once the broker is up (auto-create is off)."""
+    code = (
+        "import sys; from dwell.adapters.kafka import ensure_dwell_topics;"
+        "ensure_dwell_topics(sys.argv[1])"
+    )
+    if VENV_PY.exists() and (ROOT / "services" / "dwell" / "adapters" / "kafka.py").exists():
+        subprocess.run([str(VENV_PY), "-c", code, stack.kafka_bootstrap], check=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of ours counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _healthy(p: Proc) -> bool:
+    if p.health_url:
+        try:
+            with urllib.request.urlopen(p.health_url, timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+    if p.name == "kafka":
+        return _port_open(p.port) and _kafka_ready(p.port)
+    if p.port:
+        return _port_open(p.port)
+    return True
+
+
+def _kafka_ready(port: int) -> bool:
+    # The listener opens before the broker has joined its own quorum; a metadata
+    # request answering with a broker list means it takes produce requests.
+    if not VENV_PY.exists():
+        return True
+    code = ("from confluent_kafka.admin import AdminClient;import sys;"
+            f"a=AdminClient({{'bootstrap.servers':'127.0.0.1:{port}'}});"
+            "sys.exit(0 if a.list_topics(timeout=3).brokers else 1)")
+    return subprocess.run([str(VENV_PY), "-c", code], capture_output=True).returncode == 0
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="devstack", description=__doc__)
+    ap.add_argument("--profile", default=os.environ.get("DWELL_PROFILE", "dev"),
+                    choices=sorted(PROFILES))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("install", help="install what is missing (venv, redis-server, Kafka jars)")
+    up = sub.add_parser("up", help="start the stack in the background")
+    up.add_argument("names", nargs="*", help="only these processes")
+    down = sub.add_parser("down", help="stop what `up` started")
+    down.add_argument("names", nargs="*")
+    sub.add_parser("status", help="what runs where")
+    sub.add_parser("env", help="print the environment dwell processes get, as JSON")
+    run = sub.add_parser("run", help="start the stack in the foreground; Ctrl-C stops it")
+    run.add_argument("--demo", action="store_true", help="run the demo once the stack is up")
+    args = ap.parse_args(argv)
+    stack = Stack(args.profile)
+
+    if args.cmd == "install":
+        install()
+    elif args.cmd == "up":
+        t0 = time.monotonic()
+        install()
+        stack.up(args.names or None)
+        say(f"stack up in {time.monotonic() - t0:.1f}s (logs in "
+            f"{stack.log_dir.relative_to(ROOT)}, `make down` stops it)")
+    elif args.cmd == "down":
+        stack.down(args.names or None)
+    elif args.cmd == "status":
+        for name, pid, port in stack.status():
+            state = f"running (pid {pid})" if pid else "stopped"
+            say(f"{name:<9} {state:<22} {'127.0.0.1:' + str(port) if port else ''}")
+    elif args.cmd == "env":
+        print(json.dumps(stack.service_env(), indent=2))
+    elif args.cmd == "run":
+        return _run_foreground(stack, args.demo)
+    return 0
+
+
+def _run_foreground(stack: Stack, demo: bool) -> int:
+    started_before = {n for n in stack.available() if stack.pid(n)}
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        install()
+        t0 = time.monotonic()
+        stack.up()
+        say(f"stack up in {time.monotonic() - t0:.1f}s; logs in {stack.log_dir.relative_to(ROOT)}")
+        if demo and (ROOT / "services" / "dwell" / "demo.py").exists():
+            subprocess.run([str(VENV_PY), "-m", "dwell.demo"], env=dict(os.environ)
+                           | stack.service_env(), check=False)
+        say("running; press Ctrl-C to stop")
+        while not stopping:
+            time.sleep(0.5)
+            for name in stack.available():
+                if name not in started_before and not stack.pid(name):
+                    say(f"{name} exited; see {stack.log_dir.relative_to(ROOT)}/{name}.log")
+                    stopping = True
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print()
+        stack.down([n for n in ["spark", *reversed(SERVICES), "kafka", "redis"]
+                    if n not in started_before])
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        sys.exit(f"dwell: {exc}")

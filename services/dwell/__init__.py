@@ -1,0 +1,1 @@
+"""dwell: Apache Pulsar's delayed-delivery model for Kafka users."""

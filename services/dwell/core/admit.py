@@ -1,0 +1,93 @@
+"""The publish rule (Pulsar PIP-315 max delay, PIP-437 fixed delay): whether a message is
+accepted, given a forced delay, or rejected, and whether it must wait in the delay log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from dwell.core.buckets import delivery_cutoff
+from dwell.core.policy import EffectivePolicy
+
+DISABLED_REASON: Final = "delayed delivery is disabled for this topic"
+NON_PERSISTENT_REASON: Final = "non-persistent topics do not support delayed delivery"
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """Publish with the producer's own ``deliver_at`` (None when there is none to keep).
+
+    ``delay_ignored`` says why a requested delay was dropped; the publish still succeeds.
+    """
+
+    deliver_at: int | None
+    delayed: bool
+    delay_ignored: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """Publish with the topic's fixed delay in place of whatever the producer asked for."""
+
+    deliver_at: int
+    requested_deliver_at: int | None
+    delayed: bool
+
+    @property
+    def counts_as_override(self) -> bool:
+        """Whether fixed_delay_overridden counts it: only when the producer set a time."""
+        return self.requested_deliver_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse the message: its delay exceeds the topic's max; nothing is written."""
+
+    max_delay_ms: int
+    error: str
+    error_code: ClassVar[int] = 2
+
+    @classmethod
+    def exceeding(cls, max_delay_ms: int) -> Reject:
+        error = f"Exceeds max allowed delivery delay of {max_delay_ms} milliseconds"
+        return cls(max_delay_ms, error)
+
+    @property
+    def full_error(self) -> str:
+        return "NotAllowedError: " + self.error
+
+
+Decision = Accept | Override | Reject
+
+
+def admit(
+    *,
+    deliver_at: int | None,
+    deliver_after_ms: int | None,
+    policy: EffectivePolicy,
+    persistent: bool,
+    publish_time: int,
+    now: int,
+    strict: bool = False,
+) -> Decision:
+    """Decide one message's fate; ``publish_time`` is the producer's timestamp (ms)."""
+    requested = deliver_at
+    if requested is None and deliver_after_ms is not None:
+        requested = publish_time + deliver_after_ms
+
+    if not persistent:
+        return Accept(None, False, NON_PERSISTENT_REASON if requested is not None else None)
+    if not policy.active:
+        return Accept(None, False, DISABLED_REASON if requested is not None else None)
+
+    cutoff = delivery_cutoff(now, policy.tick_time_ms, strict)
+    if policy.fixed_delay_ms > 0:
+        # PIP-437's goal is one delay for every message on the topic, so messages without
+        # a deliverAt get it too, and the max check does not apply.
+        fixed_at = publish_time + policy.fixed_delay_ms
+        return Override(fixed_at, requested, fixed_at > cutoff)
+    if requested is None:
+        return Accept(None, False)
+    if policy.max_delay_ms > 0 and requested - publish_time > policy.max_delay_ms:
+        return Reject.exceeding(policy.max_delay_ms)
+    return Accept(requested, requested > cutoff)

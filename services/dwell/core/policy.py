@@ -1,0 +1,128 @@
+"""Delayed-delivery policies (Pulsar's ``DelayedDeliveryPolicies`` JSON), broker defaults,
+and their resolution into the one effective policy a topic runs with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
+
+import pydantic
+from pydantic import ConfigDict, Field
+
+MAX_LONG: Final = 2**63 - 1
+
+_Millis = Annotated[int, Field(ge=0, le=MAX_LONG)]
+_Tick = Annotated[int, Field(ge=1, le=MAX_LONG)]
+
+
+class DelayedDeliveryPolicies(pydantic.BaseModel):
+    """A namespace or topic policy as posted; a field left out (or null) inherits."""
+
+    # strict refuses "5000", 5.0 and true for the int fields instead of coercing them.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    active: bool | None = None
+    tickTime: _Tick | None = None
+    maxDeliveryDelayInMillis: _Millis | None = None
+    fixedDeliveryDelayInMillis: _Millis | None = None
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, name) is None for name in type(self).model_fields)
+
+
+_MESSAGES: Final = {
+    "int_type": "must be an integer",
+    "bool_type": "must be true or false",
+    "extra_forbidden": "unknown field",
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+    "dict_type": "must be a JSON object",
+    "json_invalid": "is not valid JSON",
+    "json_type": "is not valid JSON",
+    "missing": "is required",
+}
+
+
+def _message(err: Any) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}"
+    return _MESSAGES.get(kind, str(err["msg"]))
+
+
+def validation_errors(exc: pydantic.ValidationError) -> str:
+    """One line naming each bad field, e.g. ``tickTime: must be >= 1; active: ...``."""
+    parts: list[str] = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        line = f"{loc}: {_message(err)}"
+        if line not in parts:
+            parts.append(line)
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDefaults:
+    """Broker-wide settings (``broker.conf``'s delayedDelivery* keys), the hierarchy's floor."""
+
+    enabled: bool = True
+    tick_time_ms: int = 1000
+    max_delay_ms: int = 0
+    fixed_delay_ms: int = 0
+    strict: bool = False
+    fixed_delay_detection_lookahead: int = 50000
+
+    def __post_init__(self) -> None:
+        if self.tick_time_ms < 1:
+            raise ValueError("tick_time_ms must be >= 1")
+        for name in ("max_delay_ms", "fixed_delay_ms", "fixed_delay_detection_lookahead"):
+            if not 0 <= getattr(self, name) <= MAX_LONG:
+                raise ValueError(f"{name} must be between 0 and {MAX_LONG}")
+
+
+@dataclass(frozen=True, slots=True)
+class EffectivePolicy:
+    """The fully resolved policy of one topic; 0 switches max and fixed delay off."""
+
+    active: bool
+    tick_time_ms: int
+    max_delay_ms: int
+    fixed_delay_ms: int
+
+    def to_pulsar_json(self) -> dict[str, bool | int]:
+        return {
+            "active": self.active,
+            "tickTime": self.tick_time_ms,
+            "maxDeliveryDelayInMillis": self.max_delay_ms,
+            "fixedDeliveryDelayInMillis": self.fixed_delay_ms,
+        }
+
+
+def resolve_policy(
+    broker: BrokerDefaults,
+    namespace: DelayedDeliveryPolicies | None,
+    topic: DelayedDeliveryPolicies | None,
+) -> EffectivePolicy:
+    """Resolve field by field: topic value if set, else namespace value, else broker value.
+
+    Pulsar resolves whole objects of primitive fields, so a namespace policy saved without
+    a max silently stores 0 and lifts a broker-wide limit; dwell lets unset fields inherit.
+    """
+
+    def pick(field: str, fallback: Any) -> Any:
+        for level in (topic, namespace):
+            if level is not None:
+                value = getattr(level, field)
+                if value is not None:
+                    return value
+        return fallback
+
+    return EffectivePolicy(
+        active=pick("active", broker.enabled),
+        tick_time_ms=pick("tickTime", broker.tick_time_ms),
+        max_delay_ms=pick("maxDeliveryDelayInMillis", broker.max_delay_ms),
+        fixed_delay_ms=pick("fixedDeliveryDelayInMillis", broker.fixed_delay_ms),
+    )

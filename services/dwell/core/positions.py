@@ -1,0 +1,47 @@
+"""Positions in dwell's delay log, (partition, offset) playing Pulsar's (ledgerId, entryId),
+and the message ids dwell hands back to producers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_NUMBER = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Position:
+    """A record's place in a Kafka topic; orders like Pulsar's (ledger, entry)."""
+
+    partition: int
+    offset: int
+
+
+def format_message_id(kafka_topic: str, partition: int, offset: int) -> str:
+    return f"{kafka_topic}:{partition}:{offset}"
+
+
+def parse_message_id(s: str) -> tuple[str, int, int]:
+    """Inverse of :func:`format_message_id`; raise ValueError on anything else."""
+    parts = s.rsplit(":", 2)
+    if len(parts) != 3 or not parts[0]:
+        raise ValueError(f"invalid message id {s!r}: expected <topic>:<partition>:<offset>")
+    topic, partition, offset = parts
+    # int() would also take " 5", "+5" and "5_0"; ids must round-trip exactly.
+    if not (_NUMBER.fullmatch(partition) and _NUMBER.fullmatch(offset)):
+        raise ValueError(
+            f"invalid message id {s!r}: partition and offset must be non-negative integers"
+        )
+    return topic, int(partition), int(offset)
+
+
+def coalesce(offsets: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted inclusive ``(first, last)`` ranges of consecutive offsets; duplicates count once."""
+    ranges: list[tuple[int, int]] = []
+    for off in sorted(set(offsets)):
+        if ranges and ranges[-1][1] + 1 == off:
+            ranges[-1] = (ranges[-1][0], off)
+        else:
+            ranges.append((off, off))
+    return ranges

@@ -1,0 +1,53 @@
+"""Settings every dwell process shares, read from `DWELL_*` environment variables.
+Each service subclasses `CommonSettings` with its own fields; Helm values,
+env vars and field names use the same words."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlparse
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dwell.core.policy import BrokerDefaults
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
+
+    env: Literal["development", "production"] = "development"
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8080, ge=1, le=65535)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_replication_factor: int = Field(1, ge=1)
+    cluster: str = "standalone"
+    log_level: str = "info"
+
+    # Broker defaults, Pulsar's broker.conf names with units.
+    delayed_delivery_enabled: bool = True
+    delayed_delivery_tick_time_ms: int = Field(1000, ge=1)
+    delayed_delivery_max_delay_ms: int = Field(0, ge=0)
+    delayed_delivery_fixed_delay_ms: int = Field(0, ge=0)
+    delayed_delivery_deliver_at_time_strict: bool = False
+    delayed_delivery_fixed_delay_detection_lookahead: int = Field(50000, ge=0)
+
+    @model_validator(mode="after")
+    def _refuse_insecure_production(self) -> CommonSettings:
+        # Outside development a Redis without a password is refused, as the
+        # FastAPI template refuses its `changethis` secret.
+        if self.env == "production" and not urlparse(self.redis_url).password:
+            raise ValueError("DWELL_REDIS_URL has no password; production needs Redis AUTH "
+                             "(set it from a Secret, e.g. redis://:$(REDIS_PASSWORD)@host:6379/0)")
+        return self
+
+    def broker_defaults(self) -> BrokerDefaults:
+        return BrokerDefaults(
+            enabled=self.delayed_delivery_enabled,
+            tick_time_ms=self.delayed_delivery_tick_time_ms,
+            max_delay_ms=self.delayed_delivery_max_delay_ms,
+            fixed_delay_ms=self.delayed_delivery_fixed_delay_ms,
+            strict=self.delayed_delivery_deliver_at_time_strict,
+            fixed_delay_detection_lookahead=self.delayed_delivery_fixed_delay_detection_lookahead,
+        )

@@ -1,0 +1,150 @@
+"""Session fixtures: the real Redis and Apache Kafka of the `test` profile
+(ports 16379 / 19092, state in .dwell/test), and dwell's services run as real
+processes against them. Nothing here mocks a server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import devstack  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[devstack.Stack]:
+    """Redis and Kafka for the whole session, started unless already running."""
+    s = devstack.Stack("test")
+    started = [name for name in ("redis", "kafka") if s.start(name) is not None]
+    from dwell.adapters.kafka import ensure_dwell_topics
+
+    ensure_dwell_topics(s.kafka_bootstrap)
+    yield s
+    if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
+        s.down(started)
+
+
+@pytest.fixture(scope="session")
+def redis_url(stack: devstack.Stack) -> str:
+    return stack.redis_url
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack: devstack.Stack) -> str:
+    return stack.kafka_bootstrap
+
+
+@pytest.fixture()
+def unique() -> str:
+    """A short unique name, so tests never see each other's tenants and topics."""
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Service:
+    """One dwell process (`python -m dwell.<name>`) started by a test."""
+
+    name: str
+    port: int
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_argv: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Service:
+        env = dict(os.environ) | self.env | {"DWELL_HTTP_PORT": str(self.port)}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", f"dwell.{self.name}",
+                                          *self.extra_argv], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n"
+                                   + self.log.read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not healthy in {timeout}s:\n"
+                           + self.log.read_text()[-3000:])
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready in {timeout}s:\n" + self.log.read_text()[-3000:])
+
+    def kill(self) -> None:
+        """kill -9, the crash a test wants to survive."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class ServiceFactory:
+    def __init__(self, stack: devstack.Stack, log_dir: Path) -> None:
+        self.stack = stack
+        self.log_dir = log_dir
+        self.started: list[Service] = []
+
+    def start(self, name: str, env: dict[str, str] | None = None, *, ready: bool = True,
+              port: int | None = None) -> Service:
+        svc = Service(name, port or free_port(), self.stack.service_env() | (env or {}),
+                      self.log_dir / f"{name}-{len(self.started)}.log")
+        self.started.append(svc)
+        svc.start()
+        if ready:
+            svc.wait_ready()
+        return svc
+
+    def stop_all(self) -> None:
+        for svc in reversed(self.started):
+            svc.stop()
+
+
+@pytest.fixture(scope="session")
+def services(stack: devstack.Stack) -> Iterator[ServiceFactory]:
+    log_dir = stack.state / "test-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    factory = ServiceFactory(stack, log_dir)
+    yield factory
+    factory.stop_all()
