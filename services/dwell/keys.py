@@ -48,6 +48,10 @@ def sub_prefix(topic: str, subscription: str) -> str:
 
 POLICY_VERSION = "dwell:policy:version"  # INCR counter, the `version` on dwell.policies
 TENANTS = "dwell:policy:tenants"  # SET of tenant names
+# ZSET scope -> version of its latest change (live or removed): what the change feed must
+# carry. Scopes are the `dwell.policies` keys (`tenant:t`, `namespace:t/ns`, `ns:t/ns`,
+# `topic:persistent://t/ns/x`); the policy service republishes any it finds behind.
+POLICY_SCOPES = "dwell:policy:scopes"
 
 
 def tenant(name: str) -> str:
@@ -78,3 +82,91 @@ def topic_policy(topic: str) -> str:
 def namespace_topic_policies(ns: str) -> str:
     """SET of topics in namespace `tenant/ns` that have a topic policy."""
     return f"dwell:policy:nstopics:{ns}"
+
+
+# -- tracker: keys beyond ARCHITECTURE.md's list (owner: dwell.tracker).
+# Per-topic keys keep the `{topic}` hash tag; `index_keys()` bundles the shapes one
+# index (a topic's, or one subscription's redeliveries) uses, so one Lua script and
+# one Python class serve both.
+
+TOPICS = "dwell:topics"  # SET of Pulsar topics the tracker has indexed (no hash tag: global)
+# ZSET topic -> earliest bucketStart holding messages or an outstanding claim; a hint
+# for due_topics(). Global (no hash tag): an addition to ARCHITECTURE.md's list, and
+# the one key the claim/complete scripts touch outside the topic's slot.
+DUE = "dwell:due"
+
+
+def subscriptions(topic: str) -> str:
+    """HASH subscription -> its redelivery settings JSON (tracker's subscription registry)."""
+    return f"dwell:subs:{{{topic}}}"
+
+
+def sub_counts(topic: str, subscription: str) -> str:
+    """HASH messageId -> redelivery count, for one subscription."""
+    return f"dwell:sub:{{{topic}}}:{subscription}:cnt"
+
+
+def sub_redelivery(topic: str, subscription: str) -> IndexKeys:
+    return IndexKeys(prefix=sub_prefix(topic, subscription), index=sub_index(topic, subscription),
+                     bucket_prefix=sub_prefix(topic, subscription) + "bkt:")
+
+
+def topic_index(topic: str) -> IndexKeys:
+    return IndexKeys(prefix=f"dwell:trk:{{{topic}}}:", index=index(topic),
+                     bucket_prefix=bucket_prefix(topic))
+
+
+class IndexKeys:
+    """The keys of one Roaring index. Besides ARCHITECTURE's idx ZSET and bkt HASHes:
+
+    - `<prefix>dlt:<b>`   STRING, appended 12-byte entries (u32 field, u64 offset, little
+      endian) not yet compacted into bucket b's blobs;
+    - `<prefix>dirty`     ZSET bucketStart -> bucketStart, buckets with deltas to compact;
+    - `<prefix>claims`    ZSET bucketStart -> lease expiry (ms), buckets handed to a drainer;
+    - `<prefix>leases`    HASH bucketStart -> lease id;
+    - `<prefix>clm:<b>`   LIST field, blob, field, blob, ... : a claimed bucket's blobs;
+    - `<prefix>clmd:<b>`  STRING: a claimed bucket's deltas.
+    """
+
+    __slots__ = ("prefix", "index", "bucket_prefix")
+
+    def __init__(self, prefix: str, index: str, bucket_prefix: str) -> None:
+        self.prefix = prefix
+        self.index = index
+        self.bucket_prefix = bucket_prefix
+
+    def bucket(self, bucket_start: int) -> str:
+        return f"{self.bucket_prefix}{bucket_start}"
+
+    @property
+    def delta_prefix(self) -> str:
+        return f"{self.prefix}dlt:"
+
+    def delta(self, bucket_start: int) -> str:
+        return f"{self.prefix}dlt:{bucket_start}"
+
+    @property
+    def dirty(self) -> str:
+        return f"{self.prefix}dirty"
+
+    @property
+    def claims(self) -> str:
+        return f"{self.prefix}claims"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}leases"
+
+    @property
+    def claimed_prefix(self) -> str:
+        return f"{self.prefix}clm:"
+
+    def claimed(self, bucket_start: int) -> str:
+        return f"{self.prefix}clm:{bucket_start}"
+
+    @property
+    def claimed_delta_prefix(self) -> str:
+        return f"{self.prefix}clmd:"
+
+    def claimed_delta(self, bucket_start: int) -> str:
+        return f"{self.prefix}clmd:{bucket_start}"

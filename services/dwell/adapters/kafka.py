@@ -5,9 +5,10 @@ produce here). Everything else in dwell sees `Record`, futures and plain dicts.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from dwell.core import topics as names
 
 Headers = Mapping[str, bytes | str]
+# (topic, value, key, encoded headers, timestamp ms) for Producer.send_many
+OutRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int | None]
+# (partition, offset, key, [value of each requested header]) — see Consumer.poll_headers
+HeaderRow = tuple[int, int, bytes | None, list[bytes | None]]
 
 
 class KafkaUnavailable(Exception):
@@ -118,6 +123,44 @@ class Producer:
                 # Local queue full: wait for deliveries to drain it.
                 time.sleep(0.005)
 
+    def send_many(self, records: Sequence[OutRecord]) -> Future[list[tuple[int, int]]]:
+        """Send a batch; one future of every (partition, offset) in order, or the first
+        error. Cheaper than `send` per record: no Future per message (admission's hot path).
+        Headers here are already encoded: a list of (name, bytes)."""
+        fut: Future[list[tuple[int, int]]] = Future()
+        n = len(records)
+        out: list[tuple[int, int]] = [(0, 0)] * n
+        pending = [n]
+        if n == 0:
+            fut.set_result(out)
+            return fut
+
+        def _done(err: KafkaError | None, msg: Message, i: int) -> None:
+            # Delivery callbacks run on one thread at a time (poll or flush).
+            if err is not None:
+                if not fut.done():
+                    fut.set_exception(KafkaUnavailable(f"{msg.topic()}: {err.str()}"))
+                return
+            out[i] = (msg.partition(), msg.offset())
+            pending[0] -= 1
+            if pending[0] == 0 and not fut.done():
+                fut.set_result(out)
+
+        produce = self._p.produce
+        for i, (topic, value, key, headers, ts) in enumerate(records):
+            cb = functools.partial(_done, i=i)
+            while True:
+                try:
+                    if ts is None:
+                        produce(topic, value, key, on_delivery=cb, headers=headers)
+                    else:
+                        produce(topic, value, key, on_delivery=cb, headers=headers,
+                                timestamp=ts)
+                    break
+                except BufferError:
+                    time.sleep(0.005)
+        return fut
+
     def flush(self, timeout: float = 30.0) -> None:
         if self._p.flush(timeout) > 0:
             raise KafkaUnavailable(f"messages still undelivered after {timeout}s")
@@ -182,6 +225,30 @@ class Consumer:
                     continue
                 raise KafkaUnavailable(err.str())
         return out
+
+    def poll_headers(self, names: tuple[str, ...], max_records: int = 10000,
+                     timeout: float = 1.0) -> list[HeaderRow]:
+        """A lean `poll` for hot loops (the tracker's ingest): per record only
+        `(partition, offset, key, [value of each header in names])`, no Record objects."""
+        out: list[HeaderRow] = []
+        for msg in self._c.consume(max_records, timeout):
+            if msg.error() is not None:
+                self._raise_unless_ignorable(msg.error())
+                continue
+            found: list[bytes | None] = [None] * len(names)
+            for k, v in msg.headers() or ():
+                if k in names:
+                    found[names.index(k)] = v
+            out.append((msg.partition(), msg.offset(), msg.key(), found))
+        return out
+
+    @staticmethod
+    def _raise_unless_ignorable(err: KafkaError) -> None:
+        if err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                          KafkaError._UNKNOWN_PARTITION):
+            return
+        if err.fatal() or not err.retriable():
+            raise KafkaUnavailable(err.str())
 
     def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """Commit `next offset to read` per (topic, partition), synchronously."""
@@ -303,3 +370,76 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Record]:
         return out
     finally:
         c.close()
+
+
+# ---------------------------------------------------------------- transactions (admission)
+# Added for admission's Kafka ingress: consume-transform-produce with exactly-once
+# (KIP-447: the input offsets commit in the same transaction as the outputs).
+
+
+def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
+    """The partition ids of an existing topic; KafkaUnavailable when it is not there."""
+    md = admin(bootstrap).list_topics(topic, timeout=timeout)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        raise KafkaUnavailable(f"topic {topic} not found")
+    return sorted(t.partitions)
+
+
+def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, int]:
+    """The high watermark (next offset to be written) of every partition of a topic."""
+    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                for p in partitions(bootstrap, topic, timeout)}
+    finally:
+        c.close()
+
+
+def seek(consumer: Consumer, offsets: Mapping[tuple[str, int], int]) -> None:
+    """Move an assigned consumer back (or on) to `offset` per (topic, partition)."""
+    for (t, p), o in offsets.items():
+        consumer._c.seek(TopicPartition(t, p, o))
+
+
+class TransactionalProducer(Producer):
+    """A producer whose sends belong to transactions; `commit` also commits a consumer's
+    offsets, so outputs and input progress become visible together or not at all."""
+
+    def __init__(self, bootstrap: str, transactional_id: str, *, linger_ms: int = 5,
+                 timeout: float = 30.0, **extra: Any) -> None:
+        super().__init__(bootstrap, linger_ms=linger_ms, **{
+            "transactional.id": transactional_id, **extra})
+        self._timeout = timeout
+        try:
+            self._p.init_transactions(timeout)
+        except KafkaException as exc:
+            self.close(1.0)
+            raise KafkaUnavailable(f"init_transactions: {exc}") from exc
+
+    def begin(self) -> None:
+        try:
+            self._p.begin_transaction()
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"begin_transaction: {exc}") from exc
+
+    def commit(self, consumer: Consumer, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Add `offsets` (next offset to read) of `consumer`'s group and commit."""
+        try:
+            if offsets:
+                self._p.send_offsets_to_transaction(
+                    [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                    consumer._c.consumer_group_metadata(), self._timeout)
+            self._p.commit_transaction(self._timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"commit_transaction: {exc}") from exc
+
+    def abort(self) -> None:
+        try:
+            self._p.abort_transaction(self._timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"abort_transaction: {exc}") from exc
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closed.set()
+        self._poller.join(timeout=1)

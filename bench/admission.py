@@ -1,0 +1,285 @@
+"""Admission throughput, measured in one run so the ratios compare like with like:
+
+(a) `admit()` decisions per second (pure function, in this process);
+(b) HTTP publish, 100-message batches against one admission process: msgs/s, p50/p99;
+(c) the same requests through the Kafka ingress (`dwell.publish` → results);
+(d) the raw Kafka client producing the same messages (same topics, headers, acks=all)
+    with no checks, so admission's overhead is a ratio.
+
+Starts the test-profile Redis and Kafka unless running (and stops only what it started,
+unless DWELL_TEST_KEEP_SERVERS=1),
+plus its own policy and admission processes on free ports. Prints the figures and writes
+bench/out/admission.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import devstack  # noqa: E402
+from dwell.adapters import kafka  # noqa: E402
+from dwell.core import topics as names  # noqa: E402
+from dwell.core.admit import admit  # noqa: E402
+from dwell.core.policy import EffectivePolicy  # noqa: E402
+
+BATCH = 100
+PAYLOAD = "x" * 200
+HTTP_SECONDS = float(os.environ.get("BENCH_HTTP_SECONDS", "10"))
+HTTP_CONCURRENCY = int(os.environ.get("BENCH_HTTP_CONCURRENCY", "8"))
+INGRESS_REQUESTS = int(os.environ.get("BENCH_INGRESS_REQUESTS", "1000"))
+RAW_MESSAGES = int(os.environ.get("BENCH_RAW_MESSAGES", "200000"))
+ADMIT_CALLS = int(os.environ.get("BENCH_ADMIT_CALLS", "1000000"))
+TARGETS = {"admit_per_s": 500_000, "http_msgs_per_s": 20_000, "ratio_http_to_raw": 0.7}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_service(name: str, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes],
+                                                                       str]:
+    port = free_port()
+    out = open(log, "ab")  # noqa: SIM115 - the child keeps writing to it
+    proc = subprocess.Popen([sys.executable, "-m", f"dwell.{name}"],
+                            env=dict(os.environ) | env | {"DWELL_HTTP_PORT": str(port)},
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited; see {log}")
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{name} not ready in 60 s; see {log}")
+
+
+def messages(batch_no: int) -> list[dict[str, Any]]:
+    """Half immediate, half delayed by 1 h (so both routes are measured)."""
+    return [{"payload": PAYLOAD, "key": f"k{i}", "sequenceId": batch_no * BATCH + i,
+             "properties": {"app": "bench"},
+             **({"deliverAfterMs": 3_600_000} if i % 2 else {})} for i in range(BATCH)]
+
+
+# ---------------------------------------------------------------- (a)
+
+
+def bench_admit() -> float:
+    policy = EffectivePolicy(active=True, tick_time_ms=1000, max_delay_ms=3_600_000,
+                             fixed_delay_ms=0)
+    now = int(time.time() * 1000)
+    rnd = random.Random(1)
+    asks = [now + rnd.randrange(-1000, 4_000_000) if i % 3 else None for i in range(1000)]
+    t0 = time.perf_counter()
+    for n in range(ADMIT_CALLS // 1000):
+        for d in asks:
+            admit(deliver_at=d, deliver_after_ms=None, policy=policy, persistent=True,
+                  publish_time=now, now=now + n)
+    return ADMIT_CALLS / (time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- (b)
+
+
+async def bench_http(url: str, topic_path: str) -> dict[str, float]:
+    latencies: list[float] = []
+    sent = 0
+    stop_at = time.perf_counter() + HTTP_SECONDS
+
+    async def worker(w: int, client: httpx.AsyncClient) -> None:
+        nonlocal sent
+        n = 0
+        while time.perf_counter() < stop_at:
+            body = orjson.dumps({"producerName": f"bench-{w}", "messages": messages(n)})
+            t0 = time.perf_counter()
+            r = await client.post(topic_path, content=body,
+                                  headers={"content-type": "application/json"})
+            latencies.append(time.perf_counter() - t0)
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
+            sent += BATCH
+            n += 1
+
+    limits = httpx.Limits(max_connections=HTTP_CONCURRENCY)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+        # Warm-up: creates the ready topic, fills caches.
+        await client.post(topic_path, content=orjson.dumps({"messages": messages(0)}),
+                          headers={"content-type": "application/json"})
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(w, client) for w in range(HTTP_CONCURRENCY)))
+        elapsed = time.perf_counter() - t0
+    latencies.sort()
+    return {"msgs_per_s": sent / elapsed, "requests": len(latencies),
+            "p50_ms": latencies[len(latencies) // 2] * 1000,
+            "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000}
+
+
+# ---------------------------------------------------------------- (c)
+
+
+def bench_ingress(bootstrap: str, topic: str) -> dict[str, float]:
+    producer_name = f"bench-ingress-{uuid.uuid4().hex[:8]}"
+    ends = kafka.end_offsets(bootstrap, names.PUBLISH_RESULTS)
+    consumer = kafka.Consumer(bootstrap, f"bench-{uuid.uuid4().hex}")
+    consumer.assign([(names.PUBLISH_RESULTS, p, o) for p, o in ends.items()])
+    p = kafka.Producer(bootstrap, linger_ms=5)
+    want = INGRESS_REQUESTS * BATCH
+    t0 = time.perf_counter()
+    for n in range(INGRESS_REQUESTS):
+        p.send(names.PUBLISH, orjson.dumps({"topic": topic, "producerName": producer_name,
+                                            "messages": messages(n)}), topic)
+    p.flush()
+    got = errors = 0
+    key = producer_name.encode()
+    deadline = time.monotonic() + 300
+    while got < want and time.monotonic() < deadline:
+        for r in consumer.poll(5000, 0.5):
+            if r.key == key:
+                got += 1
+                errors += b'"errorCode":0' not in (r.value or b"")
+    elapsed = time.perf_counter() - t0
+    consumer.close()
+    p.close()
+    if got < want:
+        raise RuntimeError(f"ingress: only {got} of {want} results in 300 s")
+    return {"msgs_per_s": want / elapsed, "requests": INGRESS_REQUESTS, "errors": errors}
+
+
+# ---------------------------------------------------------------- (d)
+
+
+def bench_raw(bootstrap: str, topic: str, ready: str) -> float:
+    """The same records admission writes, through the same client call, without checks."""
+    p = kafka.Producer(bootstrap, linger_ms=5)
+    now = int(time.time() * 1000)
+    value = PAYLOAD.encode()
+    topic_b = topic.encode()
+    batches: list[list[kafka.OutRecord]] = []
+    for n in range(0, RAW_MESSAGES, BATCH):
+        batch: list[kafka.OutRecord] = []
+        for i in range(BATCH):
+            headers = [("app", b"bench"), ("dwell-topic", topic_b),
+                       ("dwell-publish-time", b"%d" % now), ("dwell-producer", b"raw"),
+                       ("dwell-sequence-id", b"%d" % (n + i))]
+            if i % 2:
+                headers += [("dwell-deliver-at", b"%d" % (now + 3_600_000)),
+                            ("dwell-tick-time", b"1000"), ("dwell-key", b"k%d" % i)]
+                batch.append((names.DELAYED, value, topic_b, headers, now))
+            else:
+                batch.append((ready, value, b"k%d" % i, headers, now))
+        batches.append(batch)
+    t0 = time.perf_counter()
+    futures = [p.send_many(batch) for batch in batches]
+    for f in futures:
+        f.result(60)
+    elapsed = time.perf_counter() - t0
+    p.close()
+    return len(batches) * BATCH / elapsed
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    stack = devstack.Stack("test")
+    started = [n for n in ("redis", "kafka") if stack.start(n) is not None]
+    procs: list[subprocess.Popen[bytes]] = []
+    log_dir = stack.state / "bench-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        kafka.ensure_dwell_topics(stack.kafka_bootstrap)
+        env = stack.service_env() | {"DWELL_LOG_LEVEL": "warning"}
+        proc, policy_url = start_service("policy", env, log_dir / "policy.log")
+        procs.append(proc)
+        proc, adm_url = start_service("admission", env, log_dir / "admission.log")
+        procs.append(proc)
+
+        tenant = "bench" + uuid.uuid4().hex[:8]
+        with httpx.Client(base_url=policy_url, timeout=10) as c:
+            c.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": []}).raise_for_status()
+            c.put(f"/admin/v2/namespaces/{tenant}/ns").raise_for_status()
+            c.post(f"/admin/v2/namespaces/{tenant}/ns/delayedDelivery",
+                   json={"active": True, "maxDeliveryDelayInMillis": 7_200_000}
+                   ).raise_for_status()
+        topic = f"persistent://{tenant}/ns/load"
+        path = f"/topics/persistent/{tenant}/ns/load"
+        with httpx.Client(base_url=adm_url, timeout=10) as c:
+            deadline = time.monotonic() + 30
+            while c.post(path, json={"messages": [{"payload": "probe"}]}).status_code == 404:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("admission never learnt the bench namespace")
+                time.sleep(0.1)
+            while not c.get("/readyz").json().get("ingressAssigned"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("admission ingress never got partitions")
+                time.sleep(0.1)
+
+        print(f"admit(): {ADMIT_CALLS} decisions ...", flush=True)
+        admit_rate = bench_admit()
+        print(f"HTTP: {HTTP_CONCURRENCY} concurrent clients x {HTTP_SECONDS:.0f} s ...",
+              flush=True)
+        http = asyncio.run(bench_http(adm_url, path))
+        print(f"Kafka ingress: {INGRESS_REQUESTS} requests ...", flush=True)
+        ingress = bench_ingress(stack.kafka_bootstrap, topic)
+        print(f"raw producer: {RAW_MESSAGES} messages ...", flush=True)
+        raw = bench_raw(stack.kafka_bootstrap, topic, names.TopicName.parse(topic).kafka_topic)
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        # Others may be using servers this run had to start: keep them when asked to.
+        if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
+            stack.down(started)
+
+    result = {
+        "admit_per_s": round(admit_rate),
+        "http": {k: round(v, 2) for k, v in http.items()},
+        "ingress": {k: round(v, 2) for k, v in ingress.items()},
+        "raw_msgs_per_s": round(raw),
+        "ratio_http_to_raw": round(http["msgs_per_s"] / raw, 3),
+        "ratio_ingress_to_raw": round(ingress["msgs_per_s"] / raw, 3),
+        "batch": BATCH, "payload_bytes": len(PAYLOAD), "targets": TARGETS,
+    }
+    mark = lambda ok: "ok" if ok else "MISS"  # noqa: E731
+    print()
+    print(f"(a) admit()            {result['admit_per_s']:>12,} decisions/s   "
+          f"target >= 500,000  {mark(admit_rate >= 500_000)}")
+    print(f"(b) HTTP publish       {http['msgs_per_s']:>12,.0f} msgs/s        "
+          f"target >= 20,000   {mark(http['msgs_per_s'] >= 20_000)}   "
+          f"p50 {http['p50_ms']:.1f} ms  p99 {http['p99_ms']:.1f} ms  "
+          f"({http['requests']:.0f} requests of {BATCH})")
+    print(f"(c) Kafka ingress      {ingress['msgs_per_s']:>12,.0f} msgs/s")
+    print(f"(d) raw Kafka producer {raw:>12,.0f} msgs/s")
+    print(f"    HTTP / raw    = {result['ratio_http_to_raw']:.3f}   target >= 0.7  "
+          f"{mark(result['ratio_http_to_raw'] >= 0.7)}")
+    print(f"    ingress / raw = {result['ratio_ingress_to_raw']:.3f}")
+    out = ROOT / "bench" / "out" / "admission.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The Kafka ingress: a consumer group on `dwell.publish` that applies the same publish
+path as HTTP and writes one result per message to `dwell.publish.results` (key = the
+producer name).
+
+Exactly-once, by transactions (chosen over an idempotent producer with at-least-once
+commits): each polled batch is one Kafka transaction holding the admitted messages, their
+results and the consumer offsets (`send_offsets_to_transaction`, KIP-447). A crash or a
+Kafka failure aborts it, the batch is re-read from the last committed offset, and
+`read_committed` readers (the tracker, the drain, results consumers) never see the
+aborted copies, so nothing is lost and nothing is published twice. The cost is one
+commit round trip per batch, amortised over up to `ingress_max_batch` requests; HTTP
+keeps its own non-transactional producer for latency. Plain Kafka consumers of ready
+topics must use `isolation.level=read_committed` to avoid seeing aborted copies.
+
+Result record value, one per message, in request order:
+`{"sequenceId", "messageId", "errorCode": 0, "deliverAt", "delayed", ["delayIgnored"],
+"topic", "requestId", "index"}` or `{"sequenceId", "errorCode", "error", "topic",
+"requestId", "index"}`, where `requestId` is `dwell.publish:<partition>:<offset>` of the
+request and `index` the message's position in it. A request refused as a whole (bad body,
+unknown namespace: the HTTP 4xx cases) gives every message of it errorCode 2 with that
+reason, or a single result with `index` null when its messages cannot be read at all.
+Metrics count every attempt, so a re-processed batch is counted again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import wait
+from typing import Any
+
+import orjson
+
+from dwell.adapters import kafka
+from dwell.core import topics as names
+from dwell.core.topics import InvalidTopicName, TopicName
+
+from . import metrics
+from .publish import INVALID_MESSAGE, IngressRequest, Plan, Publisher, PublishError, parse_request
+from .settings import AdmissionSettings
+
+log = logging.getLogger("dwell.admission.ingress")
+
+
+def _request_level_results(value: bytes | None, reason: str) -> tuple[str | None,
+                                                                      list[dict[str, Any]]]:
+    """Results for a request refused as a whole: one per message when they can be read."""
+    producer: str | None = None
+    seqs: list[Any] = [None]
+    indexes: list[int | None] = [None]
+    try:
+        doc = orjson.loads(value or b"")
+        if isinstance(doc, dict):
+            name = doc.get("producerName")
+            producer = name if isinstance(name, str) else None
+            msgs = doc.get("messages")
+            if isinstance(msgs, list) and msgs:
+                seqs = [m.get("sequenceId") if isinstance(m, dict) else None for m in msgs]
+                indexes = list(range(len(msgs)))
+    except orjson.JSONDecodeError:
+        pass
+    return producer, [{"sequenceId": s if isinstance(s, int) else None, "index": i,
+                       "errorCode": INVALID_MESSAGE, "error": reason}
+                      for s, i in zip(seqs, indexes, strict=True)]
+
+
+class Ingress:
+    """The consume-transform-produce loop, run in a daemon thread."""
+
+    def __init__(self, settings: AdmissionSettings, publisher: Publisher) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.assigned = threading.Event()
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="publish-ingress", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _producer(self) -> kafka.TransactionalProducer:
+        s = self.settings
+        return kafka.TransactionalProducer(
+            s.kafka_bootstrap, s.transactional_id(), linger_ms=s.producer_linger_ms,
+            **{"transaction.timeout.ms": s.ingress_transaction_timeout_ms,
+               "message.timeout.ms": min(s.publish_timeout_ms,
+                                         s.ingress_transaction_timeout_ms)})
+
+    def _run(self) -> None:
+        s = self.settings
+        while not self._stop.is_set():
+            try:
+                producer = self._producer()
+                break
+            except kafka.KafkaUnavailable as exc:
+                self.error = str(exc)
+                log.warning("ingress producer: %s; retrying", exc)
+                time.sleep(1.0)
+        else:
+            return
+        consumer = kafka.Consumer(s.kafka_bootstrap, s.ingress_group,
+                                  auto_offset_reset=s.ingress_offset_reset)
+        consumer.subscribe([names.PUBLISH], on_assign=lambda c, parts: self.assigned.set())
+        try:
+            while not self._stop.is_set():
+                try:
+                    records = consumer.poll(s.ingress_max_batch, 0.2)
+                except kafka.KafkaUnavailable as exc:
+                    self.error = str(exc)
+                    time.sleep(0.5)
+                    continue
+                if not records:
+                    continue
+                try:
+                    self.process(records, producer, consumer)
+                    self.error = None
+                except kafka.KafkaUnavailable as exc:
+                    self.error = str(exc)
+                    log.warning("ingress batch failed, re-reading it: %s", exc)
+                    producer = self._recover(producer)
+                    kafka.seek(consumer, _first_offsets(records))
+                    time.sleep(0.5)
+        finally:
+            consumer.close()
+            producer.close()
+
+    def _recover(self, producer: kafka.TransactionalProducer) -> kafka.TransactionalProducer:
+        try:
+            producer.abort()
+            return producer
+        except kafka.KafkaUnavailable:
+            producer.close()
+            while not self._stop.is_set():
+                try:
+                    return self._producer()  # init_transactions fences the old one
+                except kafka.KafkaUnavailable as exc:
+                    log.warning("ingress producer: %s; retrying", exc)
+                    time.sleep(1.0)
+            raise
+
+    def process(self, records: list[kafka.Record], producer: kafka.TransactionalProducer,
+                consumer: kafka.Consumer) -> None:
+        """One transaction: the batch's messages, their results and its offsets."""
+        started = time.perf_counter()
+        pub = self.publisher
+        producer.begin()
+        # (record, plan or None when refused, producer name, futures or results,
+        #  request id, sequence ids)
+        planned: list[tuple[kafka.Record, Plan | None, str | None, list[Any], str,
+                            list[int | None]]] = []
+        futures: list[Any] = []
+        for r in records:
+            request_id = f"{r.topic}:{r.partition}:{r.offset}"
+            try:
+                req = parse_request(r.value or b"", IngressRequest)
+                topic_s = req.topic or (r.key.decode("utf-8", "replace") if r.key else "")
+                try:
+                    tn = TopicName.parse(topic_s)
+                except InvalidTopicName as exc:
+                    raise PublishError(400, f"topic: {exc}") from None
+                topic = pub.topic(tn.domain, tn.tenant, tn.namespace, tn.local)
+                plan = pub.plan(topic, req)
+                if plan.needs_ready_topic:
+                    pub.ensure_ready_topic(topic.kafka_topic)
+                fs = pub.send(plan, producer)
+                futures.append(fs)
+                planned.append((r, plan, req.producerName, [fs], request_id,
+                                [m.sequenceId for m in req.messages]))
+                pub.count(plan, "kafka")
+            except PublishError as exc:
+                if exc.status == 503:
+                    raise kafka.KafkaUnavailable(exc.reason) from None
+                producer_name, results = _request_level_results(r.value, exc.reason)
+                for res in results:
+                    res["requestId"] = request_id
+                planned.append((r, None, producer_name, results, request_id, []))
+                metrics.REQUESTS.labels("kafka", str(exc.status)).inc()
+        timeout = self.settings.publish_timeout_ms / 1000
+        _, not_done = wait(futures, timeout=timeout)
+        if not_done or any(f.exception() is not None for f in futures):
+            first = next((f.exception() for f in futures if f.done() and f.exception()), None)
+            raise kafka.KafkaUnavailable(f"outputs not acknowledged: {first or 'timeout'}")
+        for r, plan, producer_name, extra, request_id, seqs in planned:
+            key = producer_name.encode() if producer_name else None
+            if plan is None:
+                results = extra
+                topic_s = r.key.decode("utf-8", "replace") if r.key else None
+            else:
+                results = Publisher.finish(plan, extra[0].result())
+                topic_s = str(plan.topic)
+                for i, res in enumerate(results):
+                    res["sequenceId"] = seqs[i]
+                    res["index"] = i
+                    res["requestId"] = request_id
+                metrics.REQUESTS.labels("kafka", "200").inc()
+            for res in results:
+                res["topic"] = topic_s
+                producer.send(names.PUBLISH_RESULTS, orjson.dumps(res), key)
+        producer.commit(consumer, kafka.next_offsets(records))
+        metrics.PUBLISH_LATENCY.labels("kafka").observe(time.perf_counter() - started)
+
+
+def _first_offsets(records: list[kafka.Record]) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for r in records:
+        key = (r.topic, r.partition)
+        if key not in out or r.offset < out[key]:
+            out[key] = r.offset
+    return out

@@ -1,0 +1,44 @@
+"""The admission service's settings (`DWELL_*` environment variables)."""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import Field
+
+from dwell.settings import CommonSettings
+
+
+class AdmissionSettings(CommonSettings):
+    http_port: int = Field(8082, ge=1, le=65535)
+
+    # Request limits (HTTP and Kafka ingress alike).
+    max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1)
+    max_messages_per_request: int = Field(1000, ge=1)
+
+    # Partitions of the Kafka topics admission creates on first use.
+    ready_topic_partitions: int = Field(4, ge=1)
+    delayed_topic_partitions: int = Field(4, ge=1)
+
+    # Producer: batching and how long an unacknowledged send may take before the
+    # publish answers 503 (retriable).
+    producer_linger_ms: int = Field(5, ge=0)
+    publish_timeout_ms: int = Field(10000, ge=1000)
+
+    # Policy feed replay: give up (and stay unready, retrying) after this long.
+    policy_replay_timeout_s: float = Field(60.0, gt=0)
+
+    # Kafka ingress (consumer group on dwell.publish).
+    ingress_enabled: bool = True
+    ingress_group: str = "dwell-admission"
+    ingress_offset_reset: str = "earliest"
+    ingress_max_batch: int = Field(200, ge=1)
+    # Stable per replica so that a restarted replica fences its predecessor's open
+    # transaction at once instead of leaving read_committed readers waiting for
+    # transaction_timeout_ms. Empty: "dwell-admission-<hostname>-<http_port>".
+    ingress_transactional_id: str = ""
+    ingress_transaction_timeout_ms: int = Field(10000, ge=1000)
+
+    def transactional_id(self) -> str:
+        return self.ingress_transactional_id or (
+            f"dwell-admission-{socket.gethostname()}-{self.http_port}")

@@ -1,0 +1,291 @@
+"""The policy service's HTTP API: Pulsar's admin paths and JSON for tenants, namespaces
+and delayed-delivery policies (namespace and topic level).
+
+Every change is saved in Redis (dwell.policy.store) and then put on `dwell.policies`
+(dwell.policy.feed) before the call returns, so admission has it in force within a second
+of the answer. When Kafka does not acknowledge, the answer is 503: the change is saved and
+the feed catches up once Kafka is back.
+
+Responses (the JSON shapes):
+- `GET /admin/v2/tenants` → `["t1", ...]`; `GET /admin/v2/tenants/{t}` → TenantInfo
+  `{"adminRoles": [...], "allowedClusters": [...]}`.
+- `GET /admin/v2/namespaces/{t}` → `["t/ns", ...]`;
+  `GET /admin/v2/namespaces/{t}/{ns}` → `{"delayed_delivery_policies": <policy or null>}`.
+- `GET .../delayedDelivery` → the policy as set (only the fields that were set; unset
+  fields inherit) or `null`; with `applied=true` → every field, resolved field by field
+  topic → namespace → broker defaults.
+- Writes answer 204; errors answer `{"reason": ...}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pydantic
+import redis.exceptions
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import Counter, Gauge
+
+from dwell.adapters import kafka
+from dwell.adapters.redis import connect_async
+from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy, validation_errors
+from dwell.core.topics import (
+    PERSISTENT,
+    InvalidTopicName,
+    TopicName,
+    validate_namespace,
+    validate_tenant,
+)
+from dwell.http import ApiError, create_app, error
+from dwell.policy.feed import FeedUnavailable, PolicyFeed
+from dwell.policy.settings import PolicySettings
+from dwell.policy.store import Change, PolicyStore, TenantInfo
+
+CHANGES = Counter("dwell_policy_changes_total", "Policy store changes, by kind", ["kind"])
+VERSION = Gauge("dwell_policy_version", "Latest version of the policy store")
+
+_POLICY_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": DelayedDeliveryPolicies.model_json_schema()}}}}
+_TENANT_BODY = {"requestBody": {"required": False, "content": {"application/json": {
+    "schema": TenantInfo.model_json_schema()}}}}
+
+
+def _tenant(name: str) -> str:
+    try:
+        return validate_tenant(name)
+    except InvalidTopicName as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def _namespace(tenant: str, namespace: str) -> str:
+    try:
+        validate_namespace(tenant, namespace)
+    except InvalidTopicName as exc:
+        raise ApiError(400, str(exc)) from exc
+    return f"{tenant}/{namespace}"
+
+
+def _topic(tenant: str, namespace: str, topic: str) -> TopicName:
+    try:
+        return TopicName.of(PERSISTENT, tenant, namespace, topic)
+    except InvalidTopicName as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+async def _policy_body(request: Request) -> DelayedDeliveryPolicies:
+    # Parsed here rather than by FastAPI so that strictness holds: "5000", 5.5 and true
+    # are refused for the millisecond fields instead of being coerced.
+    try:
+        return DelayedDeliveryPolicies.model_validate_json(await request.body())
+    except pydantic.ValidationError as exc:
+        raise ApiError(400, validation_errors(exc)) from exc
+
+
+async def _tenant_body(request: Request) -> TenantInfo:
+    raw = await request.body()
+    if not raw.strip():
+        return TenantInfo()
+    try:
+        return TenantInfo.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        raise ApiError(400, validation_errors(exc)) from exc
+
+
+async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
+    """Pulsar's Policies object, optional. Only `delayed_delivery_policies` means anything
+    to dwell; Pulsar's other policy fields are accepted and ignored so that Pulsar's own
+    admin clients can create namespaces."""
+    raw = await request.body()
+    if not raw.strip():
+        return None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "body: is not valid JSON") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "body: must be a JSON object")
+    policy = body.get("delayed_delivery_policies")
+    if policy is None:
+        return None
+    try:
+        return DelayedDeliveryPolicies.model_validate_json(orjson.dumps(policy))
+    except pydantic.ValidationError as exc:
+        raise ApiError(400, "delayed_delivery_policies." + validation_errors(exc)) from exc
+
+
+def _json(value: Any) -> Response:
+    return Response(orjson.dumps(value), media_type="application/json")
+
+
+def _own(policy: DelayedDeliveryPolicies | None) -> Response:
+    return _json(policy.model_dump(exclude_none=True) if policy is not None else None)
+
+
+NO_CONTENT = 204
+
+
+def build_app(settings: PolicySettings) -> FastAPI:
+    store = PolicyStore(connect_async(settings.redis_url))
+    feed = PolicyFeed(store, settings.kafka_bootstrap,
+                      replication=settings.kafka_replication_factor,
+                      timeout_ms=settings.feed_timeout_ms)
+    broker = settings.broker_defaults()
+
+    async def ready() -> dict[str, Any]:
+        try:
+            redis_ok = await store.ping()
+        except redis.exceptions.RedisError:
+            redis_ok = False
+        kafka_ok = await asyncio.to_thread(kafka.ping, settings.kafka_bootstrap, 1.0)
+        # Ready also means the startup catch-up ran: the feed carries what Redis holds.
+        return {"ready": redis_ok and kafka_ok and feed.synced, "redis": redis_ok,
+                "kafka": kafka_ok}
+
+    app = create_app(
+        "dwell policy",
+        "Tenants, namespaces and Pulsar delayed-delivery policies (namespace and topic), "
+        "with Pulsar's admin paths and JSON. Unset policy fields inherit field by field: "
+        "topic → namespace → broker defaults.",
+        ready)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        with contextlib.suppress(redis.exceptions.RedisError):
+            VERSION.set(await store.version())
+        task = asyncio.create_task(feed.run(settings.feed_sync_interval_ms / 1000))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            feed.close()
+            await store.redis.aclose()
+
+    app.router.lifespan_context = lifespan
+
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
+    async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
+        return error(503, f"policy store (Redis) unavailable: {exc}")
+
+    async def commit(kind: str, changes: list[Change]) -> Response:
+        if changes:
+            CHANGES.labels(kind).inc()
+            VERSION.set(max(version for _, version in changes))
+        for scope, _ in changes:
+            try:
+                await feed.publish(scope)
+            except FeedUnavailable as exc:
+                raise ApiError(503, f"the change is saved, but the change feed (Kafka) did not "
+                                    f"acknowledge it: {exc}; it is published once Kafka is "
+                                    "back") from exc
+        return Response(status_code=NO_CONTENT)
+
+    # -- tenants
+
+    @app.get("/admin/v2/tenants", tags=["tenants"])
+    async def list_tenants() -> list[str]:
+        return await store.list_tenants()
+
+    @app.put("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
+             openapi_extra=_TENANT_BODY)
+    async def create_tenant(tenant: str, request: Request) -> Response:
+        name = _tenant(tenant)
+        return await commit("tenant_create",
+                            await store.create_tenant(name, await _tenant_body(request)))
+
+    @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"])
+    async def get_tenant(tenant: str) -> Response:
+        return _json((await store.get_tenant(_tenant(tenant))).model_dump())
+
+    @app.delete("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"])
+    async def delete_tenant(tenant: str) -> Response:
+        return await commit("tenant_delete", await store.delete_tenant(_tenant(tenant)))
+
+    # -- namespaces
+
+    @app.get("/admin/v2/namespaces/{tenant}", tags=["namespaces"])
+    async def list_namespaces(tenant: str) -> list[str]:
+        return await store.list_namespaces(_tenant(tenant))
+
+    @app.put("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
+             tags=["namespaces"])
+    async def create_namespace(tenant: str, namespace: str, request: Request) -> Response:
+        ns = _namespace(tenant, namespace)
+        policy = await _namespace_body(request)
+        changes = await store.create_namespace(ns)
+        if policy is not None:
+            changes += await store.set_namespace_policy(ns, policy)
+        return await commit("namespace_create", changes)
+
+    @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"])
+    async def get_namespace(tenant: str, namespace: str) -> Response:
+        ns_policy, _ = await store.policies(_namespace(tenant, namespace))
+        return _json({"delayed_delivery_policies": ns_policy.model_dump(exclude_none=True)
+                      if ns_policy is not None else None})
+
+    @app.delete("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
+                tags=["namespaces"])
+    async def delete_namespace(tenant: str, namespace: str) -> Response:
+        return await commit("namespace_delete",
+                            await store.delete_namespace(_namespace(tenant, namespace)))
+
+    # -- namespace delayed-delivery policy
+
+    ns_path = "/admin/v2/namespaces/{tenant}/{namespace}/delayedDelivery"
+
+    @app.get(ns_path, tags=["delayed delivery"])
+    async def get_namespace_policy(tenant: str, namespace: str, applied: bool = False,
+                                   isGlobal: bool = False) -> Response:
+        ns_policy, _ = await store.policies(_namespace(tenant, namespace))
+        if applied:
+            return _json(resolve_policy(broker, ns_policy, None).to_pulsar_json())
+        return _own(ns_policy)
+
+    @app.post(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
+              openapi_extra=_POLICY_BODY)
+    async def set_namespace_policy(tenant: str, namespace: str, request: Request) -> Response:
+        ns = _namespace(tenant, namespace)
+        return await commit("namespace_policy_set",
+                            await store.set_namespace_policy(ns, await _policy_body(request)))
+
+    @app.delete(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"])
+    async def remove_namespace_policy(tenant: str, namespace: str) -> Response:
+        return await commit("namespace_policy_remove",
+                            await store.remove_namespace_policy(_namespace(tenant, namespace)))
+
+    # -- topic delayed-delivery policy (`isGlobal` is accepted for pulsar-admin's sake:
+    # dwell has one cluster, so local and global policies are the same thing)
+
+    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
+
+    @app.get(topic_path, tags=["delayed delivery"])
+    async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
+                               isGlobal: bool = False) -> Response:
+        name = _topic(tenant, namespace, topic)
+        ns_policy, topic_policy = await store.policies(name.namespace_name, name)
+        if applied:
+            return _json(resolve_policy(broker, ns_policy, topic_policy).to_pulsar_json())
+        return _own(topic_policy)
+
+    @app.post(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
+              openapi_extra=_POLICY_BODY)
+    async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
+                               isGlobal: bool = False) -> Response:
+        name = _topic(tenant, namespace, topic)
+        return await commit("topic_policy_set",
+                            await store.set_topic_policy(name, await _policy_body(request)))
+
+    @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"])
+    async def remove_topic_policy(tenant: str, namespace: str, topic: str,
+                                  isGlobal: bool = False) -> Response:
+        return await commit("topic_policy_remove",
+                            await store.remove_topic_policy(_topic(tenant, namespace, topic)))
+
+    return app

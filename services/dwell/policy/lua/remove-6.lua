@@ -1,0 +1,31 @@
+-- remove: delete one policy-store record under a fresh version (its tombstone's).
+--
+-- KEYS[1] the version counter (dwell:policy:version)
+-- KEYS[2] the parent that must exist when ARGV[1] == "1"
+-- KEYS[3] the record to delete
+-- KEYS[4] a SET that must be empty when ARGV[3] == "1" (a tenant's namespaces)
+-- KEYS[5] the SET listing such records (ARGV[4] is removed from it unless ARGV[4] == "")
+-- KEYS[6] the scopes ZSET (scope -> version of its latest change)
+-- ARGV[1] "1": the parent must exist
+-- ARGV[2] the scope
+-- ARGV[3] "1": refuse while KEYS[4] has members
+-- ARGV[4] member for KEYS[5], or ""
+--
+-- Returns the tombstone's version (> 0), ABSENT (0: nothing to remove, no version taken),
+-- PARENT_MISSING (-1) or NOT_EMPTY (-2).
+if ARGV[1] == "1" and redis.call("EXISTS", KEYS[2]) == 0 then
+  return -1
+end
+if redis.call("EXISTS", KEYS[3]) == 0 then
+  return 0
+end
+if ARGV[3] == "1" and redis.call("SCARD", KEYS[4]) > 0 then
+  return -2
+end
+local version = redis.call("INCR", KEYS[1])
+redis.call("DEL", KEYS[3])
+if ARGV[4] ~= "" then
+  redis.call("SREM", KEYS[5], ARGV[4])
+end
+redis.call("ZADD", KEYS[6], version, ARGV[2])
+return version

@@ -1,0 +1,16 @@
+"""Settings of the policy service (`DWELL_*` environment variables)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from dwell.settings import CommonSettings
+
+
+class PolicySettings(CommonSettings):
+    http_port: int = Field(8081, ge=1, le=65535)
+    # How long an admin call waits for Kafka to acknowledge its change-feed record before
+    # answering 503 (the change stays saved and is published once Kafka is back).
+    feed_timeout_ms: int = Field(5000, ge=100)
+    # How often the service retries publishing what the feed missed while Kafka was down.
+    feed_sync_interval_ms: int = Field(5000, ge=100)

@@ -1,0 +1,259 @@
+"""The policy store in Redis: tenants, namespaces and delayed-delivery policies, each
+record saved as the exact JSON its `dwell.policies` record carries
+(`{"version", "scope", ...}`, docs/internals.md), written by Lua scripts so that every
+check-and-write (exists? empty? parent there?) and its version are one atomic step.
+
+The store runs on one Redis node: its keys (dwell.keys, policy section) share no hash tag.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pydantic
+import redis.asyncio as aredis
+from pydantic import ConfigDict
+
+from dwell import keys
+from dwell.core.policy import DelayedDeliveryPolicies
+from dwell.core.topics import TopicName
+from dwell.http import ApiError
+
+# Pulsar's texts, which pulsar-admin users grep for.
+TENANT_MISSING = "Tenant does not exist"
+TENANT_EXISTS = "Tenant already exists"
+NAMESPACE_MISSING = "Namespace policies does not exist"
+NAMESPACE_EXISTS = "Namespace already exists"
+
+# Return codes of lua/put-5.lua, remove-6.lua and namespace_delete-6.lua.
+ABSENT = 0
+PARENT_MISSING = -1
+EXISTS = -2
+NOT_EMPTY = -2
+
+LUA = Path(__file__).parent / "lua"
+
+Change = tuple[str, int]  # (scope, version) of one write, to publish on the feed
+
+
+class TenantInfo(pydantic.BaseModel):
+    """Pulsar's TenantInfo, the body of `PUT /admin/v2/tenants/{tenant}`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    adminRoles: list[str] = []
+    allowedClusters: list[str] = []
+
+
+# -- scopes: the keys of `dwell.policies`, and the Redis record each one names
+
+
+def tenant_scope(tenant: str) -> str:
+    return f"tenant:{tenant}"
+
+
+def namespace_scope(ns: str) -> str:
+    return f"namespace:{ns}"
+
+
+def namespace_policy_scope(ns: str) -> str:
+    return f"ns:{ns}"
+
+
+def topic_scope(topic: TopicName) -> str:
+    return f"topic:{topic}"
+
+
+def scope_key(scope: str) -> str:
+    """The Redis key holding a scope's record."""
+    kind, _, name = scope.partition(":")
+    build = {"tenant": keys.tenant, "namespace": keys.namespace,
+             "ns": keys.namespace_policy, "topic": keys.topic_policy}.get(kind)
+    if build is None or not name:
+        raise ValueError(f"not a policy scope: {scope!r}")
+    return build(name)
+
+
+def _tail(scope: str, **fields: Any) -> str:
+    """The record's JSON after `{"version":N` (Lua prepends it once it holds the version)."""
+    body = orjson.dumps({"scope": scope, **fields}).decode()
+    return "," + body[1:]
+
+
+def _policy(raw: bytes | None) -> DelayedDeliveryPolicies | None:
+    if raw is None:
+        return None
+    return DelayedDeliveryPolicies.model_validate(orjson.loads(raw)["policy"])
+
+
+class PolicyStore:
+    def __init__(self, client: aredis.Redis) -> None:
+        self.redis = client
+        self._scripts = {path.stem.rpartition("-")[0]: client.register_script(path.read_text())
+                         for path in sorted(LUA.glob("*.lua"))}
+
+    async def _run(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
+        return await self._scripts[script](keys=keys_, args=args)
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    async def version(self) -> int:
+        return int(await self.redis.get(keys.POLICY_VERSION) or 0)
+
+    async def floor_version(self, version: int) -> int:
+        return int(await self._run("floor_version", [keys.POLICY_VERSION], [version]))
+
+    # -- tenants
+
+    async def create_tenant(self, name: str, info: TenantInfo) -> list[Change]:
+        scope = tenant_scope(name)
+        v = await self._run(
+            "put", [keys.POLICY_VERSION, keys.TENANTS, keys.tenant(name), keys.TENANTS,
+                    keys.POLICY_SCOPES],
+            ["0", "1", name, scope, _tail(scope, tenant=info.model_dump())])
+        if v == EXISTS:
+            raise ApiError(409, TENANT_EXISTS)
+        return [(scope, int(v))]
+
+    async def get_tenant(self, name: str) -> TenantInfo:
+        raw = await self.redis.get(keys.tenant(name))
+        if raw is None:
+            raise ApiError(404, TENANT_MISSING)
+        return TenantInfo.model_validate(orjson.loads(raw)["tenant"])
+
+    async def list_tenants(self) -> list[str]:
+        return sorted(m.decode() for m in await self.redis.smembers(keys.TENANTS))
+
+    async def delete_tenant(self, name: str) -> list[Change]:
+        scope = tenant_scope(name)
+        v = await self._run(
+            "remove", [keys.POLICY_VERSION, keys.TENANTS, keys.tenant(name),
+                       keys.namespaces(name), keys.TENANTS, keys.POLICY_SCOPES],
+            ["0", scope, "1", name])
+        if v == ABSENT:
+            raise ApiError(404, TENANT_MISSING)
+        if v == NOT_EMPTY:
+            raise ApiError(409, f"Cannot delete tenant {name}: it still has namespaces; "
+                                "delete them first")
+        return [(scope, int(v))]
+
+    # -- namespaces (`ns` is `tenant/namespace`)
+
+    async def create_namespace(self, ns: str) -> list[Change]:
+        tenant_name = ns.partition("/")[0]
+        scope = namespace_scope(ns)
+        v = await self._run(
+            "put", [keys.POLICY_VERSION, keys.tenant(tenant_name), keys.namespace(ns),
+                    keys.namespaces(tenant_name), keys.POLICY_SCOPES],
+            ["1", "1", ns, scope, _tail(scope)])
+        if v == PARENT_MISSING:
+            raise ApiError(404, TENANT_MISSING)
+        if v == EXISTS:
+            raise ApiError(409, NAMESPACE_EXISTS)
+        return [(scope, int(v))]
+
+    async def list_namespaces(self, tenant_name: str) -> list[str]:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.tenant(tenant_name))
+            pipe.smembers(keys.namespaces(tenant_name))
+            exists, members = await pipe.execute()
+        if not exists:
+            raise ApiError(404, TENANT_MISSING)
+        return sorted(m.decode() for m in members)
+
+    async def delete_namespace(self, ns: str) -> list[Change]:
+        tenant_name = ns.partition("/")[0]
+        code, v_ns, v_policy = await self._run(
+            "namespace_delete",
+            [keys.POLICY_VERSION, keys.namespace(ns), keys.namespace_topic_policies(ns),
+             keys.namespace_policy(ns), keys.namespaces(tenant_name), keys.POLICY_SCOPES],
+            [namespace_scope(ns), namespace_policy_scope(ns), ns])
+        if code == ABSENT:
+            raise ApiError(404, NAMESPACE_MISSING)
+        if code == NOT_EMPTY:
+            raise ApiError(409, f"Cannot delete namespace {ns}: topics in it still have "
+                                "delayed-delivery policies; remove them first")
+        changes = [(namespace_policy_scope(ns), int(v_policy))] if v_policy else []
+        return [*changes, (namespace_scope(ns), int(v_ns))]
+
+    # -- delayed-delivery policies
+
+    async def policies(self, ns: str, topic: TopicName | None = None
+                       ) -> tuple[DelayedDeliveryPolicies | None, DelayedDeliveryPolicies | None]:
+        """The namespace's and (when asked) the topic's own policies, read together;
+        404 when the namespace does not exist."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.namespace(ns))
+            pipe.get(keys.namespace_policy(ns))
+            if topic is not None:
+                pipe.get(keys.topic_policy(str(topic)))
+            exists, ns_raw, *topic_raw = await pipe.execute()
+        if not exists:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return _policy(ns_raw), _policy(topic_raw[0] if topic_raw else None)
+
+    async def set_namespace_policy(self, ns: str, policy: DelayedDeliveryPolicies
+                                   ) -> list[Change]:
+        scope = namespace_policy_scope(ns)
+        v = await self._run(
+            "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.namespace_policy(ns),
+                    keys.namespace_policy(ns), keys.POLICY_SCOPES],
+            ["1", "0", "", scope, _tail(scope, policy=policy.model_dump(exclude_none=True))])
+        if v == PARENT_MISSING:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return [(scope, int(v))]
+
+    async def remove_namespace_policy(self, ns: str) -> list[Change]:
+        scope = namespace_policy_scope(ns)
+        v = await self._run(
+            "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.namespace_policy(ns),
+                       keys.namespace_policy(ns), keys.namespace_policy(ns), keys.POLICY_SCOPES],
+            ["1", scope, "0", ""])
+        if v == PARENT_MISSING:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return [(scope, int(v))] if v > 0 else []
+
+    async def set_topic_policy(self, topic: TopicName, policy: DelayedDeliveryPolicies
+                               ) -> list[Change]:
+        ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
+        v = await self._run(
+            "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
+                    keys.namespace_topic_policies(ns), keys.POLICY_SCOPES],
+            ["1", "0", name, scope, _tail(scope, policy=policy.model_dump(exclude_none=True))])
+        if v == PARENT_MISSING:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return [(scope, int(v))]
+
+    async def remove_topic_policy(self, topic: TopicName) -> list[Change]:
+        ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
+        v = await self._run(
+            "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
+                       keys.topic_policy(name), keys.namespace_topic_policies(ns),
+                       keys.POLICY_SCOPES],
+            ["1", scope, "0", name])
+        if v == PARENT_MISSING:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return [(scope, int(v))] if v > 0 else []
+
+    # -- what the change feed reads
+
+    async def scopes(self) -> dict[str, int]:
+        """Every scope ever written, with the version of its latest change."""
+        rows = await self.redis.zrange(keys.POLICY_SCOPES, 0, -1, withscores=True)
+        return {m.decode(): int(score) for m, score in rows}
+
+    async def scope_state(self, scope: str) -> tuple[int, bytes | None] | None:
+        """(version, record JSON) of a scope's latest change, read atomically; the JSON is
+        None when that change removed it (a tombstone), and None when it was never written."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zscore(keys.POLICY_SCOPES, scope)
+            pipe.get(scope_key(scope))
+            score, raw = await pipe.execute()
+        if raw is not None:
+            return int(orjson.loads(raw)["version"]), raw
+        if score is None:
+            return None
+        return int(score), None

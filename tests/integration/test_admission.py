@@ -1,0 +1,327 @@
+"""Admission against real Kafka, Redis and the real policy service: the publish rule over
+HTTP and over the Kafka ingress, the records it writes, its counters, and how fast a
+policy change reaches it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dwell.adapters import kafka
+from dwell.core import topics as names
+
+pytestmark = pytest.mark.integration
+
+MAX_TEXT = "NotAllowedError: Exceeds max allowed delivery delay of {} milliseconds"
+
+
+@pytest.fixture(scope="module")
+def policy(services: Any) -> Iterator[httpx.Client]:
+    svc = services.start("policy")
+    with httpx.Client(base_url=svc.url, timeout=10) as c:
+        yield c
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def admission(services: Any) -> Iterator[httpx.Client]:
+    svc = services.start("admission")
+    with httpx.Client(base_url=svc.url, timeout=30) as c:
+        yield c
+    svc.stop()
+
+
+def ok(r: httpx.Response) -> httpx.Response:
+    assert r.status_code < 300, (r.status_code, r.text)
+    return r
+
+
+def make_namespace(policy: httpx.Client, tenant: str, ns: str = "ns",
+                   ns_policy: dict[str, Any] | None = None) -> None:
+    ok(policy.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": [],
+                                                        "allowedClusters": []}))
+    ok(policy.put(f"/admin/v2/namespaces/{tenant}/{ns}"))
+    if ns_policy is not None:
+        ok(policy.post(f"/admin/v2/namespaces/{tenant}/{ns}/delayedDelivery", json=ns_policy))
+
+
+def publish(admission: httpx.Client, topic: str, *messages: dict[str, Any],
+            producer: str = "p") -> httpx.Response:
+    domain, rest = topic.split("://")
+    return admission.post(f"/topics/{domain}/{rest}",
+                          json={"producerName": producer, "messages": list(messages)})
+
+
+def wait_until_known(admission: httpx.Client, topic: str, probe: dict[str, Any]) -> None:
+    """The namespace reaches admission through the feed: poll until it stops being 404."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = publish(admission, topic, probe)
+        if r.status_code != 404:
+            ok(r)
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{topic} still unknown to admission after 10 s")
+
+
+def counter(admission: httpx.Client, name: str, topic: str) -> float:
+    for family in text_string_to_metric_families(ok(admission.get("/metrics")).text):
+        for s in family.samples:
+            if s.name == name and s.labels.get("topic") == topic:
+                return s.value
+    return 0.0
+
+
+def read_record(bootstrap: str, message_id: str) -> kafka.Record:
+    topic, partition, offset = message_id.rsplit(":", 2)
+    c = kafka.Consumer(bootstrap, f"test-{uuid.uuid4().hex}")
+    try:
+        c.assign([(topic, int(partition), int(offset))])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            for r in c.poll(10, 0.5):
+                if r.offset == int(offset):
+                    return r
+        raise AssertionError(f"{message_id} not readable")
+    finally:
+        c.close()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+REJECTED = "pulsar_broker_topic_messages_delayed_rejected_total"
+OVERRIDDEN = "pulsar_broker_topic_messages_fixed_delay_overridden_total"
+
+
+def test_max_delay_rejects_max_plus_one_and_accepts_max(policy: httpx.Client,
+                                                        admission: httpx.Client,
+                                                        kafka_bootstrap: str,
+                                                        unique: str) -> None:
+    make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 5000})
+    topic = f"persistent://{unique}/ns/orders"
+    wait_until_known(admission, topic, {"payload": "probe"})
+    before = counter(admission, REJECTED, topic)
+    t = now_ms()
+    r = ok(publish(admission, topic,
+                   {"payload": "late", "eventTime": t, "deliverAt": t + 5001},
+                   {"payload": "ok", "key": "k1", "eventTime": t, "deliverAt": t + 5000,
+                    "properties": {"color": "red"}, "sequenceId": 3})).json()
+    rejected, accepted = r["messagePublishResults"]
+    assert rejected["errorCode"] == 2
+    assert rejected["error"] == MAX_TEXT.format(5000)
+    assert "messageId" not in rejected
+    assert counter(admission, REJECTED, topic) == before + 1
+    assert accepted["errorCode"] == 0 and accepted["delayed"] is True
+    assert accepted["deliverAt"] == t + 5000
+    assert accepted["messageId"].startswith(names.DELAYED + ":")
+    rec = read_record(kafka_bootstrap, accepted["messageId"])
+    assert rec.key == topic.encode() and rec.value == b"ok"
+    assert rec.header("dwell-deliver-at") == str(t + 5000)
+    assert rec.header("dwell-tick-time") == "1000"
+    assert rec.header("dwell-key") == "k1"
+    assert rec.header("dwell-topic") == topic
+    assert rec.header("dwell-publish-time") == str(t)
+    assert rec.header("dwell-producer") == "p"
+    assert rec.header("dwell-sequence-id") == "3"
+    assert rec.header("color") == "red"
+
+
+def test_fixed_delay_overrides_and_delays_everything(policy: httpx.Client,
+                                                     admission: httpx.Client,
+                                                     unique: str) -> None:
+    make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 1000})
+    topic = f"persistent://{unique}/ns/fx"
+    ok(policy.post(f"/admin/v2/persistent/{unique}/ns/fx/delayedDelivery",
+                   json={"fixedDeliveryDelayInMillis": 60000}))
+    t = now_ms()
+    wait_until_known(admission, f"persistent://{unique}/ns/probe", {"payload": "probe"})
+    # The topic policy may land a moment after the namespace: poll for the override.
+    deadline = time.monotonic() + 5
+    before = counter(admission, OVERRIDDEN, topic)
+    while True:
+        res = ok(publish(admission, topic, {"payload": "a", "eventTime": t})).json()
+        if res["messagePublishResults"][0]["delayed"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert res["messagePublishResults"][0]["deliverAt"] == t + 60000
+    assert counter(admission, OVERRIDDEN, topic) == before  # no deliverAt: not counted
+    r = ok(publish(admission, topic, {"payload": "b", "eventTime": t, "deliverAt": t + 999999},
+                   {"payload": "c", "eventTime": t})).json()["messagePublishResults"]
+    assert [m["deliverAt"] for m in r] == [t + 60000, t + 60000]
+    assert all(m["delayed"] and m["messageId"].startswith(names.DELAYED) for m in r)
+    assert counter(admission, OVERRIDDEN, topic) == before + 1
+
+
+def test_disabled_namespace_and_non_persistent_are_immediate(policy: httpx.Client,
+                                                             admission: httpx.Client,
+                                                             kafka_bootstrap: str,
+                                                             unique: str) -> None:
+    make_namespace(policy, unique, ns_policy={"active": False})
+    topic = f"persistent://{unique}/ns/off"
+    wait_until_known(admission, topic, {"payload": "probe"})
+    r = ok(publish(admission, topic, {"payload": "x", "key": "k", "deliverAfterMs": 60000})
+           ).json()["messagePublishResults"][0]
+    assert r["delayed"] is False and r["deliverAt"] is None
+    assert r["delayIgnored"] == "delayed delivery is disabled for this topic"
+    assert r["messageId"].startswith(f"{unique}.ns.off:")
+    rec = read_record(kafka_bootstrap, r["messageId"])
+    assert rec.key == b"k" and rec.header("dwell-deliver-at") is None
+
+    np = ok(publish(admission, f"non-persistent://{unique}/ns/np",
+                    {"payload": "y", "deliverAfterMs": 60000})).json()["messagePublishResults"][0]
+    assert np["delayed"] is False and "non-persistent" in np["delayIgnored"]
+    assert np["messageId"].startswith(f"non-persistent.{unique}.ns.np:")
+
+
+def test_topic_policy_overrides_namespace_field_by_field(policy: httpx.Client,
+                                                         admission: httpx.Client,
+                                                         kafka_bootstrap: str,
+                                                         unique: str) -> None:
+    make_namespace(policy, unique, ns_policy={"active": True, "tickTime": 500,
+                                              "maxDeliveryDelayInMillis": 5000})
+    ok(policy.post(f"/admin/v2/persistent/{unique}/ns/big/delayedDelivery",
+                   json={"maxDeliveryDelayInMillis": 10000}))
+    topic = f"persistent://{unique}/ns/big"
+    wait_until_known(admission, topic, {"payload": "probe"})
+    t = now_ms()
+    deadline = time.monotonic() + 5
+    while True:
+        r = ok(publish(admission, topic, {"payload": "a", "eventTime": t,
+                                          "deliverAt": t + 7000})).json()
+        res = r["messagePublishResults"][0]
+        if res["errorCode"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert res["errorCode"] == 0 and res["delayed"] is True
+    # tickTime is still the namespace's; the other topic of the namespace keeps max 5000
+    assert read_record(kafka_bootstrap, res["messageId"]).header("dwell-tick-time") == "500"
+    other = ok(publish(admission, f"persistent://{unique}/ns/small",
+                       {"payload": "a", "eventTime": t, "deliverAt": t + 7000})).json()
+    assert other["messagePublishResults"][0]["error"] == MAX_TEXT.format(5000)
+
+
+def test_policy_change_in_force_within_one_second(policy: httpx.Client,
+                                                  admission: httpx.Client,
+                                                  unique: str) -> None:
+    make_namespace(policy, unique, ns_policy={"active": True})
+    topic = f"persistent://{unique}/ns/live"
+    wait_until_known(admission, topic, {"payload": "probe"})
+    for limit in (2000, 30000, 1000):
+        ok(policy.post(f"/admin/v2/namespaces/{unique}/ns/delayedDelivery",
+                       json={"maxDeliveryDelayInMillis": limit}))
+        changed = time.monotonic()
+        while True:
+            t = now_ms()
+            r = ok(publish(admission, topic, {"payload": "p", "eventTime": t,
+                                              "deliverAt": t + limit + 1})).json()
+            err = r["messagePublishResults"][0].get("error")
+            if err == MAX_TEXT.format(limit):
+                break
+            assert time.monotonic() - changed < 1.0, f"max {limit} not in force after 1 s"
+        assert time.monotonic() - changed < 1.0
+
+
+def test_request_errors(policy: httpx.Client, admission: httpx.Client, unique: str) -> None:
+    for domain in ("persistent", "non-persistent"):
+        r = admission.post(f"/topics/{domain}/{unique}/nope/x",
+                           json={"messages": [{"payload": "a"}]})
+        assert r.status_code == 404 and "does not exist" in r.json()["reason"]
+    make_namespace(policy, unique)
+    topic = f"persistent://{unique}/ns/bad"
+    wait_until_known(admission, topic, {"payload": "probe"})
+    bad = publish(admission, topic, {"payload": "a", "deliverAt": "soon"})
+    assert bad.status_code == 400
+    assert bad.json()["reason"] == "messages[0].deliverAt: must be an integer"
+    too_many = publish(admission, topic, *[{"payload": "a"}] * 1001)
+    assert too_many.status_code == 400 and too_many.json()["reason"].startswith("messages:")
+    mixed = ok(publish(admission, topic, {"payload": "a", "deliverAt": 1, "deliverAfterMs": 1},
+                       {"payload": "%%", "payloadEncoding": "base64"},
+                       {"payload": "aGk=", "payloadEncoding": "base64"})).json()
+    codes = [m["errorCode"] for m in mixed["messagePublishResults"]]
+    assert codes == [2, 2, 0]
+
+
+def via_first(got: dict[tuple[str, int | None], dict[str, Any]]) -> str:
+    """The request id of the 4-message request (the other one has a single result)."""
+    ids = [rid for rid, _ in got]
+    return max(set(ids), key=ids.count)
+
+
+def wait_ingress(admission: httpx.Client) -> None:
+    deadline = time.monotonic() + 30
+    while not admission.get("/readyz").json().get("ingressAssigned"):
+        assert time.monotonic() < deadline, "ingress consumer never got partitions"
+        time.sleep(0.1)
+
+
+def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
+                                                      admission: httpx.Client,
+                                                      kafka_bootstrap: str,
+                                                      unique: str) -> None:
+    make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 5000})
+    topic = f"persistent://{unique}/ns/kin"
+    wait_until_known(admission, topic, {"payload": "probe"})
+    wait_ingress(admission)
+    t = now_ms()
+    messages = [{"payload": "a", "eventTime": t, "deliverAt": t + 5001, "sequenceId": 1},
+                {"payload": "b", "eventTime": t, "deliverAt": t + 5000, "sequenceId": 2},
+                {"payload": "c", "eventTime": t, "sequenceId": 3},
+                {"payload": "d", "deliverAt": 1, "deliverAfterMs": 1, "sequenceId": 4}]
+    via_http = ok(publish(admission, topic, *messages)).json()["messagePublishResults"]
+
+    producer_name = f"prod-{unique}"
+    ends = kafka.end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
+    p = kafka.Producer(kafka_bootstrap)
+    p.send(names.PUBLISH, orjson.dumps({"topic": topic, "producerName": producer_name,
+                                        "messages": messages}), topic).result(15)
+    p.send(names.PUBLISH, orjson.dumps({"topic": f"persistent://{unique}/nope/x",
+                                        "producerName": producer_name,
+                                        "messages": [{"payload": "z", "sequenceId": 9}]}),
+           topic).result(15)
+    p.close()
+
+    # Any admission replica in the shared `dwell-admission` group may answer (other
+    # suites run their own), so results are matched by request id, not by process.
+    got: dict[tuple[str, int | None], dict[str, Any]] = {}
+    c = kafka.Consumer(kafka_bootstrap, f"test-{uuid.uuid4().hex}")
+    c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
+    deadline = time.monotonic() + 30
+    while len(got) < 5 and time.monotonic() < deadline:
+        for r in c.poll(500, 0.5):
+            if r.key == producer_name.encode():
+                res = orjson.loads(r.value)
+                got[(res["requestId"], res["index"])] = res
+    c.close()
+    assert len(got) == 5, got
+    ordered = sorted(got.values(), key=lambda m: (m["requestId"] != via_first(got),
+                                                  m["index"] or 0))
+    via_kafka, unknown = ordered[:4], ordered[4]
+    assert [m["sequenceId"] for m in via_kafka] == [1, 2, 3, 4]
+    strip = {"messageId", "sequenceId", "index", "requestId", "topic"}
+    assert ([{k: v for k, v in m.items() if k not in strip} for m in via_kafka]
+            == [{k: v for k, v in m.items() if k not in strip} for m in via_http])
+    assert via_kafka[1]["messageId"].startswith(names.DELAYED + ":")
+    assert via_kafka[0]["error"] == MAX_TEXT.format(5000)
+    assert {m["requestId"] for m in via_kafka} == {via_kafka[0]["requestId"]}
+    assert unknown["sequenceId"] == 9 and unknown["errorCode"] == 2
+    assert "does not exist" in unknown["error"]
+    rec = read_record(kafka_bootstrap, via_kafka[2]["messageId"])
+    assert rec.value == b"c" and rec.header("dwell-producer") == producer_name
+
+
+def test_readyz_reports_the_policy_version(admission: httpx.Client) -> None:
+    body = ok(admission.get("/readyz")).json()
+    assert body["ready"] is True and body["policyVersionApplied"] > 0
+    gauge = [s.value for f in text_string_to_metric_families(admission.get("/metrics").text)
+             for s in f.samples if s.name == "dwell_policy_version_applied"]
+    # Other suites may change policies meanwhile: the gauge can only have moved up.
+    assert gauge and gauge[0] >= body["policyVersionApplied"]

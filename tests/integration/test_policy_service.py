@@ -1,0 +1,230 @@
+"""The policy service against the real test Redis and Kafka: Pulsar's admin paths,
+status codes and messages, field-by-field inheritance, and surviving kill -9."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+# Broker defaults of the service under test, set explicitly so `applied` is predictable.
+BROKER = {"DWELL_DELAYED_DELIVERY_ENABLED": "true", "DWELL_DELAYED_DELIVERY_TICK_TIME_MS": "1000",
+          "DWELL_DELAYED_DELIVERY_MAX_DELAY_MS": "0", "DWELL_DELAYED_DELIVERY_FIXED_DELAY_MS": "0"}
+
+
+@pytest.fixture(scope="module")
+def policy(services):  # type: ignore[no-untyped-def]
+    svc = services.start("policy", env=BROKER)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture()
+def http(policy):  # type: ignore[no-untyped-def]
+    with httpx.Client(base_url=policy.url, timeout=30) as client:
+        yield client
+
+
+def _reason(resp: httpx.Response) -> str:
+    return str(resp.json()["reason"])
+
+
+def _namespace(http: httpx.Client, unique: str) -> str:
+    assert http.put(f"/admin/v2/tenants/{unique}").status_code == 204
+    assert http.put(f"/admin/v2/namespaces/{unique}/ns").status_code == 204
+    return f"{unique}/ns"
+
+
+def test_tenants(http: httpx.Client, unique: str) -> None:
+    body = {"adminRoles": ["ops"], "allowedClusters": ["standalone"]}
+    assert http.put(f"/admin/v2/tenants/{unique}", json=body).status_code == 204
+    assert http.get(f"/admin/v2/tenants/{unique}").json() == body
+    assert unique in http.get("/admin/v2/tenants").json()
+    again = http.put(f"/admin/v2/tenants/{unique}")
+    assert (again.status_code, _reason(again)) == (409, "Tenant already exists")
+    assert http.delete(f"/admin/v2/tenants/{unique}").status_code == 204
+    assert unique not in http.get("/admin/v2/tenants").json()
+    for resp in (http.get(f"/admin/v2/tenants/{unique}"),
+                 http.delete(f"/admin/v2/tenants/{unique}"),
+                 http.get(f"/admin/v2/namespaces/{unique}"),
+                 http.put(f"/admin/v2/namespaces/{unique}/ns")):
+        assert (resp.status_code, _reason(resp)) == (404, "Tenant does not exist")
+
+
+def test_tenant_body_without_body_and_bad_bodies(http: httpx.Client, unique: str) -> None:
+    assert http.put(f"/admin/v2/tenants/{unique}").status_code == 204
+    assert http.get(f"/admin/v2/tenants/{unique}").json() == {"adminRoles": [],
+                                                                "allowedClusters": []}
+    for body, field in (('{"adminRole": []}', "adminRole"), ('{"adminRoles": "a"}', "adminRoles"),
+                        ("{nope", "body")):
+        resp = http.put(f"/admin/v2/tenants/{unique}x", content=body)
+        assert resp.status_code == 400
+        assert _reason(resp).startswith(f"{field}"), _reason(resp)
+
+
+@pytest.mark.parametrize(("tenant", "word"), [("dwell", "reserved"), ("a%20b", "whitespace"),
+                                              ("a!b", "may only contain")])
+def test_bad_tenant_names(http: httpx.Client, tenant: str, word: str) -> None:
+    resp = http.put(f"/admin/v2/tenants/{tenant}")
+    assert resp.status_code == 400
+    assert word in _reason(resp)
+
+
+def test_namespaces(http: httpx.Client, unique: str) -> None:
+    ns = _namespace(http, unique)
+    assert http.put(f"/admin/v2/namespaces/{unique}/other").status_code == 204
+    assert http.get(f"/admin/v2/namespaces/{unique}").json() == [ns, f"{unique}/other"]
+    assert http.get(f"/admin/v2/namespaces/{ns}").json() == {"delayed_delivery_policies": None}
+    again = http.put(f"/admin/v2/namespaces/{ns}")
+    assert (again.status_code, _reason(again)) == (409, "Namespace already exists")
+    busy = http.delete(f"/admin/v2/tenants/{unique}")
+    assert busy.status_code == 409 and "namespaces" in _reason(busy)
+    bad = http.put(f"/admin/v2/namespaces/{unique}/a!b")
+    assert bad.status_code == 400 and "namespace name" in _reason(bad)
+    assert http.delete(f"/admin/v2/namespaces/{unique}/other").status_code == 204
+    gone = http.get(f"/admin/v2/namespaces/{unique}/other")
+    assert (gone.status_code, _reason(gone)) == (404, "Namespace policies does not exist")
+    assert http.get(f"/admin/v2/namespaces/{unique}").json() == [ns]
+
+
+def test_namespace_create_with_pulsar_policies_body(http: httpx.Client, unique: str) -> None:
+    assert http.put(f"/admin/v2/tenants/{unique}").status_code == 204
+    body = {"bundles": {"numBundles": 4}, "delayed_delivery_policies": {"tickTime": 250}}
+    assert http.put(f"/admin/v2/namespaces/{unique}/ns", json=body).status_code == 204
+    assert http.get(f"/admin/v2/namespaces/{unique}/ns/delayedDelivery").json() == {
+        "tickTime": 250}
+    bad = http.put(f"/admin/v2/namespaces/{unique}/n2",
+                   json={"delayed_delivery_policies": {"tickTime": 0}})
+    assert (bad.status_code, _reason(bad)) == (
+        400, "delayed_delivery_policies.tickTime: must be >= 1")
+
+
+def test_namespace_policy_lifecycle(http: httpx.Client, unique: str) -> None:
+    ns = _namespace(http, unique)
+    url = f"/admin/v2/namespaces/{ns}/delayedDelivery"
+    unset = http.get(url)
+    assert (unset.status_code, unset.text) == (200, "null")
+    policy = {"active": True, "tickTime": 500, "maxDeliveryDelayInMillis": 2**63 - 1}
+    assert http.post(url, json=policy).status_code == 204
+    assert http.get(url).json() == policy
+    assert http.get(f"/admin/v2/namespaces/{ns}").json() == {"delayed_delivery_policies": policy}
+    assert http.get(url, params={"applied": "true", "isGlobal": "false"}).json() == {
+        **policy, "fixedDeliveryDelayInMillis": 0}
+    assert http.delete(url).status_code == 204
+    assert http.get(url).text == "null"
+    assert http.delete(url).status_code == 204  # removing nothing is fine, as in Pulsar
+    assert http.get(url, params={"applied": "true"}).json() == {
+        "active": True, "tickTime": 1000, "maxDeliveryDelayInMillis": 0,
+        "fixedDeliveryDelayInMillis": 0}
+    for method in ("GET", "POST", "DELETE"):
+        resp = http.request(method, f"/admin/v2/namespaces/{unique}/nope/delayedDelivery",
+                            json={"active": True} if method == "POST" else None)
+        assert (resp.status_code, _reason(resp)) == (404, "Namespace policies does not exist")
+
+
+BAD_BODIES = [
+    ('{"tickTime": 0}', "tickTime", "must be >= 1"),
+    ('{"tickTime": "5000"}', "tickTime", "must be an integer"),
+    ('{"maxDeliveryDelayInMillis": 5.5}', "maxDeliveryDelayInMillis", "must be an integer"),
+    ('{"maxDeliveryDelayInMillis": true}', "maxDeliveryDelayInMillis", "must be an integer"),
+    ('{"maxDeliveryDelayInMillis": -1}', "maxDeliveryDelayInMillis", "must be >= 0"),
+    ('{"fixedDeliveryDelayInMillis": 9223372036854775808}', "fixedDeliveryDelayInMillis",
+     "must be <= 9223372036854775807"),
+    ('{"active": "yes"}', "active", "must be true or false"),
+    ('{"maxDelay": 5}', "maxDelay", "unknown field"),
+    ('{"tickTime": 1', "body", "is not valid JSON"),
+    ("[1]", "body", "must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "message"), BAD_BODIES)
+def test_bad_policy_bodies_are_400_naming_the_field(http: httpx.Client, unique: str, body: str,
+                                                    field: str, message: str) -> None:
+    ns = _namespace(http, unique)
+    for url in (f"/admin/v2/namespaces/{ns}/delayedDelivery",
+                f"/admin/v2/persistent/{ns}/x/delayedDelivery"):
+        resp = http.post(url, content=body, headers={"content-type": "application/json"})
+        assert resp.status_code == 400
+        assert _reason(resp) == f"{field}: {message}"
+    assert http.get(f"/admin/v2/namespaces/{ns}/delayedDelivery").text == "null"
+
+
+def test_topic_policy_and_applied_inherits_field_by_field(http: httpx.Client,
+                                                          unique: str) -> None:
+    ns = _namespace(http, unique)
+    topic_url = f"/admin/v2/persistent/{ns}/orders/delayedDelivery"
+    assert http.get(topic_url).text == "null"
+    assert http.post(f"/admin/v2/namespaces/{ns}/delayedDelivery",
+                     json={"maxDeliveryDelayInMillis": 10_000,
+                           "fixedDeliveryDelayInMillis": 300}).status_code == 204
+    assert http.post(topic_url, json={"tickTime": 50},
+                     params={"isGlobal": "true"}).status_code == 204
+    assert http.get(topic_url).json() == {"tickTime": 50}
+    # tickTime from the topic, max and fixed from the namespace, active from the broker.
+    assert http.get(topic_url, params={"applied": "true"}).json() == {
+        "active": True, "tickTime": 50, "maxDeliveryDelayInMillis": 10_000,
+        "fixedDeliveryDelayInMillis": 300}
+    assert http.get(f"/admin/v2/namespaces/{ns}/delayedDelivery",
+                    params={"applied": "true"}).json() == {
+        "active": True, "tickTime": 1000, "maxDeliveryDelayInMillis": 10_000,
+        "fixedDeliveryDelayInMillis": 300}
+    # The topic overrides one namespace field; the other still inherits.
+    assert http.post(topic_url, json={"active": False, "maxDeliveryDelayInMillis": 0}
+                     ).status_code == 204
+    assert http.get(topic_url, params={"applied": "true"}).json() == {
+        "active": False, "tickTime": 1000, "maxDeliveryDelayInMillis": 0,
+        "fixedDeliveryDelayInMillis": 300}
+    busy = http.delete(f"/admin/v2/namespaces/{ns}")
+    assert busy.status_code == 409 and "topic" in _reason(busy)
+    assert http.delete(topic_url, params={"isGlobal": "false"}).status_code == 204
+    assert http.get(topic_url).text == "null"
+    assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
+    assert http.delete(f"/admin/v2/tenants/{unique}").status_code == 204
+
+
+def test_topic_policy_needs_namespace_and_a_valid_name(http: httpx.Client, unique: str) -> None:
+    ns = _namespace(http, unique)
+    for method in ("GET", "POST", "DELETE"):
+        resp = http.request(method, f"/admin/v2/persistent/{unique}/nope/x/delayedDelivery",
+                            json={"tickTime": 5} if method == "POST" else None)
+        assert (resp.status_code, _reason(resp)) == (404, "Namespace policies does not exist")
+    bad = http.post(f"/admin/v2/persistent/{ns}/a%20b/delayedDelivery", json={"tickTime": 5})
+    assert bad.status_code == 400 and "whitespace" in _reason(bad)
+    reserved = http.get("/admin/v2/persistent/dwell/ns/x/delayedDelivery")
+    assert reserved.status_code == 400 and "reserved" in _reason(reserved)
+    query = http.get(f"/admin/v2/persistent/{ns}/x/delayedDelivery", params={"applied": "maybe"})
+    assert query.status_code == 400 and "applied" in _reason(query)
+
+
+def test_readyz_metrics_docs(http: httpx.Client, unique: str) -> None:
+    assert http.get("/readyz").json() == {"ready": True, "redis": True, "kafka": True}
+    _namespace(http, unique)
+    metrics = http.get("/metrics").text
+    assert 'dwell_policy_changes_total{kind="namespace_create"}' in metrics
+    version = [line for line in metrics.splitlines() if line.startswith("dwell_policy_version ")]
+    assert version and float(version[0].split()[1]) >= 2
+    assert http.get("/openapi.json").json()["paths"][
+        "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"]
+    assert http.get("/docs").status_code == 200
+
+
+def test_kill_9_loses_nothing(services, unique: str) -> None:  # type: ignore[no-untyped-def]
+    svc = services.start("policy", env=BROKER)
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        ns = _namespace(http, unique)
+        assert http.post(f"/admin/v2/namespaces/{ns}/delayedDelivery",
+                         json={"maxDeliveryDelayInMillis": 7000}).status_code == 204
+        assert http.post(f"/admin/v2/persistent/{ns}/x/delayedDelivery",
+                         json={"tickTime": 20}).status_code == 204
+    svc.kill()
+    svc.start()
+    svc.wait_ready()
+    try:
+        with httpx.Client(base_url=svc.url, timeout=30) as http:
+            assert unique in http.get("/admin/v2/tenants").json()
+            assert http.get(f"/admin/v2/namespaces/{unique}").json() == [ns]
+            assert http.get(f"/admin/v2/persistent/{ns}/x/delayedDelivery",
+                            params={"applied": "true"}).json() == {
+                "active": True, "tickTime": 20, "maxDeliveryDelayInMillis": 7000,
+                "fixedDeliveryDelayInMillis": 0}
+    finally:
+        svc.stop()

@@ -1,0 +1,58 @@
+"""PolicyCache bookkeeping: feed records in, effective policies and versions out."""
+
+from __future__ import annotations
+
+import orjson
+
+from dwell.admission.cache import PolicyCache
+from dwell.core.policy import BrokerDefaults, EffectivePolicy
+from dwell.core.topics import TopicName
+
+TOPIC = TopicName.parse("persistent://acme/orders/new")
+
+
+def rec(version: int, scope: str, **extra: object) -> bytes:
+    return orjson.dumps({"version": version, "scope": scope, **extra})
+
+
+def filled() -> PolicyCache:
+    c = PolicyCache(BrokerDefaults(max_delay_ms=9000))
+    c.apply("tenant:acme", rec(1, "tenant:acme", tenant={"adminRoles": []}), {})
+    c.apply("namespace:acme/orders", rec(2, "namespace:acme/orders"), {})
+    return c
+
+
+def test_namespace_known_needs_tenant_and_namespace() -> None:
+    c = filled()
+    assert c.namespace_known("acme", "orders")
+    assert not c.namespace_known("acme", "other")
+    assert not c.namespace_known("other", "orders")
+    c.apply("tenant:acme", None, {"dwell-version": b"7"})
+    assert not c.namespace_known("acme", "orders")
+    assert c.version == 7
+
+
+def test_field_by_field_resolution_and_invalidation() -> None:
+    c = filled()
+    assert c.effective(TOPIC) == EffectivePolicy(True, 1000, 9000, 0)
+    c.apply("ns:acme/orders", rec(3, "ns:acme/orders",
+                                  policy={"tickTime": 500, "maxDeliveryDelayInMillis": 5000}), {})
+    assert c.effective(TOPIC) == EffectivePolicy(True, 500, 5000, 0)
+    c.apply(f"topic:{TOPIC}", rec(4, f"topic:{TOPIC}", policy={"maxDeliveryDelayInMillis": 100}),
+            {})
+    # topic max wins, tickTime still from the namespace
+    assert c.effective(TOPIC) == EffectivePolicy(True, 500, 100, 0)
+    c.apply(f"topic:{TOPIC}", None, {"dwell-version": b"5"})
+    assert c.effective(TOPIC) == EffectivePolicy(True, 500, 5000, 0)
+    assert c.version == 5
+
+
+def test_version_is_the_highest_applied_and_malformed_records_are_skipped() -> None:
+    c = filled()
+    c.apply("ns:acme/orders", b"{not json", {})
+    c.apply("ns:acme/orders", rec(9, "ns:acme/orders", policy={"tickTime": -1}), {})
+    c.apply("weird:x", rec(10, "weird:x"), {})
+    assert c.version == 2
+    assert c.effective(TOPIC).tick_time_ms == 1000
+    c.apply("namespace:acme/orders", rec(1, "namespace:acme/orders"), {})
+    assert c.version == 2

@@ -1,0 +1,141 @@
+"""The shared publish path without a broker: request validation, the per-message rule,
+routing and headers, and the 503 when Kafka cannot acknowledge (a real client aimed at a
+closed port)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from dwell.adapters import kafka
+from dwell.admission.cache import PolicyCache
+from dwell.admission.publish import Publisher, PublishError, PublishRequest, parse_request
+from dwell.admission.settings import AdmissionSettings
+from dwell.core import topics as names
+
+NOW_MS = 1_700_000_000_000
+DEAD_KAFKA = "127.0.0.1:1"
+
+
+@pytest.fixture()
+def publisher() -> Iterator[Publisher]:
+    settings = AdmissionSettings(kafka_bootstrap=DEAD_KAFKA, max_payload_bytes=10,
+                                 max_messages_per_request=3, publish_timeout_ms=1000)
+    cache = PolicyCache(settings.broker_defaults())
+    for scope in ("tenant:acme", "namespace:acme/ns", "namespace:acme/fixed",
+                  "namespace:acme/off"):
+        cache.apply(scope, orjson.dumps({"version": 1, "scope": scope}), {})
+    cache.apply("ns:acme/ns", orjson.dumps({"version": 2, "policy": {
+        "maxDeliveryDelayInMillis": 5000}}), {})
+    cache.apply("ns:acme/fixed", orjson.dumps({"version": 3, "policy": {
+        "fixedDeliveryDelayInMillis": 60000}}), {})
+    cache.apply("ns:acme/off", orjson.dumps({"version": 4, "policy": {"active": False}}), {})
+    cache.ready.set()
+    producer = kafka.Producer(DEAD_KAFKA, **{"message.timeout.ms": 1000})
+    yield Publisher(settings, cache, producer, clock=lambda: NOW_MS / 1000)
+    producer.close(0.1)
+
+
+def body(*messages: dict[str, object], **extra: object) -> bytes:
+    return orjson.dumps({"producerName": "p1", "messages": list(messages), **extra})
+
+
+def plan(pub: Publisher, topic: str, raw: bytes):  # type: ignore[no-untyped-def]
+    t = names.TopicName.parse(topic)
+    return pub.plan(pub.topic(t.domain, t.tenant, t.namespace, t.local),
+                    parse_request(raw, PublishRequest))
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    (b"{", "body: is not valid JSON"),
+    (body({"payload": "x", "deliverAt": "5"}), "messages[0].deliverAt: must be an integer"),
+    (body({"payload": "x", "colour": 1}), "messages[0].colour: unknown field"),
+    (body({"key": "k"}), "messages[0].payload: is required"),
+    (body({"payload": "x", "deliverAfterMs": -1}), "messages[0].deliverAfterMs"),
+    (orjson.dumps({"messages": "x"}), "messages: must be a list"),
+])
+def test_malformed_bodies_are_400_naming_the_field(raw: bytes, field: str) -> None:
+    with pytest.raises(PublishError) as err:
+        parse_request(raw, PublishRequest)
+    assert err.value.status == 400
+    assert field in err.value.reason
+
+
+@pytest.mark.parametrize(("raw", "status", "field"), [
+    (body({"payload": "x" * 11}), 400, "messages[0].payload: 11 bytes"),
+    (body({"payload": base64.b64encode(b"y" * 11).decode(), "payloadEncoding": "base64"}), 400,
+     "messages[0].payload"),
+    (body(*[{"payload": "x"}] * 4), 400, "messages: 4 messages"),
+    (body(), 400, "messages: must contain"),
+    (body({"payload": "x", "properties": {"dwell-topic": "x"}}), 400,
+     "messages[0].properties.dwell-topic"),
+])
+def test_request_limits(publisher: Publisher, raw: bytes, status: int, field: str) -> None:
+    with pytest.raises(PublishError) as err:
+        plan(publisher, "persistent://acme/ns/x", raw)
+    assert err.value.status == status
+    assert field in err.value.reason
+
+
+def test_unknown_namespace_and_tenant_are_404_on_both_domains(publisher: Publisher) -> None:
+    for topic in ("persistent://acme/nope/x", "non-persistent://nobody/ns/x"):
+        with pytest.raises(PublishError) as err:
+            plan(publisher, topic, body({"payload": "x"}))
+        assert err.value.status == 404
+
+
+def test_per_message_errors_keep_the_rest_of_the_batch(publisher: Publisher) -> None:
+    p = plan(publisher, "persistent://acme/ns/x", body(
+        {"payload": "a", "deliverAt": NOW_MS + 5001},
+        {"payload": "!!", "payloadEncoding": "base64"},
+        {"payload": "c", "deliverAt": NOW_MS + 5000, "deliverAfterMs": 1}))
+    assert p.results[0] == {"errorCode": 2, "error": "NotAllowedError: Exceeds max allowed "
+                                                     "delivery delay of 5000 milliseconds"}
+    assert p.results[1] == {"errorCode": 2, "error": "payload is not valid base64"}
+    assert p.results[2]["errorCode"] == 2 and "deliverAfterMs" in p.results[2]["error"]
+    assert p.sends == []
+
+
+def test_routing_and_headers(publisher: Publisher) -> None:
+    p = plan(publisher, "persistent://acme/ns/x", body(
+        {"payload": "now", "key": "k1", "properties": {"a": "1"}, "sequenceId": 7},
+        {"payload": "later", "key": "k2", "deliverAfterMs": 5000, "eventTime": NOW_MS - 10}))
+    (t0, v0, k0, h0, ts0), (t1, v1, k1, h1, ts1) = p.sends
+    assert (t0, k0, v0, ts0) == ("acme.ns.x", b"k1", b"now", NOW_MS)
+    assert dict(h0 or []) == {"a": b"1", "dwell-topic": b"persistent://acme/ns/x",
+                  "dwell-publish-time": str(NOW_MS).encode(), "dwell-producer": b"p1",
+                  "dwell-sequence-id": b"7"}
+    assert (t1, k1, v1, ts1) == (names.DELAYED, b"persistent://acme/ns/x", b"later", NOW_MS - 10)
+    h1d = dict(h1 or [])
+    assert h1d["dwell-deliver-at"] == str(NOW_MS + 4990).encode()
+    assert h1d["dwell-tick-time"] == b"1000" and h1d["dwell-key"] == b"k2"
+    assert p.results[1] == {"errorCode": 0, "deliverAt": NOW_MS + 4990, "delayed": True}
+    offsets = [(3, 40), (1, 9)]
+    results = Publisher.finish(p, offsets)
+    assert results[0]["messageId"] == "acme.ns.x:3:40"
+    assert results[1]["messageId"] == "dwell.delayed:1:9"
+
+
+def test_fixed_delay_disabled_and_non_persistent(publisher: Publisher) -> None:
+    fixed = plan(publisher, "persistent://acme/fixed/x", body({"payload": "a"},
+                                                             {"payload": "b", "deliverAt": 1}))
+    assert [r["deliverAt"] for r in fixed.results] == [NOW_MS + 60000] * 2
+    assert all(s[0] == names.DELAYED for s in fixed.sends)
+    off = plan(publisher, "persistent://acme/off/x", body({"payload": "a", "deliverAfterMs": 9}))
+    assert off.results[0]["delayIgnored"] and off.results[0]["delayed"] is False
+    np = plan(publisher, "non-persistent://acme/ns/x", body({"payload": "a",
+                                                            "deliverAfterMs": 99999}))
+    assert np.sends[0][0] == "non-persistent.acme.ns.x"
+    assert "non-persistent" in np.results[0]["delayIgnored"]
+
+
+def test_kafka_unavailable_is_503(publisher: Publisher) -> None:
+    t = publisher.topic("persistent", "acme", "ns", "x")
+    publisher._ready_topics.add(t.kafka_topic)  # skip the admin call; the send must fail
+    with pytest.raises(PublishError) as err:
+        asyncio.run(publisher.publish(t, parse_request(body({"payload": "a"}), PublishRequest)))
+    assert err.value.status == 503
