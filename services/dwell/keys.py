@@ -94,6 +94,7 @@ TOPICS = "dwell:topics"  # SET of Pulsar topics the tracker has indexed (no hash
 # for due_topics(). Global (no hash tag): an addition to ARCHITECTURE.md's list, and
 # the one key the claim/complete scripts touch outside the topic's slot.
 DUE = "dwell:due"
+DUE_SUBSCRIPTIONS = "dwell:due:subs"  # ZSET "<topic> <sub>" -> earliest redelivery bucket
 
 
 def subscriptions(topic: str) -> str:

@@ -1,0 +1,116 @@
+"""The tracker's HTTP API (port 8083): subscription registration, per-topic stats,
+Pulsar's topic stats path with its delayed-delivery fields, and /metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis as redislib
+from fastapi import FastAPI, Request, Response
+
+from dwell import keys
+from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
+from dwell.http import ApiError, create_app
+from dwell.tracker import subscriptions
+from dwell.tracker.ingest import IngestLoop
+from dwell.tracker.settings import TrackerSettings
+from dwell.tracker.stats import topic_stats, topics
+
+
+def _topic(kind: str, tenant: str, namespace: str, topic: str) -> str:
+    try:
+        return str(TopicName.of(kind, tenant, namespace, topic))
+    except InvalidTopicName as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def _sub(name: str) -> str:
+    try:
+        return validate_subscription(name)
+    except InvalidTopicName as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def build_app(settings: TrackerSettings, r: redislib.Redis,
+              ingest: IngestLoop | None = None) -> FastAPI:
+    async def ready() -> dict[str, Any]:
+        checks: dict[str, Any] = {"redis": bool(r.ping())}
+        if ingest is not None:
+            checks["ingest"] = ingest.running and ingest.error is None
+            if ingest.error:
+                checks["ingestError"] = ingest.error
+        checks["ready"] = all(v for k, v in checks.items() if k != "ingestError")
+        return checks
+
+    app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready)
+    strict = settings.delayed_delivery_deliver_at_time_strict
+    lookahead = settings.delayed_delivery_fixed_delay_detection_lookahead
+
+    def stats_of(topic: str) -> dict[str, Any]:
+        return topic_stats(r, topic, int(time.time() * 1000), strict=strict,
+                           lookahead=lookahead)
+
+    base = "/v1/topics/{kind}/{tenant}/{namespace}/{topic}"
+
+    @app.put(base + "/subscriptions/{sub}")
+    async def put_subscription(kind: str, tenant: str, namespace: str, topic: str, sub: str,
+                               request: Request) -> dict[str, Any]:
+        name = _topic(kind, tenant, namespace, topic)
+        _sub(sub)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "invalid JSON body") from None
+        try:
+            settings_ = subscriptions.validate(body)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        subscriptions.put(r, name, sub, settings_)
+        return settings_
+
+    @app.get(base + "/subscriptions/{sub}")
+    def get_subscription(kind: str, tenant: str, namespace: str, topic: str,
+                         sub: str) -> dict[str, Any]:
+        found = subscriptions.get(r, _topic(kind, tenant, namespace, topic), _sub(sub))
+        if found is None:
+            raise ApiError(404, "Subscription not found")
+        return found
+
+    @app.delete(base + "/subscriptions/{sub}", status_code=204)
+    def delete_subscription(kind: str, tenant: str, namespace: str, topic: str,
+                            sub: str) -> Response:
+        if not subscriptions.delete(r, _topic(kind, tenant, namespace, topic), _sub(sub)):
+            raise ApiError(404, "Subscription not found")
+        return Response(status_code=204)
+
+    @app.get(base + "/stats")
+    def get_topic_stats(kind: str, tenant: str, namespace: str, topic: str) -> dict[str, Any]:
+        return stats_of(_topic(kind, tenant, namespace, topic))
+
+    @app.get("/v1/stats")
+    def list_stats() -> dict[str, Any]:
+        out = []
+        for t in topics(r):
+            s = stats_of(t)
+            out.append({k: s[k] for k in ("topic", "delayedMessages", "bufferMemoryBytes",
+                                          "buckets", "nextDueAt", "drainLagMs")})
+        return {"topics": out}
+
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats")
+    def pulsar_topic_stats(tenant: str, namespace: str, topic: str) -> dict[str, Any]:
+        name = _topic("persistent", tenant, namespace, topic)
+        if not r.sismember(keys.TOPICS, name) and not subscriptions.list_all(r, name):
+            raise ApiError(404, "Topic not found")
+        s = stats_of(name)
+        # PIP-448: the index is shared, so every subscription reports the topic's figures.
+        return {
+            "delayedMessageIndexSizeInBytes": s["bufferMemoryBytes"],
+            "subscriptions": {
+                sub: {"msgDelayed": s["delayedMessages"],
+                      "delayedMessageIndexSizeInBytes": s["bufferMemoryBytes"]}
+                for sub in s["subscriptions"]
+            },
+        }
+
+    return app

@@ -1,0 +1,334 @@
+"""The tracker on real Redis and Kafka: ingest into the right buckets, crash safety,
+claim/complete/lease expiry (with concurrent claimers), stats, subscriptions, and a
+message published through the real admission service."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+from pyroaring import BitMap64
+
+from dwell import keys
+from dwell.adapters.kafka import Producer, ensure_topic
+from dwell.adapters.redis import connect
+from dwell.core import topics as names
+from dwell.tracker.index import SubscriptionIndex, TopicIndex, bucket_starts
+from dwell.tracker.stats import HISTOGRAM_BOUNDS_MS
+
+pytestmark = pytest.mark.integration
+TICK = 1000
+
+
+def _tracker_env(delayed_topic: str, **extra: str) -> dict[str, str]:
+    return {"DWELL_DELAYED_TOPIC": delayed_topic,
+            "DWELL_TRACKER_GROUP_ID": "tracker-" + uuid.uuid4().hex[:8], **extra}
+
+
+def _produce(bootstrap: str, delayed_topic: str, topic: str, deliver_ats: list[int],
+             tick: int = TICK) -> list[tuple[int, int, int]]:
+    """Write dwell.delayed-style records; returns (partition, offset, deliverAt)."""
+    p = Producer(bootstrap, linger_ms=20)
+    futs = [p.send(delayed_topic, b"x", topic,
+                   {"dwell-deliver-at": str(d), "dwell-tick-time": str(tick),
+                    "dwell-topic": topic})
+            for d in deliver_ats]
+    p.flush()
+    p.close()
+    return [(*f.result(), d) for f, d in zip(futs, deliver_ats, strict=True)]
+
+
+def _expected(rows: list[tuple[int, int, int]], tick: int = TICK) -> dict[int, dict[int, set[int]]]:
+    out: dict[int, dict[int, set[int]]] = {}
+    for part, off, d in rows:
+        out.setdefault(d - d % tick, {}).setdefault(part, set()).add(off)
+    return out
+
+
+def _indexed(r, topic: str) -> dict[int, dict[int, set[int]]]:
+    idx = TopicIndex(r, topic)
+    out = {}
+    for b in idx.buckets():
+        out[b] = {p: set(bm) for p, bm in idx.read_bucket(b).items()}
+    return out
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture()
+def delayed_topic(kafka_bootstrap: str, unique: str) -> str:
+    name = f"test.delayed.{unique}"
+    ensure_topic(kafka_bootstrap, name, 4)
+    return name
+
+
+def test_ingest_indexes_positions_in_their_buckets(services, redis_url, kafka_bootstrap,
+                                                     delayed_topic, unique):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    now = int(time.time() * 1000)
+    rows = _produce(kafka_bootstrap, delayed_topic, topic,
+                    [now + 60_000 + random.randrange(10 * TICK) for _ in range(500)])
+    svc = services.start("tracker", env=_tracker_env(delayed_topic))
+    try:
+        want = _expected(rows)
+        got = _wait(lambda: (g := _indexed(r, topic)) == want and g, 30, "index == published")
+        assert set(got) == set(want)
+        # the compactor folded every delta into Roaring blobs
+        _wait(lambda: not TopicIndex(r, topic).dirty_buckets(), 30, "compaction")
+        for b in want:
+            assert r.exists(keys.topic_index(topic).delta(b)) == 0
+            assert r.hlen(keys.bucket(topic, b)) == len(want[b])
+    finally:
+        svc.stop()
+
+
+def test_kill_9_mid_ingest_loses_and_duplicates_nothing(services, redis_url, kafka_bootstrap,
+                                                        delayed_topic, unique):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/crash"
+    now = int(time.time() * 1000)
+    rng = random.Random(7)
+    rows = _produce(kafka_bootstrap, delayed_topic, topic,
+                    [now + 3_600_000 + rng.randrange(3_600_000) for _ in range(100_000)])
+    # Small batches so the kill lands between commits.
+    env = _tracker_env(delayed_topic, DWELL_INGEST_BATCH_MAX="2000",
+                       DWELL_COMPACTION_INTERVAL_MS="50")
+    svc = services.start("tracker", env=env, ready=False)
+    idx = TopicIndex(r, topic)
+    _wait(lambda: r.zcard(keys.index(topic)) > 0, 30, "first batch indexed")
+    svc.kill()
+    at_kill = sum(idx.counts().values())
+    assert 0 < at_kill < 100_000, f"kill was not mid-ingest ({at_kill} indexed)"
+    svc2 = services.start("tracker", env=env, ready=False)
+    try:
+        want = _expected(rows)
+        _wait(lambda: sum(idx.counts().values()) >= 100_000, 45, "100,000 positions indexed")
+        _wait(lambda: not idx.dirty_buckets(), 30, "compaction")
+        assert sum(idx.counts().values()) == 100_000
+        assert _indexed(r, topic) == want
+    finally:
+        svc2.stop()
+
+
+def _fill(r, topic: str, buckets: list[int], per_bucket: int = 3) -> TopicIndex:
+    idx = TopicIndex(r, topic)
+    idx.add([(b % 4, i * 1000 + b // TICK % 1000, b + i, TICK)
+             for b in buckets for i in range(per_bucket)])
+    return idx
+
+
+def test_claim_complete_and_lease_expiry(redis_url, unique):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/claim"
+    t0 = 1_900_000_000_000
+    idx = _fill(r, topic, [t0, t0 + TICK, t0 + 5 * TICK])
+    idx.compact()
+    # Non-strict: due once bucketStart <= now + 1; strict: once its last ms has passed.
+    assert idx.claim(t0 - 2, 10, 1000, strict=False) == []
+    assert idx.claim(t0 + TICK - 2, 10, 1000, strict=True) == []
+    [first] = idx.claim(t0 + TICK - 1, 1, 1000, strict=True)
+    assert first.bucket_start == t0 and first.count() == 3
+    # Lease not expired: the next claimer gets the next bucket, not t0.
+    [second] = idx.claim(t0 + TICK, 10, 1000, strict=False)
+    assert second.bucket_start == t0 + TICK
+    assert idx.complete(second.bucket_start, second.lease_id)
+    # After expiry the claimed bucket is handed out again, under a new lease.
+    [back] = idx.claim(first.lease_expires_at, 10, 1000, strict=False)
+    assert back.bucket_start == t0 and back.lease_id != first.lease_id
+    assert back.positions == first.positions
+    assert idx.complete(t0, first.lease_id) is False  # stale lease
+    assert idx.complete(t0, back.lease_id) is True
+    assert idx.complete(t0, back.lease_id) is False  # already completed
+    [rest] = idx.claim(t0 + 10 * TICK, 10, 1000, strict=False)
+    assert rest.bucket_start == t0 + 5 * TICK
+    assert r.zscore(keys.DUE, topic) == t0 + 5 * TICK
+    assert idx.complete(rest.bucket_start, rest.lease_id)
+    assert idx.counts() == {}
+    assert r.zscore(keys.DUE, topic) is None
+
+
+def test_claim_returns_uncompacted_deltas_and_late_adds_survive(redis_url, unique):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/late"
+    t0 = 1_900_000_000_000
+    idx = TopicIndex(r, topic)
+    idx.add([(1, 5, t0, TICK)])
+    idx.compact()
+    idx.add([(1, 6, t0, TICK), (2, 7, t0 + 1, TICK), (1, 5, t0, TICK)])  # not compacted
+    [c] = idx.claim(t0 + 5, 10, 60_000, strict=False)
+    assert c.positions == {1: BitMap64([5, 6]), 2: BitMap64([7])}
+    idx.add([(3, 8, t0 + 2, TICK)])  # arrives while t0 is claimed
+    assert idx.complete(t0, c.lease_id)
+    [late] = idx.claim(t0 + 5, 10, 60_000, strict=False)
+    assert late.bucket_start == t0 and late.positions == {3: BitMap64([8])}
+
+
+def test_concurrent_claimers_never_share_a_bucket(redis_url, unique):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/race"
+    t0 = 1_900_000_000_000
+    all_buckets = [t0 + i * TICK for i in range(300)]
+    _fill(r, topic, all_buckets, per_bucket=1)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def claimer() -> None:
+        idx = TopicIndex(connect(redis_url), topic)
+        while True:
+            claimed = idx.claim(t0 + 1000 * TICK, 3, 600_000, strict=False)
+            if not claimed:
+                return
+            with lock:
+                got.extend(c.bucket_start for c in claimed)
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == len(set(got)) == 300
+    assert sorted(got) == all_buckets
+
+
+def _published_stats_topic(r, unique):
+    topic = f"persistent://{unique}/ns/stats"
+    now = int(time.time() * 1000)
+    offsets = [(p, o, now + 120_000 + (o % 7) * TICK, TICK) for p in range(3) for o in range(40)]
+    TopicIndex(r, topic).add(offsets)
+    return topic, now, offsets
+
+
+def test_stats_match_what_was_published(services, redis_url, unique, delayed_topic):
+    r = connect(redis_url)
+    topic, now, rows = _published_stats_topic(r, unique)
+    svc = services.start("tracker", env=_tracker_env(delayed_topic))
+    http = httpx.Client(base_url=svc.url, timeout=10)
+    try:
+        assert http.put(f"/v1/topics/persistent/{unique}/ns/stats/subscriptions/s1",
+                        json={"ackTimeoutMs": 10000}).status_code == 200
+        s = http.get(f"/v1/topics/persistent/{unique}/ns/stats/stats").json()
+        starts = {d - d % TICK for _, _, d, _ in rows}
+        assert s["delayedMessages"] == 120
+        assert s["buckets"] == len(starts)
+        assert s["nextDueAt"] == min(starts)
+        assert s["drainLagMs"] == 0
+        assert s["dueHistogram"][-1] == {"le": "+Inf", "count": 120}
+        le_1h = HISTOGRAM_BOUNDS_MS.index(3600000)
+        assert s["dueHistogram"][le_1h]["count"] == 120
+        assert s["dueHistogram"][HISTOGRAM_BOUNDS_MS.index(60000)]["count"] == 0
+        measured = sum(r.memory_usage(k, samples=0) or 0
+                       for k in r.scan_iter(match=f"dwell:*{{{topic}}}*", count=1000)
+                       if not k.startswith(b"dwell:subs:") and not k.startswith(b"dwell:sub:"))
+        assert s["bufferMemoryBytes"] == measured > 0
+        assert s["subscriptions"] == {"s1": {"pendingRedeliveries": 0, "redeliveryIndexBytes": 0}}
+        p = http.get(f"/admin/v2/persistent/{unique}/ns/stats/stats").json()
+        assert p["delayedMessageIndexSizeInBytes"] == measured
+        assert p["subscriptions"]["s1"] == {"msgDelayed": 120,
+                                            "delayedMessageIndexSizeInBytes": measured}
+        assert http.get(f"/admin/v2/persistent/{unique}/ns/nope/stats").status_code == 404
+        listed = http.get("/v1/stats").json()["topics"]
+        assert any(t["topic"] == topic and t["delayedMessages"] == 120 for t in listed)
+    finally:
+        http.close()
+        svc.stop()
+
+
+BAD_SUBSCRIPTIONS = [
+    ({"ackTimeoutMs": 500}, "ackTimeoutMs: Ack timeout should be 0 (off) or at least 1000 ms"),
+    ({"ackTimeoutMs": -1}, "ackTimeoutMs: must be a non-negative integer"),
+    ({"ackTimeoutMs": "10s"}, "ackTimeoutMs: must be a non-negative integer"),
+    ({"ackTimeoutRedeliveryBackoff": {"minDelayMs": -1}},
+     "ackTimeoutRedeliveryBackoff: min delay time must be >= 0"),
+    ({"negativeAckRedeliveryBackoff": {"minDelayMs": 2000, "maxDelayMs": 1000}},
+     "negativeAckRedeliveryBackoff: maxDelayMs must be >= minDelayMs"),
+    ({"negativeAckRedeliveryBackoff": {"multiplier": 1}},
+     "negativeAckRedeliveryBackoff: multiplier must be > 1"),
+    ({"maxRedeliverCount": 0}, "maxRedeliverCount: MaxRedeliverCount must be > 0."),
+    ({"bogus": 1}, "bogus: unknown field"),
+]
+
+
+def test_subscription_registration_and_validation(services, redis_url, unique, delayed_topic):
+    r = connect(redis_url)
+    svc = services.start("tracker", env=_tracker_env(delayed_topic))
+    base = f"/v1/topics/persistent/{unique}/ns/x/subscriptions"
+    topic = f"persistent://{unique}/ns/x"
+    with httpx.Client(base_url=svc.url, timeout=10) as http:
+        for body, reason in BAD_SUBSCRIPTIONS:
+            resp = http.put(f"{base}/sub", json=body)
+            assert resp.status_code == 400, body
+            assert resp.json()["reason"].startswith(reason), resp.json()
+        assert http.put(f"{base}/sub", content=b"{nope").status_code == 400
+        assert http.put(f"/v1/topics/wrong/{unique}/ns/x/subscriptions/s",
+                        json={}).status_code == 400
+        good = {"ackTimeoutMs": 10000, "maxRedeliverCount": 3,
+                "negativeAckRedeliveryBackoff": {"minDelayMs": 1000, "maxDelayMs": 60000}}
+        resp = http.put(f"{base}/sub", json=good)
+        assert resp.status_code == 200
+        assert resp.json()["negativeAckRedeliveryBackoff"] == {
+            "minDelayMs": 1000, "maxDelayMs": 60000, "multiplier": 2.0}
+        assert http.get(f"{base}/sub").json()["maxRedeliverCount"] == 3
+        sidx = SubscriptionIndex(r, topic, "sub")
+        assert sidx.add([("t.ns.x", 0, 42, 1_900_000_000_000)], TICK) == 1
+        assert sidx.increment_redelivery_count("t.ns.x:0:42") == 1
+        stats = http.get(f"/v1/topics/persistent/{unique}/ns/x/stats").json()
+        assert stats["subscriptions"]["sub"]["pendingRedeliveries"] == 1
+        assert http.delete(f"{base}/sub").status_code == 204
+        assert http.get(f"{base}/sub").status_code == 404
+        assert http.delete(f"{base}/sub").status_code == 404
+        assert list(r.scan_iter(match=f"dwell:sub:{{{topic}}}:sub:*")) == []
+    svc.stop()
+
+
+def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstrap, unique):
+    r = connect(redis_url)
+    policy = services.start("policy")
+    with httpx.Client(base_url=policy.url, timeout=10) as http:
+        assert http.put(f"/admin/v2/tenants/{unique}", json={}).status_code in (200, 204)
+        assert http.put(f"/admin/v2/namespaces/{unique}/ns", json={}).status_code in (200, 204)
+    admission = services.start("admission")
+    tracker = services.start("tracker", env=_tracker_env(names.DELAYED))
+    topic = f"persistent://{unique}/ns/x"
+    with httpx.Client(base_url=admission.url, timeout=30) as http:
+        before = int(time.time() * 1000)
+        resp = http.post(f"/topics/persistent/{unique}/ns/x",
+                         json={"messages": [{"payload": f"m{i}", "deliverAfterMs": 5000}
+                                            for i in range(20)]})
+        after = int(time.time() * 1000)
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["messagePublishResults"]
+    assert all(x["errorCode"] == 0 for x in results), results
+    want: dict[int, set[int]] = {}
+    for x in results:
+        kt, part, off = x["messageId"].rsplit(":", 2)
+        assert kt == names.DELAYED
+        want.setdefault(int(part), set()).add(int(off))
+    idx = TopicIndex(r, topic)
+
+    def indexed():
+        got: dict[int, set[int]] = {}
+        for b in idx.buckets():
+            for p, bm in idx.read_bucket(b).items():
+                got.setdefault(p, set()).update(bm)
+        return got == want and got
+
+    _wait(indexed, 60, "admission's messages indexed")
+    # deliverAt = publishTime + 5000, so the buckets lie within the 1 s tick of that window
+    lo, hi = bucket_starts(before + 5000, TICK), bucket_starts(after + 5000, TICK)
+    assert all(lo <= b <= hi for b in idx.buckets())
+    tracker.stop()
+    admission.stop()
+    policy.stop()
