@@ -1,0 +1,239 @@
+"""The SDK's Consumer: one Pulsar subscription read as a Kafka consumer group over the
+topic's ready topic and the subscription's retry topic, with Pulsar's acknowledge /
+negative-acknowledge / ack-timeout model.
+
+The consumer does not redeliver by itself. It reports every delivery, ack and nack on
+``dwell.acks``; the Spark backoff job turns a missing ack (after ``ackTimeoutMs``) or a
+nack into a redelivery through the subscription's retry topic, with the backoff the
+subscription registered at the tracker. The consumer commits a Kafka offset only once
+that record is settled (acked, or its delivered/nack event is durable on ``dwell.acks``
+and the backoff job owns its redelivery), so a crash re-reads rather than loses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from dwell.adapters import kafka
+from dwell.core import topics as names
+from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeout_ms
+from dwell.core.positions import format_message_id
+from dwell.core.topics import TopicName, retry_topic, validate_subscription
+
+DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+# How many (messageId, redeliveryCount) pairs the duplicate filter remembers.
+SEEN_LIMIT = 100_000
+HEADER_PREFIX = "dwell-"
+
+
+class SubscribeError(Exception):
+    """The tracker refused the subscription settings or could not be reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One received message; pass it back to acknowledge / negative_acknowledge."""
+
+    value: bytes | None
+    key: str | None
+    properties: dict[str, str]
+    message_id: str
+    redelivery_count: int
+    deliver_at: int | None
+    publish_time: int | None
+    topic: str
+    # Where this copy was read from, for the consumer's offset bookkeeping.
+    record_topic: str = field(repr=False)
+    partition: int = field(repr=False)
+    offset: int = field(repr=False)
+
+    def data(self) -> bytes | None:
+        return self.value
+
+
+def _int_header(rec: kafka.Record, name: str) -> int | None:
+    raw = rec.header(name)
+    return int(raw) if raw else None
+
+
+class _Offsets:
+    """Per partition: offsets received and not yet settled, to commit the settled prefix."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[str, int], set[int]] = {}
+        self.highest: dict[tuple[str, int], int] = {}
+
+    def received(self, tp: tuple[str, int], offset: int) -> None:
+        self.pending.setdefault(tp, set()).add(offset)
+        self.highest[tp] = max(self.highest.get(tp, -1), offset)
+
+    def settle(self, tp: tuple[str, int], offset: int) -> None:
+        self.pending.get(tp, set()).discard(offset)
+
+    def committable(self) -> dict[tuple[str, int], int]:
+        out = {}
+        for tp, high in self.highest.items():
+            pend = self.pending.get(tp)
+            out[tp] = min(pend) if pend else high + 1
+        return out
+
+
+class Consumer:
+    """``Consumer("persistent://t/ns/x", "sub", ack_timeout_ms=10000)``; then ``receive``,
+    ``acknowledge`` and ``negative_acknowledge`` as in Pulsar."""
+
+    def __init__(self, topic: str, subscription: str, *, ack_timeout_ms: int = 0,
+                 ack_timeout_redelivery_backoff: ExponentialRedeliveryBackoff | None = None,
+                 negative_ack_redelivery_backoff: ExponentialRedeliveryBackoff | None = None,
+                 max_redeliver_count: int | None = None,
+                 initial_position: str = "latest",
+                 bootstrap: str | None = None, tracker_url: str | None = None,
+                 ready_topic_partitions: int = 4) -> None:
+        self.topic = TopicName.parse(topic)
+        self.subscription = validate_subscription(subscription)
+        self.ack_timeout_ms = validate_ack_timeout_ms(ack_timeout_ms)
+        if initial_position not in ("latest", "earliest"):
+            raise ValueError("initial_position must be 'latest' or 'earliest'")
+        if max_redeliver_count is not None and max_redeliver_count < 1:
+            raise ValueError("max_redeliver_count must be >= 1")
+        self.ack_timeout_backoff = ack_timeout_redelivery_backoff
+        self.nack_backoff = negative_ack_redelivery_backoff
+        self.max_redeliver_count = max_redeliver_count
+        self._bootstrap = bootstrap or os.environ.get("DWELL_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+        self._tracker = (tracker_url or os.environ.get("DWELL_TRACKER_URL", DEFAULT_TRACKER_URL))
+        self.ready_topic = self.topic.kafka_topic
+        self.retry_topic = retry_topic(self.topic, self.subscription)
+        self._register()
+        # Both topics must exist before subscribing: a group on a missing topic only sees
+        # it after the next metadata refresh (minutes), long after the first message.
+        for name in (self.ready_topic, self.retry_topic):
+            try:
+                kafka.partitions(self._bootstrap, name)
+            except kafka.KafkaUnavailable:
+                kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
+        self._events = kafka.Producer(self._bootstrap, linger_ms=0)
+        self._consumer = kafka.Consumer(
+            self._bootstrap, self.subscription, [self.ready_topic, self.retry_topic],
+            auto_offset_reset=initial_position,
+            **{"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10})
+        self._buffer: list[kafka.Record] = []
+        self._offsets = _Offsets()
+        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._event_key = f"{self.topic}/{self.subscription}".encode()
+
+    # -- subscription registration (tracker)
+    def _register(self) -> None:
+        t = self.topic
+        url = (f"{self._tracker.rstrip('/')}/v1/topics/{t.domain}/{t.tenant}/{t.namespace}/"
+               f"{t.local}/subscriptions/{self.subscription}")
+        body: dict[str, Any] = {"ackTimeoutMs": self.ack_timeout_ms}
+        if self.ack_timeout_backoff is not None:
+            body["ackTimeoutRedeliveryBackoff"] = self.ack_timeout_backoff.to_json()
+        if self.nack_backoff is not None:
+            body["negativeAckRedeliveryBackoff"] = self.nack_backoff.to_json()
+        if self.max_redeliver_count is not None:
+            body["maxRedeliverCount"] = self.max_redeliver_count
+        try:
+            resp = httpx.put(url, json=body, timeout=10)
+        except httpx.HTTPError as exc:
+            raise SubscribeError(f"tracker unreachable at {self._tracker}: {exc}") from exc
+        if resp.status_code >= 300:
+            try:
+                reason = resp.json().get("reason", resp.text)
+            except ValueError:
+                reason = resp.text
+            raise SubscribeError(f"tracker refused subscription: HTTP {resp.status_code}: "
+                                 f"{reason}")
+
+    # -- receiving
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None when ``timeout`` seconds pass without one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            while self._buffer:
+                msg = self._accept(self._buffer.pop(0))
+                if msg is not None:
+                    return msg
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._buffer = self._consumer.poll(500, min(left, 1.0))
+
+    def _accept(self, rec: kafka.Record) -> Message | None:
+        tp = (rec.topic, rec.partition)
+        message_id = rec.header("dwell-message-id") or format_message_id(
+            rec.topic, rec.partition, rec.offset)
+        count = _int_header(rec, "dwell-redelivery-count") or 0
+        self._offsets.received(tp, rec.offset)
+        dedupe = (message_id, count)
+        if dedupe in self._seen:
+            # A drain that crashed between writing and completing re-emits a bucket.
+            self._offsets.settle(tp, rec.offset)
+            return None
+        self._seen[dedupe] = None
+        if len(self._seen) > SEEN_LIMIT:
+            self._seen.popitem(last=False)
+        key = rec.key.decode() if rec.key is not None else None
+        msg = Message(rec.value, key, properties_of(rec.headers), message_id, count,
+                      _int_header(rec, "dwell-deliver-at"), _int_header(rec, "dwell-publish-time"),
+                      str(self.topic), rec.topic, rec.partition, rec.offset)
+        self._emit("delivered", msg)
+        if self.ack_timeout_ms > 0:
+            # The backoff job now owns this message's redelivery (the event is durable).
+            self._settle(msg)
+        return msg
+
+    # -- acknowledging
+    def acknowledge(self, msg: Message) -> None:
+        self._emit("ack", msg)
+        self._settle(msg)
+
+    def negative_acknowledge(self, msg: Message) -> None:
+        self._emit("nack", msg)
+        self._settle(msg)
+
+    def _settle(self, msg: Message) -> None:
+        self._offsets.settle((msg.record_topic, msg.partition), msg.offset)
+        self._consumer.commit(self._offsets.committable())
+
+    def _emit(self, event: str, msg: Message) -> None:
+        body = {"event": event, "topic": str(self.topic), "subscription": self.subscription,
+                "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
+                "ts": int(time.time() * 1000), "ackTimeoutMs": self.ack_timeout_ms}
+        # Settings ride along so the backoff job needs no lookup per event
+        # (ARCHITECTURE.md's dwell.acks row); the tracker's registration is the record.
+        if self.ack_timeout_backoff is not None:
+            body["ackTimeoutRedeliveryBackoff"] = self.ack_timeout_backoff.to_json()
+        if self.nack_backoff is not None:
+            body["negativeAckRedeliveryBackoff"] = self.nack_backoff.to_json()
+        if self.max_redeliver_count is not None:
+            body["maxRedeliverCount"] = self.max_redeliver_count
+        # Wait for the write: offsets are committed on the strength of this event.
+        self._events.send(names.ACKS, json.dumps(body).encode(), key=self._event_key).result(30)
+
+    def close(self) -> None:
+        try:
+            self._consumer.close()
+        finally:
+            self._events.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def properties_of(headers: Mapping[str, bytes]) -> dict[str, str]:
+    """A record's Pulsar properties: every header that is not dwell's own."""
+    return {k: v.decode(errors="replace") for k, v in headers.items()
+            if not k.startswith(HEADER_PREFIX)}

@@ -1,0 +1,63 @@
+"""`python -m dwell_spark`: start the Spark session and both streaming queries (drain and
+backoff) in one application, and run until one of them stops."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from dwell.adapters import redis as redis_adapter
+from dwell.adapters.kafka import ensure_dwell_topics
+
+from . import backoff, drain
+from .settings import SparkSettings
+
+log = logging.getLogger("dwell.spark")
+
+
+def session(settings: SparkSettings) -> SparkSession:
+    # Python workers inherit the JVM's environment: let them import dwell_spark and use
+    # the same interpreter (its venv has dwell, pandas, pyarrow).
+    here = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    b = (SparkSession.builder.appName("dwell")
+         .master(settings.spark_master)
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", str(settings.state_partitions))
+         .config("spark.sql.streaming.stateStore.providerClass",
+                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"))
+    if settings.spark_jars:
+        b = b.config("spark.jars", settings.spark_jars)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def main() -> int:
+    settings = SparkSettings()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ensure_dwell_topics(settings.kafka_bootstrap, settings.kafka_replication_factor)
+    spark = session(settings)
+    r = redis_adapter.connect(settings.redis_url)
+    # Start the Python workers and JIT before the first due bucket does (the first job
+    # of a session takes seconds, later ones a fraction).
+    spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()
+    queries = [drain.start(spark, settings, r), backoff.start(spark, settings, r)]
+    log.info("dwell spark app running: %s", ", ".join(q.name for q in queries))
+    spark.streams.awaitAnyTermination()
+    for q in queries:
+        if q.exception() is not None:
+            log.error("query %s failed: %s", q.name, q.exception())
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

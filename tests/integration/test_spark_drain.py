@@ -1,0 +1,130 @@
+"""The drain against real Redis, Kafka and Spark local: positions indexed with the
+tracker's API come out on the ready topic and the retry topic with dwell's headers, and
+the claims are completed. Runs in its own Redis database so that no other suite's index
+is drained."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dwell import keys
+from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
+from dwell.core import topics as names
+from dwell.core.positions import format_message_id
+from dwell.core.topics import TopicName, retry_topic
+from dwell.tracker.index import SubscriptionIndex, TopicIndex
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "spark"))
+sys.path.insert(0, str(ROOT / "scripts"))
+import devstack  # noqa: E402
+from dwell_spark.__main__ import session  # noqa: E402
+from dwell_spark.drain import Drainer  # noqa: E402
+from dwell_spark.settings import SparkSettings  # noqa: E402
+
+DB = 8
+
+
+@pytest.fixture(scope="module")
+def spark_env(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        tuple[object, SparkSettings, object]]:
+    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    settings = SparkSettings(
+        redis_url=redis_url, kafka_bootstrap=stack.kafka_bootstrap,
+        spark_jars=",".join(str(p) for p in devstack.spark_kafka_jars()),
+        spark_checkpoint_dir=str(tmp_path_factory.mktemp("ck")))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    r = redis_adapter.connect(redis_url)
+    r.flushdb()
+    spark = session(settings)
+    yield spark, settings, r
+    spark.stop()
+
+
+def delayed_record(p: kafka.Producer, topic: str, payload: bytes, key: str | None,
+                   deliver_at: int) -> tuple[int, int]:
+    headers = {"dwell-topic": topic, "dwell-publish-time": "1", "dwell-producer": "t",
+               "dwell-deliver-at": str(deliver_at), "dwell-tick-time": "1000", "colour": "red"}
+    if key is not None:
+        headers["dwell-key"] = key
+    return p.send(names.DELAYED, payload, key=topic, headers=headers).result(10)
+
+
+def read(bootstrap: str, topic: str, n: int, timeout: float = 15) -> list[kafka.Record]:
+    c = kafka.Consumer(bootstrap, f"reader-{time.time_ns()}", [topic])
+    out: list[kafka.Record] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            out += c.poll(100, 0.5)
+    finally:
+        c.close()
+    return out
+
+
+@pytest.mark.parametrize("local_max", [0, 2000], ids=["spark-job", "driver"])
+def test_due_bucket_goes_to_ready_topic_with_headers(spark_env, unique: str,  # noqa: ANN001
+                                                      local_max: int) -> None:
+    spark, settings, r = spark_env
+    settings = settings.model_copy(update={"drain_local_max_records": local_max})
+    topic = f"persistent://{unique}/ns/x"
+    ready = TopicName.parse(topic).kafka_topic
+    kafka.ensure_topic(settings.kafka_bootstrap, ready, 2)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    now = int(time.time() * 1000)
+    due = [delayed_record(p, topic, f"m{i}".encode(), f"k{i}", now - 10) for i in range(5)]
+    later = delayed_record(p, topic, b"later", None, now + 60_000)
+    p.close()
+    TopicIndex(r, topic).add([(part, off, now - 10, 1000) for part, off in due]
+                             + [(later[0], later[1], now + 60_000, 1000)])
+    drainer = Drainer(spark, settings, r)
+    t0 = time.monotonic()
+    assert drainer.run_once(now) == 5
+    print(f"drain round with one bucket ({local_max=}): {time.monotonic() - t0:.2f}s")
+    recs = read(settings.kafka_bootstrap, ready, 5)
+    assert sorted(x.value for x in recs) == [f"m{i}".encode() for i in range(5)]
+    for x in recs:
+        i = int(x.value[1:])
+        part, off = due[i]
+        assert x.key == f"k{i}".encode()
+        assert x.header("dwell-message-id") == format_message_id(names.DELAYED, part, off)
+        assert x.header("dwell-origin") == f"{part}:{off}"
+        assert x.header("colour") == "red" and x.header("dwell-topic") == topic
+        assert x.header("dwell-key") is None
+    # Claimed buckets are completed: only the later one is left, and a second round
+    # emits nothing.
+    assert TopicIndex(r, topic).buckets() == [(now + 60_000) - (now + 60_000) % 1000]
+    assert drainer.run_once(now) == 0
+
+
+def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> None:  # noqa: ANN001
+    spark, settings, r = spark_env
+    settings = settings.model_copy(update={"drain_local_max_records": 0})
+    topic = f"persistent://{unique}/ns/x"
+    ready = TopicName.parse(topic).kafka_topic
+    kafka.ensure_topic(settings.kafka_bootstrap, ready, 1)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    part, off = p.send(ready, b"immediate", key=b"kk", headers={"dwell-topic": topic}).result(10)
+    p.close()
+    mid = format_message_id(ready, part, off)
+    sidx = SubscriptionIndex(r, topic, "sub")
+    r.hset(keys.sub_counts(topic, "sub"), mid, 3)
+    now = int(time.time() * 1000)
+    sidx.add([(ready, part, off, now - 500)], settings.redelivery_tick_ms)
+    drainer = Drainer(spark, settings, r)
+    assert drainer.run_once(now) == 1
+    recs = read(settings.kafka_bootstrap, retry_topic(TopicName.parse(topic), "sub"), 1)
+    assert len(recs) == 1
+    x = recs[0]
+    assert (x.value, x.key) == (b"immediate", b"kk")
+    assert x.header("dwell-redelivery-count") == "3"
+    assert x.header("dwell-subscription") == "sub"
+    assert x.header("dwell-message-id") == mid
+    assert sidx.buckets() == []
