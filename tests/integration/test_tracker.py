@@ -11,13 +11,15 @@ import uuid
 
 import httpx
 import pytest
+from confluent_kafka import TopicPartition
 from pyroaring import BitMap64
 
 from dwell import keys
-from dwell.adapters.kafka import Producer, ensure_topic
+from dwell.adapters.kafka import Columns, Consumer, Producer, end_offsets, ensure_topic
 from dwell.adapters.redis import connect
 from dwell.core import topics as names
 from dwell.tracker.index import SubscriptionIndex, TopicIndex, bucket_starts
+from dwell.tracker.ingest import HEADERS, Ingest, IngestLoop
 from dwell.tracker.stats import HISTOGRAM_BOUNDS_MS
 
 pytestmark = pytest.mark.integration
@@ -121,6 +123,108 @@ def test_kill_9_mid_ingest_loses_and_duplicates_nothing(services, redis_url, kaf
         assert _indexed(r, topic) == want
     finally:
         svc2.stop()
+
+
+def test_poll_columns_reads_the_last_value_of_each_header(kafka_bootstrap, delayed_topic):
+    p = Producer(kafka_bootstrap, linger_ms=5)
+    p.send_many([
+        (delayed_topic, b"a", b"k1", [("dwell-deliver-at", b"1"), ("other", b"x"),
+                                      ("dwell-deliver-at", b"2"), ("dwell-tick-time", b"7")], None),
+        (delayed_topic, b"b", None, None, None),
+        (delayed_topic, b"c", b"k3", [("dwell-tick-time", b"9")], None),
+    ]).result(30)
+    p.close()
+    c = Consumer(kafka_bootstrap, "cols-" + uuid.uuid4().hex[:8], [delayed_topic])
+    try:
+        got: list[tuple[int, int, bytes | None, bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 3 and time.monotonic() < deadline:
+            b = c.poll_columns(HEADERS, 100, 0.5)
+            got += zip(b.partitions, b.offsets, b.keys, *b.headers, strict=True)
+    finally:
+        c.close()
+    by_key = {k: (da, tick) for _, _, k, da, tick in got}
+    assert by_key == {b"k1": (b"2", b"7"), None: (None, None), b"k3": (None, b"9")}
+
+
+def test_index_batch_groups_topics_and_skips_bad_records(redis_url, unique):
+    r = connect(redis_url)
+    t0 = 1_900_000_000_000
+    a, b = f"persistent://{unique}/ns/a", f"persistent://{unique}/ns/b"
+    good = [(a, 0, 1, t0 + 10), (b, 1, 2, t0 + 2500), (a, 0, 3, t0 + 10),
+            (a, 2, 4, t0 + 1999), (b, 3, 5, t0)]
+    rows: list[tuple[bytes | None, int, int, bytes | None, bytes | None]] = [
+        (t.encode(), p, o, str(d).encode(), b"1000") for t, p, o, d in good]
+    rows += [(None, 0, 6, b"1", b"1000"), (b"", 0, 7, b"1", b"1000"),
+             (a.encode(), 0, 8, b"soon", b"1000"), (a.encode(), 0, 9, None, b"1000"),
+             (a.encode(), 0, 10, b"1", b"0"), (b.encode(), 0, 11, b"9" * 30, b"1000")]
+    random.Random(3).shuffle(rows)
+    batch = Columns([p for _, p, _, _, _ in rows], [o for _, _, o, _, _ in rows],
+                    [k for k, _, _, _, _ in rows], [[d for *_, d, _ in rows],
+                                                    [t for *_, t in rows]])
+    ing = Ingest(r)
+    assert ing.index_batch(batch) == len(good)
+    for topic in (a, b):
+        want = _expected([(p, o, d) for t, p, o, d in good if t == topic])
+        assert _indexed(r, topic) == want
+    assert ing.dirty_topics == {a, b}
+    # Fast path (every value parses): same result as row by row.
+    c = f"persistent://{unique}/ns/c"
+    ok = Columns([0, 1, 0], [1, 1, 2], [c.encode()] * 3, [[b"%d" % t0, b"%d" % (t0 + 1), b"5"],
+                                                          [b"1000", b"1000", b"1"]])
+    assert ing.index_batch(ok) == 3
+    assert _indexed(r, c) == {t0: {0: {1}, 1: {1}}, 5: {0: {2}}}
+
+
+def test_rebalance_between_two_ingest_loops_indexes_and_commits_everything(
+        redis_url, kafka_bootstrap, delayed_topic, unique):
+    r = connect(redis_url)
+    now = int(time.time() * 1000)
+    rng = random.Random(11)
+    # Several Pulsar topics (record keys), so the records spread over the partitions.
+    topics = [f"persistent://{unique}/ns/rebalance-{i}" for i in range(8)]
+    rows = {t: _produce(kafka_bootstrap, delayed_topic, t,
+                        [now + 3_600_000 + rng.randrange(600_000) for _ in range(6000)])
+            for t in topics}
+    group = "tracker-" + uuid.uuid4().hex[:8]
+    loops: list[IngestLoop] = []
+    threads: list[threading.Thread] = []
+
+    def start() -> None:
+        # A loop's consumer joins the group as it is built: build it where it runs.
+        loops.append(IngestLoop(connect(redis_url), kafka_bootstrap, delayed_topic, group,
+                                batch_max=100, compaction_interval_ms=50))
+        threads.append(threading.Thread(target=loops[-1].run, daemon=True))
+        threads[-1].start()
+
+    start()
+    _wait(lambda: loops[0].indexed > 0, 30, "first loop indexing")
+    start()  # joins the group mid-ingest: partitions move under load
+    try:
+        _wait(lambda: sum(lp.indexed for lp in loops) >= 48_000, 90, "48,000 records indexed")
+        for t in topics:
+            assert _indexed(r, t) == _expected(rows[t])
+        ends = end_offsets(kafka_bootstrap, delayed_topic)
+        probe = Consumer(kafka_bootstrap, group)
+
+        def committed() -> bool:
+            tps = [TopicPartition(delayed_topic, p) for p in ends]
+            got = {tp.partition: tp.offset for tp in probe._c.committed(tps, timeout=10)}
+            return all(got[p] == end for p, end in ends.items() if end > 0)
+
+        try:
+            _wait(committed, 30, "offsets committed up to the end")
+        finally:
+            probe.close()
+    finally:
+        for lp in loops:
+            lp.stop()
+        for t in threads:
+            t.join(30)
+    assert all(lp.error is None for lp in loops)
+    assert all(not t.is_alive() for t in threads)
+    # Nothing read twice: the revoked loop committed every batch it had handed over.
+    assert sum(lp.indexed for lp in loops) == 48_000
 
 
 def _fill(r, topic: str, buckets: list[int], per_bucket: int = 3) -> TopicIndex:
@@ -300,7 +404,14 @@ def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstr
         assert http.put(f"/admin/v2/tenants/{unique}", json={}).status_code in (200, 204)
         assert http.put(f"/admin/v2/namespaces/{unique}/ns", json={}).status_code in (200, 204)
     admission = services.start("admission")
-    tracker = services.start("tracker", env=_tracker_env(names.DELAYED))
+    env = _tracker_env(names.DELAYED)
+    # dwell.delayed is shared with every other test and bench (millions of records): start
+    # this tracker's group at its current end rather than re-reading all of it.
+    start = Consumer(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"])
+    start.commit({(names.DELAYED, p): o
+                  for p, o in end_offsets(kafka_bootstrap, names.DELAYED).items()})
+    start.close()
+    tracker = services.start("tracker", env=env)
     topic = f"persistent://{unique}/ns/x"
     with httpx.Client(base_url=admission.url, timeout=30) as http:
         before = int(time.time() * 1000)

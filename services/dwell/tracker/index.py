@@ -33,6 +33,7 @@ from typing import Any, Final
 import numpy as np
 import redis as redislib
 from pyroaring import BitMap64
+from redis.commands.core import Script
 
 from dwell import keys
 from dwell.adapters.redis import Scripts
@@ -310,25 +311,34 @@ class TopicIndex(_Index):
                            lease_ms)
 
 
+# Buckets per append-2.lua call: bounds both Lua's unpack() and how long one call holds Redis.
+APPEND_CHUNK: Final = 1000
+_APPEND_LUA: Final = (LUA_DIR / "append-2.lua").read_text()
+
+
 def append_positions(pipe: Any, topic: str, partitions: np.ndarray, offsets: np.ndarray,
                      deliver_at: np.ndarray, tick_ms: np.ndarray) -> None:
     """Queue on `pipe` the commands that index these positions of `topic` (numpy int64
-    columns of equal length): one APPEND per bucket, one ZADD each for the index, the
-    dirty set and the due hint. The caller executes the pipeline."""
+    columns of equal length): one append-2.lua call per chunk of buckets (APPEND each
+    bucket's deltas, ZADD the index and the dirty set), the due hint, the topic set and
+    the tick. The caller executes the pipeline."""
     ks = keys.topic_index(topic)
     starts = bucket_starts(deliver_at, tick_ms)
     order = np.argsort(starts, kind="stable")
     starts = starts[order]
     packed = pack_deltas(partitions[order], offsets[order])
     uniq, first = np.unique(starts, return_index=True)
-    bounds = [*first.tolist(), len(starts)]
-    size = DELTA_DTYPE.itemsize
+    bounds = [*(first * DELTA_DTYPE.itemsize).tolist(), len(packed)]
     names = uniq.tolist()
-    for i, b in enumerate(names):
-        pipe.append(ks.delta(b), packed[bounds[i] * size: bounds[i + 1] * size])
-    members = {str(b): b for b in names}
-    pipe.zadd(ks.index, members)
-    pipe.zadd(ks.dirty, members)
+    # One Script per pipeline (redis-py checks/loads a pipeline's scripts on execute).
+    append = getattr(pipe, "_dwell_append", None)
+    if append is None:
+        append = pipe._dwell_append = Script(pipe, _APPEND_LUA)
+    for c in range(0, len(names), APPEND_CHUNK):
+        args: list[Any] = [ks.delta_prefix]
+        for i in range(c, min(c + APPEND_CHUNK, len(names))):
+            args += (names[i], packed[bounds[i]:bounds[i + 1]])
+        append(keys=[ks.index, ks.dirty], args=args, client=pipe)
     pipe.zadd(keys.DUE, {topic: names[0]}, lt=True)
     pipe.sadd(keys.TOPICS, topic)
     pipe.hset(keys.stats(topic), TICK_FIELD, int(tick_ms[-1]))

@@ -11,6 +11,7 @@ changes nothing.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import redis as redislib
 from prometheus_client import Counter, Histogram
 
 from dwell import keys
-from dwell.adapters.kafka import Consumer, KafkaUnavailable
+from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
 from dwell.tracker.index import TopicIndex, append_positions
 
 log = logging.getLogger("dwell.tracker.ingest")
@@ -48,6 +49,30 @@ class _FixedDelay:
     highest: int | None = None
     fixed: bool = True
     seen: dict[int, int] = field(default_factory=dict)
+
+
+def _parse_ints(raw: list[bytes | None], n: int) -> np.ndarray | None:
+    """Decimal header values as int64 in one C-level pass; None when any is missing,
+    malformed or out of range (then `_parse_ints_slow` finds which)."""
+    try:
+        return np.fromiter(map(int, raw), dtype=np.int64, count=n)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _parse_ints_slow(raw: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(values, usable mask) record by record; unusable values become 0."""
+    vals = np.zeros(len(raw), dtype=np.int64)
+    ok = np.zeros(len(raw), dtype=bool)
+    for i, v in enumerate(raw):
+        try:
+            x = int(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if -(2**63) <= x < 2**63:
+            vals[i] = x
+            ok[i] = True
+    return vals, ok
 
 
 class Ingest:
@@ -96,40 +121,63 @@ class Ingest:
                 mapping[f"{SEEN_PREFIX}{p}"] = last
         pipe.hset(keys.stats(topic), mapping=mapping)  # type: ignore[attr-defined]
 
-    def index_batch(self, records: list[tuple[int, int, bytes | None, list[bytes | None]]]) -> int:
-        """Index `(partition, offset, key, [deliverAt, tickTime])` records in one pipeline.
-        Returns positions indexed; bad records are counted and skipped."""
-        by_topic: dict[bytes, list[tuple[int, int, int, int]]] = {}
+    def index_batch(self, batch: Columns) -> int:
+        """Index a polled batch (`headers` = [deliverAt, tickTime]) in one pipeline.
+        Returns positions indexed; bad records are counted and skipped. Column-wise:
+        per-record Python work here is what separates ingest from a raw consume."""
+        n = len(batch)
+        if n == 0:
+            return 0
+        parts = np.array(batch.partitions, dtype=np.int64)
+        offs = np.array(batch.offsets, dtype=np.int64)
+        da, tick, ok = _parse_ints(batch.headers[0], n), _parse_ints(batch.headers[1], n), None
+        if da is None or tick is None:
+            da, da_ok = _parse_ints_slow(batch.headers[0])
+            tick, tick_ok = _parse_ints_slow(batch.headers[1])
+            ok = da_ok & tick_ok
+        ok = (tick >= 1) if ok is None else ok & (tick >= 1)
+        # Group by key (the Pulsar topic), keeping arrival order inside a topic.
+        uniq = list(set(batch.keys))
+        if len(uniq) == 1:
+            groups = [(uniq[0], np.arange(n))]
+        else:
+            code = {k: i for i, k in enumerate(uniq)}
+            codes = np.fromiter(map(code.__getitem__, batch.keys), dtype=np.intp, count=n)
+            order = np.argsort(codes, kind="stable")
+            cuts = np.cumsum(np.bincount(codes, minlength=len(uniq)))[:-1]
+            groups = list(zip(uniq, np.split(order, cuts), strict=True))
+        rows: list[tuple[str, np.ndarray]] = []
         bad = 0
-        for part, off, key, (da, tick) in records:
-            try:
-                row = (part, off, int(da), int(tick))  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                bad += 1
+        for key, idx in groups:
+            if not key:
+                bad += len(idx)
                 continue
-            if not key or row[3] < 1:
-                bad += 1
-                continue
-            by_topic.setdefault(key, []).append(row)
+            good = idx[ok[idx]]
+            bad += len(idx) - len(good)
+            if len(good):
+                rows.append((key.decode(), good))
         if bad:
             INVALID.inc(bad)
             log.warning("skipped %d dwell.delayed records without key/deliver-at/tick-time", bad)
-        if not by_topic:
+        if not rows:
             return 0
         started = time.perf_counter()
         pipe = self.redis.pipeline(transaction=False)
-        n = 0
-        for raw_topic, rows in by_topic.items():
-            topic = raw_topic.decode()
-            arr = np.array(rows, dtype=np.int64)
-            append_positions(pipe, topic, arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3])
-            self._detect(pipe, topic, arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3])
+        indexed = 0
+        for topic, idx in rows:
+            cols = (parts[idx], offs[idx], da[idx], tick[idx])
+            append_positions(pipe, topic, *cols)
+            self._detect(pipe, topic, *cols)
             self.dirty_topics.add(topic)
-            n += len(rows)
+            indexed += len(idx)
         pipe.execute()
         FLUSH_SECONDS.observe(time.perf_counter() - started)
-        INGESTED.inc(n)
-        return n
+        INGESTED.inc(indexed)
+        return indexed
+
+    def forget_fixed_state(self) -> None:
+        """Drop the cached fixed-delay state: re-read from Redis on the next batch."""
+        self._fixed.clear()
 
     def compact(self, max_buckets: int) -> int:
         """Fold deltas of the topics this process wrote; returns buckets merged."""
@@ -145,15 +193,19 @@ class Ingest:
 
 
 class IngestLoop:
-    """The consumer loop: poll a batch, index it, commit it; compact between batches."""
+    """The consumer loop, two threads deep: the caller's thread polls batch N+1 from Kafka
+    while a writer thread indexes batch N in Redis (and compacts in between), through a
+    bounded queue. Offsets are committed on the polling thread, in poll order, and only
+    for batches whose Redis write has completed."""
 
     def __init__(self, r: redislib.Redis, bootstrap: str, topic: str, group_id: str, *,
                  batch_max: int = 50000, poll_timeout_ms: int = 100,
-                 compaction_interval_ms: int = 1000, compaction_max_buckets: int = 2000) -> None:
+                 compaction_interval_ms: int = 1000, compaction_max_buckets: int = 2000,
+                 queue_depth: int = 2) -> None:
         self.ingest = Ingest(r)
-        self.consumer = Consumer(bootstrap, group_id, [topic],
-                                 **{"fetch.max.bytes": 104857600,
-                                    "queued.max.messages.kbytes": 262144})
+        self.consumer = Consumer(bootstrap, group_id, **{
+            "fetch.max.bytes": 104857600, "queued.max.messages.kbytes": 262144})
+        self.consumer.subscribe([topic], on_revoke=self._on_revoke)
         self.topic = topic
         self.batch_max = batch_max
         self.poll_timeout = poll_timeout_ms / 1000
@@ -163,56 +215,142 @@ class IngestLoop:
         self.running = False
         self.error: str | None = None
         self.indexed = 0
+        # perf_counter() of the first non-empty poll (the bench times from there).
+        self.first_batch_at: float | None = None
+        self._queue: queue.Queue[Columns] = queue.Queue(maxsize=queue_depth)
+        self._closing = threading.Event()
+        self._lock = threading.Condition()
+        self._queued = 0  # batches handed to the writer
+        self._written = 0  # ... of which Redis has every position
+        self._done: dict[tuple[str, int], int] = {}  # written, not yet committed
+        self._failure: BaseException | None = None
+        self._idle = False  # the last poll returned nothing
 
-    def step(self) -> int:
-        records = self.consumer.poll_headers(HEADERS, self.batch_max, self.poll_timeout)
-        if not records:
-            return 0
-        while True:
-            # The consumer has moved past these records: retry them until Redis takes them
-            # (never commit past them, never drop them).
+    # -- polling thread
+
+    def run(self) -> None:
+        self.running = True
+        writer = threading.Thread(target=self._write_loop, name="tracker-ingest-writer",
+                                  daemon=True)
+        writer.start()
+        try:
+            while not self.stopping.is_set():
+                self._check_writer()
+                self._commit_written()
+                batch = self.consumer.poll_columns(HEADERS, self.batch_max, self.poll_timeout)
+                # Compaction between batches only when Kafka has nothing more (or on its
+                # interval): while records flow, the writer's time goes to indexing them.
+                self._idle = not len(batch)
+                if len(batch):
+                    if self.first_batch_at is None:
+                        self.first_batch_at = time.perf_counter()
+                    self._hand_over(batch)
+        finally:
+            self._closing.set()
+            writer.join()
+            self._commit_written()
+            self.running = False
+            self.consumer.close()
+
+    def _check_writer(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _hand_over(self, batch: Columns) -> None:
+        while not self.stopping.is_set():
             try:
-                n = self.ingest.index_batch(records)
-                break
-            except (redislib.RedisError, OSError) as exc:
-                self.error = str(exc)
-                log.warning("Redis write failed, retrying the batch: %s", exc)
-                if self.stopping.wait(0.5):
-                    return 0
-        # Redis has the positions: only now may Kafka forget them.
-        offsets: dict[tuple[str, int], int] = {}
-        for part, off, _, _ in records:
-            if off + 1 > offsets.get((self.topic, part), -1):
-                offsets[(self.topic, part)] = off + 1
+                self._queue.put(batch, timeout=self.poll_timeout)
+                with self._lock:
+                    self._queued += 1
+                return
+            except queue.Full:
+                self._check_writer()
+                self._commit_written()
+
+    def _commit_written(self) -> None:
+        with self._lock:
+            offsets, self._done = self._done, {}
+        if not offsets:
+            return
         try:
             self.consumer.commit(offsets)
         except KafkaUnavailable as exc:
             # Harmless: a later commit covers these offsets, a replay re-adds a set.
             log.warning("offset commit failed: %s", exc)
-        self.indexed += n
-        return len(records)
 
-    def run(self) -> None:
-        self.running = True
+    def _on_revoke(self, _consumer: object, _partitions: object) -> None:
+        """Rebalance (inside poll): finish and commit every batch handed over before the
+        partitions go to another replica, so only one process writes a topic at a time;
+        forget the fixed-delay state, the next owner of a topic may have moved it on."""
+        with self._lock:
+            while self._written < self._queued and self._failure is None:
+                if self.stopping.is_set():
+                    break
+                self._lock.wait(self.poll_timeout)
+        self._commit_written()
+        if self._written == self._queued:
+            self.ingest.forget_fixed_state()
+
+    # -- writer thread
+
+    def _write_loop(self) -> None:
         last_compaction = time.monotonic()
         try:
-            while not self.stopping.is_set():
+            while True:
                 try:
-                    got = self.step()
-                    now = time.monotonic()
-                    if self.ingest.dirty_topics and (
-                            got == 0 or now - last_compaction >= self.compaction_interval):
-                        self.ingest.compact(self.compaction_max_buckets)
-                        last_compaction = now
-                    self.error = None
-                except (redislib.RedisError, OSError) as exc:
-                    # Nothing was committed for the failed batch: it is read again.
-                    self.error = str(exc)
-                    log.warning("ingest error, retrying: %s", exc)
-                    time.sleep(0.5)
-        finally:
-            self.running = False
-            self.consumer.close()
+                    batch: Columns | None = self._queue.get(timeout=self.poll_timeout)
+                except queue.Empty:
+                    if self._closing.is_set():
+                        return
+                    batch = None
+                if batch is not None and not self._write(batch):
+                    return
+                now = time.monotonic()
+                if self.ingest.dirty_topics and (
+                        (batch is None and self._idle)
+                        or now - last_compaction >= self.compaction_interval):
+                    self._compact()
+                    last_compaction = now
+        except BaseException as exc:
+            self._failure = exc
+            with self._lock:
+                self._lock.notify_all()
+            raise
+
+    def _write(self, batch: Columns) -> bool:
+        """Index one batch, retrying until Redis takes it (the consumer has moved past
+        these records: never commit past them, never drop them). False when stopped."""
+        while True:
+            try:
+                n = self.ingest.index_batch(batch)
+                self.error = None
+                break
+            except (redislib.RedisError, OSError) as exc:
+                self.error = str(exc)
+                log.warning("Redis write failed, retrying the batch: %s", exc)
+                if self.stopping.wait(0.5):
+                    return False
+        # Redis has the positions: only now may Kafka forget them.
+        # A partition's records arrive in offset order: its last one in the batch is the
+        # highest (were it not, committing less would only mean a harmless replay).
+        last = dict(zip(batch.partitions, batch.offsets, strict=True))
+        with self._lock:
+            for part, off in last.items():
+                if off + 1 > self._done.get((self.topic, part), -1):
+                    self._done[(self.topic, part)] = off + 1
+            self._written += 1
+            self.indexed += n
+            self._lock.notify_all()
+        return True
+
+    def _compact(self) -> None:
+        try:
+            self.ingest.compact(self.compaction_max_buckets)
+        except (redislib.RedisError, OSError) as exc:
+            # Deltas stay until the next round; claims merge them meanwhile.
+            self.error = str(exc)
+            log.warning("compaction failed, retrying later: %s", exc)
+            self.stopping.wait(0.5)
 
     def stop(self) -> None:
         self.stopping.set()
