@@ -37,6 +37,21 @@ OutRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | Non
 HeaderRow = tuple[int, int, bytes | None, list[bytes | None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A polled batch column-wise (`Consumer.poll_columns`): entry i of every list belongs
+    to the i-th record; `headers[j]` holds the value of the j-th requested header name
+    (None when absent; the last one when repeated)."""
+
+    partitions: list[int]
+    offsets: list[int]
+    keys: list[bytes | None]
+    headers: list[list[bytes | None]]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
 class KafkaUnavailable(Exception):
     """Kafka could not be reached or did not acknowledge in time (retriable)."""
 
@@ -242,6 +257,29 @@ class Consumer:
             out.append((msg.partition(), msg.offset(), msg.key(), found))
         return out
 
+    def poll_columns(self, names: tuple[str, ...], max_records: int = 10000,
+                     timeout: float = 1.0) -> Columns:
+        """`poll_headers` column-wise, for the hottest loops (the tracker's ingest): the
+        per-record accessors run as C-level `map`s and only the header scan is a Python
+        loop, ~2x cheaper per record than building a row per record."""
+        msgs = self._c.consume(max_records, timeout)
+        errors = list(map(Message.error, msgs))
+        if errors.count(None) != len(errors):
+            for err in errors:
+                if err is not None:
+                    self._raise_unless_ignorable(err)
+            msgs = [m for m, e in zip(msgs, errors, strict=True) if e is None]
+        n = len(msgs)
+        cols: list[list[bytes | None]] = [[None] * n for _ in names]
+        slot = {name: cols[j] for j, name in enumerate(names)}.get
+        for i, hdrs in enumerate(map(Message.headers, msgs)):
+            for k, v in hdrs or ():
+                col = slot(k)
+                if col is not None:
+                    col[i] = v
+        return Columns(list(map(Message.partition, msgs)), list(map(Message.offset, msgs)),
+                       list(map(Message.key, msgs)), cols)
+
     @staticmethod
     def _raise_unless_ignorable(err: KafkaError) -> None:
         if err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART,
@@ -396,6 +434,39 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, 
         c.close()
 
 
+def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
+              timeout: float = 30.0) -> list[Record]:
+    """Every committed record of a topic from `starts` (offset per partition; partitions
+    not named start at the beginning) to the end offsets at the time of the call, read
+    with read_committed and without a group (tests check exactly-once outputs this way)."""
+    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader",
+                   "enable.auto.commit": False, "isolation.level": "read_committed",
+                   "fetch.wait.max.ms": 50})
+    try:
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                for p in partitions(bootstrap, topic, timeout)}
+        begin = {p: starts.get(p, OFFSET_BEGINNING) for p in ends}
+        pending = {p for p, end in ends.items() if end > max(begin[p], 0)}
+        if not pending:
+            return []
+        c.assign([TopicPartition(topic, p, begin[p]) for p in pending])
+        out: list[Record] = []
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"reading {topic} timed out")
+            for msg in c.consume(1000, 0.2):
+                if msg.error() is None and msg.offset() < ends[msg.partition()]:
+                    out.append(_record(msg))
+            # Transaction markers leave gaps: compare the position with the end.
+            for tp in c.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
+        return out
+    finally:
+        c.close()
+
+
 def seek(consumer: Consumer, offsets: Mapping[tuple[str, int], int]) -> None:
     """Move an assigned consumer back (or on) to `offset` per (topic, partition)."""
     for (t, p), o in offsets.items():
@@ -422,6 +493,22 @@ class TransactionalProducer(Producer):
             self._p.begin_transaction()
         except KafkaException as exc:
             raise KafkaUnavailable(f"begin_transaction: {exc}") from exc
+
+    def send_unreported(self, records: Sequence[OutRecord]) -> None:
+        """Queue records in the open transaction without a delivery report each:
+        `commit` flushes them and raises if any was not written (the caller aborts), so
+        per-record callbacks would only cost time (admission's result records)."""
+        produce = self._p.produce
+        for topic, value, key, headers, ts in records:
+            while True:
+                try:
+                    if ts is None:
+                        produce(topic, value, key, headers=headers)
+                    else:
+                        produce(topic, value, key, headers=headers, timestamp=ts)
+                    break
+                except BufferError:
+                    time.sleep(0.005)  # local queue full: the poller drains it
 
     def commit(self, consumer: Consumer, offsets: Mapping[tuple[str, int], int]) -> None:
         """Add `offsets` (next offset to read) of `consumer`'s group and commit."""

@@ -9,17 +9,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.http import ApiError, create_app
+from dwell.http import create_app
 
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
@@ -107,23 +108,76 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
     app.router.lifespan_context = lifespan
     app.state.admission = adm
 
-    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
-    async def publish(domain: str, tenant: str, namespace: str, topic: str,
-                      request: Request) -> Response:
+    async def handle(domain: str, tenant: str, namespace: str, topic: str,
+                     body: bytes) -> tuple[int, bytes, dict[str, str] | None]:
+        """One publish request: (status, JSON body, extra headers)."""
         started = time.perf_counter()
         status = 200
         try:
             tn = adm.publisher.topic(domain, tenant, namespace, topic)
-            req = parse_request(await request.body(), PublishRequest)
+            req = parse_request(body, PublishRequest)
             results = await adm.publisher.publish(tn, req)
+            return 200, orjson.dumps({"messagePublishResults": results}), None
         except PublishError as exc:
             status = exc.status
             headers = {"Retry-After": RETRY_AFTER_S} if exc.status == 503 else None
-            raise ApiError(exc.status, exc.reason, headers) from None
+            return status, orjson.dumps({"reason": exc.reason}), headers
         finally:
             metrics.REQUESTS.labels("http", str(status)).inc()
             metrics.PUBLISH_LATENCY.labels("http").observe(time.perf_counter() - started)
-        return Response(orjson.dumps({"messagePublishResults": results}),
-                        media_type="application/json")
 
+    # Documents the endpoint (OpenAPI) and serves it should the fast path be bypassed.
+    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
+    async def publish(domain: str, tenant: str, namespace: str, topic: str,
+                      request: Request) -> Response:
+        status, content, headers = await handle(domain, tenant, namespace, topic,
+                                                await request.body())
+        return Response(content, status, headers, media_type="application/json")
+
+    app.add_middleware(PublishFastPath, handle=handle)
     return app
+
+
+Handler = Callable[[str, str, str, str, bytes],
+                   Awaitable[tuple[int, bytes, dict[str, str] | None]]]
+
+
+class PublishFastPath:
+    """Serves `POST /topics/{domain}/{tenant}/{namespace}/{topic}` as bare ASGI, ahead of
+    FastAPI's routing and dependency solving: those cost ~60 us a request, as much as
+    validating its 100 messages. Same matching as the route (four non-empty segments of
+    the decoded path), same answers; anything else goes on to FastAPI, and an unexpected
+    exception still reaches the app's 500 handler (it sits outside this middleware)."""
+
+    def __init__(self, app: ASGIApp, handle: Handler) -> None:
+        self.app = app
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith("/topics/"):
+                parts = path[8:].split("/")
+                if len(parts) == 4 and all(parts):
+                    await self._publish(parts, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _publish(self, parts: list[str], receive: Receive, send: Send) -> None:
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        domain, tenant, namespace, topic = parts
+        status, content, extra = await self.handle(domain, tenant, namespace, topic,
+                                                   b"".join(chunks))
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", b"%d" % len(content))]
+        if extra:
+            headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 import orjson
@@ -37,7 +37,14 @@ from dwell.core import topics as names
 from dwell.core.topics import InvalidTopicName, TopicName
 
 from . import metrics
-from .publish import INVALID_MESSAGE, IngressRequest, Plan, Publisher, PublishError, parse_request
+from .publish import (
+    INVALID_MESSAGE,
+    IngressRequest,
+    Plan,
+    Publisher,
+    PublishError,
+    parse_request,
+)
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission.ingress")
@@ -73,6 +80,7 @@ class Ingress:
         self.publisher = publisher
         self.assigned = threading.Event()
         self.error: str | None = None
+        self._topics: dict[str, TopicName] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publish-ingress", daemon=True)
 
@@ -149,28 +157,23 @@ class Ingress:
         started = time.perf_counter()
         pub = self.publisher
         producer.begin()
-        # (record, plan or None when refused, producer name, futures or results,
+        # (record, plan or None when refused, producer name, results when refused,
         #  request id, sequence ids)
-        planned: list[tuple[kafka.Record, Plan | None, str | None, list[Any], str,
-                            list[int | None]]] = []
-        futures: list[Any] = []
+        planned: list[tuple[kafka.Record, Plan | None, str | None, list[dict[str, Any]], str,
+                            list[Any]]] = []
+        futures: list[Future[list[tuple[int, int]]]] = []
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
                 req = parse_request(r.value or b"", IngressRequest)
-                topic_s = req.topic or (r.key.decode("utf-8", "replace") if r.key else "")
-                try:
-                    tn = TopicName.parse(topic_s)
-                except InvalidTopicName as exc:
-                    raise PublishError(400, f"topic: {exc}") from None
-                topic = pub.topic(tn.domain, tn.tenant, tn.namespace, tn.local)
+                topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
+                                                  if r.key else ""))
                 plan = pub.plan(topic, req)
                 if plan.needs_ready_topic:
                     pub.ensure_ready_topic(topic.kafka_topic)
-                fs = pub.send(plan, producer)
-                futures.append(fs)
-                planned.append((r, plan, req.producerName, [fs], request_id,
-                                [m.sequenceId for m in req.messages]))
+                futures.append(pub.send(plan, producer))
+                planned.append((r, plan, req.producerName, [], request_id,
+                                [m.get("sequenceId") for m in req.messages]))
                 pub.count(plan, "kafka")
             except PublishError as exc:
                 if exc.status == 503:
@@ -185,24 +188,47 @@ class Ingress:
         if not_done or any(f.exception() is not None for f in futures):
             first = next((f.exception() for f in futures if f.done() and f.exception()), None)
             raise kafka.KafkaUnavailable(f"outputs not acknowledged: {first or 'timeout'}")
-        for r, plan, producer_name, extra, request_id, seqs in planned:
+        # The results need no acknowledgement of their own: commit_transaction flushes
+        # them and fails (so the batch is aborted and re-read) if any was not written.
+        out: list[kafka.OutRecord] = []
+        dumps = orjson.dumps
+        sent = iter(futures)
+        ok = 0
+        for r, plan, producer_name, refused, request_id, seqs in planned:
             key = producer_name.encode() if producer_name else None
             if plan is None:
-                results = extra
+                results = refused
                 topic_s = r.key.decode("utf-8", "replace") if r.key else None
             else:
-                results = Publisher.finish(plan, extra[0].result())
+                results = Publisher.finish(plan, next(sent).result())
                 topic_s = str(plan.topic)
                 for i, res in enumerate(results):
                     res["sequenceId"] = seqs[i]
                     res["index"] = i
                     res["requestId"] = request_id
-                metrics.REQUESTS.labels("kafka", "200").inc()
+                ok += 1
             for res in results:
                 res["topic"] = topic_s
-                producer.send(names.PUBLISH_RESULTS, orjson.dumps(res), key)
+                out.append((names.PUBLISH_RESULTS, dumps(res), key, None, None))
+        producer.send_unreported(out)
+        if ok:
+            metrics.REQUESTS.labels("kafka", "200").inc(ok)
         producer.commit(consumer, kafka.next_offsets(records))
         metrics.PUBLISH_LATENCY.labels("kafka").observe(time.perf_counter() - started)
+
+    def _topic(self, name: str) -> TopicName:
+        """The Pulsar topic a record names, parsed once per distinct name."""
+        got = self._topics.get(name)
+        if got is None:
+            try:
+                tn = TopicName.parse(name)
+            except InvalidTopicName as exc:
+                raise PublishError(400, f"topic: {exc}") from None
+            got = self.publisher.topic(tn.domain, tn.tenant, tn.namespace, tn.local)
+            if len(self._topics) > 100_000:
+                self._topics.clear()
+            self._topics[name] = got
+        return got
 
 
 def _first_offsets(records: list[kafka.Record]) -> dict[tuple[str, int], int]:

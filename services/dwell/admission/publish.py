@@ -27,14 +27,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
+import orjson
 import pydantic
 from pydantic import ConfigDict, Field
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.core.admit import Override, Reject, admit
+from dwell.core.admit import Decision, Override, Reject, admit
 from dwell.core.policy import MAX_LONG, EffectivePolicy
 from dwell.core.topics import InvalidTopicName, TopicName
 
@@ -78,7 +79,20 @@ class IngressRequest(PublishRequest):
     topic: str | None = None
 
 
-_R = TypeVar("_R", bound=PublishRequest)
+_MESSAGE_FIELDS = frozenset(MessageIn.model_fields)
+_LONG_FIELDS = frozenset(("eventTime", "sequenceId", "deliverAt", "deliverAfterMs"))
+_ENCODINGS = (None, "base64", "utf-8")
+
+
+@dataclass(slots=True)
+class Request:
+    """A validated publish request. `messages` are the decoded JSON objects, each with
+    the fields of `MessageIn` that were sent (read them with `.get`)."""
+
+    producerName: str | None
+    payloadEncoding: str | None
+    messages: list[dict[str, Any]]
+    topic: str | None = None
 
 
 class PublishError(Exception):
@@ -108,11 +122,69 @@ def describe(exc: pydantic.ValidationError) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
-def parse_request(body: bytes, model: type[_R]) -> _R:
+def _lean(doc: Any, top_fields: frozenset[str]) -> Request | None:
+    """The request if `doc` certainly satisfies the pydantic model, else None.
+
+    The hot path: pydantic builds ~10 objects per message, this checks a decoded dict in
+    place (5x cheaper per request). It accepts a subset of what the model accepts, with the
+    same values, so anything it does not vouch for goes to pydantic, which then decides
+    and names the field: behaviour and error texts are pydantic's either way.
+    """
+    if type(doc) is not dict or not doc.keys() <= top_fields:
+        return None
+    msgs = doc.get("messages")
+    producer = doc.get("producerName")
+    encoding = doc.get("payloadEncoding")
+    topic = doc.get("topic")
+    if (type(msgs) is not list or (producer is not None and type(producer) is not str)
+            or encoding not in _ENCODINGS or (topic is not None and type(topic) is not str)):
+        return None
+    fields = _MESSAGE_FIELDS
+    longs = _LONG_FIELDS
+    for m in msgs:
+        if type(m) is not dict or not m.keys() <= fields or type(m.get("payload")) is not str:
+            return None
+        if len(m) == 1:
+            continue  # the payload alone
+        for name, v in m.items():
+            if v is None or name == "payload":
+                continue
+            if name in longs:
+                if type(v) is not int or not 0 <= v <= MAX_LONG:
+                    return None
+            elif name == "properties":
+                if type(v) is not dict:
+                    return None
+                for value in v.values():
+                    if type(value) is not str:
+                        return None
+            elif name == "key":
+                if type(v) is not str:
+                    return None
+            elif v not in _ENCODINGS:  # payloadEncoding, the one field left
+                return None
+    return Request(producer, encoding, msgs, topic)
+
+
+_TOP_FIELDS = {model: frozenset(model.model_fields) for model in (PublishRequest, IngressRequest)}
+
+
+def parse_request(body: bytes, model: type[PublishRequest] = PublishRequest) -> Request:
+    """Parse and validate a request body against `model`; PublishError 400 naming the
+    field when it does not fit."""
     try:
-        return model.model_validate_json(body)
+        got = _lean(orjson.loads(body), _TOP_FIELDS[model])
+    except orjson.JSONDecodeError:
+        got = None
+    if got is not None:
+        return got
+    try:
+        req = model.model_validate_json(body)
     except pydantic.ValidationError as exc:
         raise PublishError(400, describe(exc)) from None
+    return Request(req.producerName, req.payloadEncoding,
+                   [m.model_dump(exclude_unset=True) for m in req.messages],
+                   getattr(req, "topic", None))
 
 
 @dataclass(slots=True)
@@ -141,6 +213,26 @@ def _decode_payload(text: str, encoding: str | None) -> bytes | str:
     return text.encode("utf-8", "surrogatepass")
 
 
+# A decision as plan() uses it: the result fields, the delay headers (None: rejected,
+# empty: immediate) and whether it counts as a fixed-delay override (0 or 1).
+_Decided = tuple[dict[str, Any], tuple[tuple[str, bytes], ...] | None, int]
+
+
+def _decide(decision: Decision, tick_b: bytes) -> _Decided:
+    if type(decision) is Reject:
+        return {"errorCode": decision.error_code, "error": decision.full_error}, None, 0
+    result: dict[str, Any] = {"errorCode": 0, "deliverAt": decision.deliver_at,
+                              "delayed": decision.delayed}
+    delay_ignored = getattr(decision, "delay_ignored", None)
+    if delay_ignored:
+        result["delayIgnored"] = delay_ignored
+    delay_h: tuple[tuple[str, bytes], ...] = ()
+    if decision.delayed:
+        delay_h = (("dwell-deliver-at", b"%d" % decision.deliver_at), ("dwell-tick-time", tick_b))
+    counts = type(decision) is Override and decision.counts_as_override
+    return result, delay_h, int(counts)
+
+
 class Publisher:
     """Applies the publish rule and writes the records; one per process, both paths."""
 
@@ -154,6 +246,7 @@ class Publisher:
         self._topics: dict[tuple[str, str, str, str], TopicName | str] = {}
         self._ready_topics: set[str] = set()
         self._labels: dict[str, tuple[Any, Any]] = {}
+        self._bytes: dict[TopicName, tuple[bytes, str]] = {}
 
     # -- topics
 
@@ -186,7 +279,7 @@ class Publisher:
 
     # -- the rule
 
-    def plan(self, topic: TopicName, req: PublishRequest) -> Plan:
+    def plan(self, topic: TopicName, req: Request) -> Plan:
         """Check a request and decide every message; raises PublishError for the request."""
         s = self.settings
         if not self.cache.ready.is_set():
@@ -199,77 +292,98 @@ class Publisher:
         if len(msgs) > s.max_messages_per_request:
             raise PublishError(400, f"messages: {len(msgs)} messages; the limit per request "
                                     f"is {s.max_messages_per_request}")
-        payloads: list[bytes | str] = []
-        for i, m in enumerate(msgs):
-            p = _decode_payload(m.payload, m.payloadEncoding or req.payloadEncoding)
-            if isinstance(p, bytes) and len(p) > s.max_payload_bytes:
-                raise PublishError(400, f"messages[{i}].payload: {len(p)} bytes; the limit is "
-                                        f"{s.max_payload_bytes} bytes (max_payload_bytes)")
-            if m.properties:
-                for name in m.properties:
-                    if name.lower().startswith(RESERVED_HEADER_PREFIX):
-                        raise PublishError(400, f"messages[{i}].properties.{name}: names "
-                                                f"starting with 'dwell-' are reserved")
-            payloads.append(p)
 
         persistent = topic.persistent
-        policy = self.cache.effective(topic) if persistent else None
+        policy = self.cache.effective(topic) if persistent else _NO_POLICY
         now = int(self.clock() * 1000)
-        topic_name = str(topic)
-        topic_b = topic_name.encode()
-        ready = topic.kafka_topic
-        tick_b = str(policy.tick_time_ms).encode() if policy else b""
-        producer_b = (req.producerName or "").encode()
+        topic_b, ready = self._topic_bytes(topic)
+        tick_b = b"%d" % policy.tick_time_ms
+        topic_h = ("dwell-topic", topic_b)
+        producer_h = ("dwell-producer", (req.producerName or "").encode())
+        now_h = ("dwell-publish-time", b"%d" % now)
+        default_encoding = req.payloadEncoding
+        max_payload = s.max_payload_bytes
+        strict = self.strict
+        # admit() is a pure function of these and (policy, persistent, now, strict), which
+        # are fixed for the request: messages asking the same thing share one decision,
+        # with its result fields and delay headers. Likewise the encoded properties.
+        decisions: dict[tuple[int | None, int | None, int], _Decided] = {}
+        encoded_props: dict[tuple[tuple[str, str], ...], list[tuple[str, bytes]]] = {}
         plan = Plan(topic, [])
         results = plan.results
+        sends = plan.sends
+        index = plan.index
         overridden = 0
+        # Request-level errors (payload size, reserved property names) raise from inside
+        # the loop; the per-message outcomes gathered before are thrown away with the plan.
         for i, m in enumerate(msgs):
-            payload = payloads[i]
-            if isinstance(payload, str):
+            text = m["payload"]
+            if (m.get("payloadEncoding") or default_encoding) == "base64":
+                payload = _decode_payload(text, "base64")
+            else:
+                payload = text.encode("utf-8", "surrogatepass")
+            is_bytes = type(payload) is bytes
+            if is_bytes and len(payload) > max_payload:
+                raise PublishError(400, f"messages[{i}].payload: {len(payload)} bytes; the "
+                                        f"limit is {max_payload} bytes (max_payload_bytes)")
+            props = m.get("properties")
+            if props:
+                pkey = tuple(props.items())
+                props_h = encoded_props.get(pkey)
+                if props_h is None:
+                    for name in props:
+                        if name.lower().startswith(RESERVED_HEADER_PREFIX):
+                            raise PublishError(400, f"messages[{i}].properties.{name}: names "
+                                                    f"starting with 'dwell-' are reserved")
+                    props_h = encoded_props[pkey] = [(k, v.encode()) for k, v in pkey]
+            else:
+                props_h = None
+            if not is_bytes:
                 results.append({"errorCode": INVALID_MESSAGE, "error": payload})
                 plan.invalid += 1
                 continue
-            if m.deliverAt is not None and m.deliverAfterMs is not None:
+            deliver_at = m.get("deliverAt")
+            deliver_after = m.get("deliverAfterMs")
+            if deliver_at is not None and deliver_after is not None:
                 results.append({"errorCode": INVALID_MESSAGE,
                                 "error": "deliverAt and deliverAfterMs are both set; "
                                          "send one of them"})
                 plan.invalid += 1
                 continue
-            publish_time = m.eventTime or now
-            decision = admit(deliver_at=m.deliverAt, deliver_after_ms=m.deliverAfterMs,
-                             policy=policy if policy is not None else _NO_POLICY,
-                             persistent=persistent, publish_time=publish_time, now=now,
-                             strict=self.strict)
-            if isinstance(decision, Reject):
-                results.append({"errorCode": decision.error_code, "error": decision.full_error})
+            publish_time = m.get("eventTime") or now
+            asked = (deliver_at, deliver_after, publish_time)
+            decided = decisions.get(asked)
+            if decided is None:
+                decided = decisions[asked] = _decide(
+                    admit(deliver_at=deliver_at, deliver_after_ms=deliver_after, policy=policy,
+                          persistent=persistent, publish_time=publish_time, now=now,
+                          strict=strict), tick_b)
+            proto, delay_h, counts_override = decided
+            if delay_h is None:  # rejected
+                results.append(proto.copy())
                 plan.rejected += 1
                 continue
-            if isinstance(decision, Override) and decision.counts_as_override:
-                overridden += 1
-            headers = [(k, v.encode()) for k, v in m.properties.items()] if m.properties else []
-            headers += (("dwell-topic", topic_b), ("dwell-publish-time", b"%d" % publish_time),
-                        ("dwell-producer", producer_b))
-            if m.sequenceId is not None:
-                headers.append(("dwell-sequence-id", b"%d" % m.sequenceId))
-            key_b = m.key.encode() if m.key is not None else None
-            result: dict[str, Any] = {"errorCode": 0, "deliverAt": decision.deliver_at,
-                                      "delayed": decision.delayed}
-            delay_ignored = getattr(decision, "delay_ignored", None)
-            if delay_ignored:
-                result["delayIgnored"] = delay_ignored
-            if decision.delayed:
-                headers += (("dwell-deliver-at", b"%d" % decision.deliver_at),
-                            ("dwell-tick-time", tick_b))
+            overridden += counts_override
+            headers = props_h.copy() if props_h else []
+            headers += (topic_h, now_h if publish_time == now else
+                        ("dwell-publish-time", b"%d" % publish_time), producer_h)
+            seq = m.get("sequenceId")
+            if seq is not None:
+                headers.append(("dwell-sequence-id", b"%d" % seq))
+            key = m.get("key")
+            key_b = key.encode() if key is not None else None
+            if delay_h:
+                headers += delay_h
                 if key_b is not None:
                     headers.append(("dwell-key", key_b))
-                plan.sends.append((names.DELAYED, payload, topic_b, headers, publish_time))
+                sends.append((names.DELAYED, payload, topic_b, headers, publish_time))
                 plan.delayed += 1
             else:
-                plan.sends.append((ready, payload, key_b, headers, publish_time))
+                sends.append((ready, payload, key_b, headers, publish_time))
                 plan.needs_ready_topic = True
                 plan.immediate += 1
-            plan.index.append(i)
-            results.append(result)
+            index.append(i)
+            results.append(proto.copy())
 
         if plan.rejected or overridden:
             rejected_c, overridden_c = self._topic_counters(topic)
@@ -278,6 +392,15 @@ class Publisher:
             if overridden:
                 overridden_c.inc(overridden)
         return plan
+
+    def _topic_bytes(self, topic: TopicName) -> tuple[bytes, str]:
+        """The topic's name as header bytes and its ready topic, computed once per topic."""
+        got = self._bytes.get(topic)
+        if got is None:
+            if len(self._bytes) > 100_000:
+                self._bytes.clear()
+            got = self._bytes[topic] = (str(topic).encode(), topic.kafka_topic)
+        return got
 
     def _topic_counters(self, topic: TopicName) -> tuple[Any, Any]:
         key = str(topic)
@@ -310,7 +433,7 @@ class Publisher:
             if n:
                 metrics.MESSAGES.labels(outcome, path).inc(n)
 
-    async def publish(self, topic: TopicName, req: PublishRequest) -> list[dict[str, Any]]:
+    async def publish(self, topic: TopicName, req: Request) -> list[dict[str, Any]]:
         """The HTTP path: results once Kafka acknowledged every accepted message."""
         plan = self.plan(topic, req)
         offsets: list[tuple[int, int]] = []

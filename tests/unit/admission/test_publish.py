@@ -9,11 +9,18 @@ import base64
 from collections.abc import Iterator
 
 import orjson
+import pydantic
 import pytest
 
 from dwell.adapters import kafka
 from dwell.admission.cache import PolicyCache
-from dwell.admission.publish import Publisher, PublishError, PublishRequest, parse_request
+from dwell.admission.publish import (
+    Publisher,
+    PublishError,
+    PublishRequest,
+    describe,
+    parse_request,
+)
 from dwell.admission.settings import AdmissionSettings
 from dwell.core import topics as names
 
@@ -139,3 +146,53 @@ def test_kafka_unavailable_is_503(publisher: Publisher) -> None:
     with pytest.raises(PublishError) as err:
         asyncio.run(publisher.publish(t, parse_request(body({"payload": "a"}), PublishRequest)))
     assert err.value.status == 503
+
+
+# Bodies the lean validator must hand to pydantic (or accept exactly as pydantic does).
+EDGE_BODIES = [
+    body({"payload": "x", "sequenceId": True}),
+    body({"payload": "x", "sequenceId": 1.0}),
+    body({"payload": "x", "deliverAt": 2**63}),
+    body({"payload": "x", "deliverAt": 2**63 - 1}),
+    body({"payload": "x", "eventTime": None, "key": None, "properties": None}),
+    body({"payload": "x", "properties": {"a": 1}}),
+    body({"payload": "x", "properties": []}),
+    body({"payload": "x", "payloadEncoding": "latin-1"}),
+    body({"payload": "x", "payloadEncoding": None}),
+    body({"payload": 5}),
+    body({"payload": "x", "key": 7}),
+    body("x"),
+    body({"payload": "x"}, payloadEncoding="hex"),
+    body({"payload": "x"}, producerName=3),
+    body({"payload": "x"}, topic="persistent://a/b/c"),
+    orjson.dumps([{"payload": "x"}]),
+    orjson.dumps({"messages": [{"payload": "x"}], "producerName": None}),
+    b'{"messages": [{"payload": "\\ud800"}]}',
+    b'{"messages": [{"payload": "x", "deliverAt": NaN}]}',
+    b'{"messages": [{"payload": "x"}], "messages": []}',
+]
+
+
+@pytest.mark.parametrize("raw", EDGE_BODIES)
+def test_lean_parse_agrees_with_the_pydantic_model(raw: bytes) -> None:
+    """parse_request's fast path must accept nothing the model refuses, and yield the
+    same values and the same 400 text otherwise."""
+    try:
+        want = PublishRequest.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        with pytest.raises(PublishError) as err:
+            parse_request(raw, PublishRequest)
+        assert err.value.status == 400 and err.value.reason == describe(exc)
+        return
+    got = parse_request(raw, PublishRequest)
+    assert (got.producerName, got.payloadEncoding) == (want.producerName, want.payloadEncoding)
+    assert got.messages == [m.model_dump(exclude_unset=True) for m in want.messages]
+
+
+def test_decisions_are_shared_but_results_are_not(publisher: Publisher) -> None:
+    p = plan(publisher, "persistent://acme/ns/x", body(
+        *[{"payload": "a", "deliverAfterMs": 4000, "properties": {"p": "1"}}] * 3))
+    Publisher.finish(p, [(0, 1), (0, 2), (0, 3)])
+    assert [r["messageId"] for r in p.results] == ["dwell.delayed:0:1", "dwell.delayed:0:2",
+                                                   "dwell.delayed:0:3"]
+    assert len({id(h) for (_, _, _, h, _) in p.sends}) == 3
