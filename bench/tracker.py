@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import devstack  # noqa: E402
 from dwell.adapters.kafka import Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
 from dwell.tracker import subscriptions
@@ -220,7 +222,7 @@ def main() -> None:
     ap.add_argument("--zset-copies", type=int, default=10)
     args = ap.parse_args()
     n = args.messages
-    bootstrap = os.environ.get("DWELL_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+    bootstrap = os.environ.get("DWELL_KAFKA_BOOTSTRAP", devstack.Stack("test").kafka_bootstrap)
     rng = np.random.default_rng(42)
     proc, url, d = start_redis()
     rows: list[tuple[str, str, str, str]] = []

@@ -32,13 +32,15 @@ VENV_PY = VENV / "bin" / "python"
 KAFKA_DIR = ROOT / "scripts" / "kafka"
 SPARK_DIR = ROOT / "spark"
 
-# Ports per profile. The test profile sits 10000 above so that `make test`
-# never touches a stack started with `make up`.
+# Ports per profile. The test profile sits DWELL_TEST_PORT_OFFSET (10000) above, so
+# that `make test` never touches a stack started with `make up`; a second checkout
+# testing on the same machine sets another offset.
+_DEV_PORTS = {"redis": 6379, "kafka": 9092, "kafka_controller": 9093,
+              "policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
+_TEST_OFFSET = int(os.environ.get("DWELL_TEST_PORT_OFFSET", "10000"))
 PROFILES: dict[str, dict[str, int]] = {
-    "dev": {"redis": 6379, "kafka": 9092, "kafka_controller": 9093,
-            "policy": 8081, "admission": 8082, "tracker": 8083},
-    "test": {"redis": 16379, "kafka": 19092, "kafka_controller": 19093,
-             "policy": 18081, "admission": 18082, "tracker": 18083},
+    "dev": _DEV_PORTS,
+    "test": {name: port + _TEST_OFFSET for name, port in _DEV_PORTS.items()},
 }
 SERVICES = ("policy", "admission", "tracker")
 
@@ -217,9 +219,11 @@ class Stack:
 
     def spark(self) -> Proc:
         jars = ",".join(str(p) for p in spark_kafka_jars())
-        env = self.service_env() | {"DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY)}
-        return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], 0, env,
-                    cwd=SPARK_DIR, start_timeout=120)
+        port = self.ports["spark"]
+        env = self.service_env() | {"DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY),
+                                    "DWELL_SPARK_METRICS_PORT": str(port)}
+        return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], port, env, cwd=SPARK_DIR,
+                    health_url=f"http://127.0.0.1:{port}/healthz", start_timeout=180)
 
     def proc(self, name: str) -> Proc:
         if name == "redis":
@@ -309,7 +313,7 @@ class Stack:
         for name in names:
             took = self.start(name)
             port = self.proc_port(name)
-            where = f"127.0.0.1:{port}" if port else "local[2]"
+            where = f"127.0.0.1:{port}" + (" (local[2], metrics)" if name == "spark" else "")
             if took is None:
                 say(f"{name:<9} already running  {where}")
             else:
@@ -425,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "status":
         for name, pid, port in stack.status():
             state = f"running (pid {pid})" if pid else "stopped"
-            say(f"{name:<9} {state:<22} {'127.0.0.1:' + str(port) if port else ''}")
+            say(f"{name:<9} {state:<22} 127.0.0.1:{port}")
     elif args.cmd == "env":
         print(json.dumps(stack.service_env(), indent=2))
     elif args.cmd == "run":

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import ensure_dwell_topics
 
-from . import backoff, drain
+from . import backoff, drain, metrics
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark")
@@ -30,6 +30,8 @@ def session(settings: SparkSettings) -> SparkSession:
          .master(settings.spark_master)
          .config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", str(settings.state_partitions))
+         # The drain hands its wanted ranges to the JVM as a pandas frame.
+         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stateStore.providerClass",
                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"))
     if settings.spark_jars:
@@ -46,6 +48,8 @@ def main() -> int:
     ensure_dwell_topics(settings.kafka_bootstrap, settings.kafka_replication_factor)
     spark = session(settings)
     r = redis_adapter.connect(settings.redis_url)
+    metrics.serve(settings.http_host, settings.spark_metrics_port)
+    log.info("metrics on http://%s:%d/metrics", settings.http_host, settings.spark_metrics_port)
     # Start the Python workers and JIT before the first due bucket does (the first job
     # of a session takes seconds, later ones a fraction).
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()

@@ -5,15 +5,21 @@ subscription's redelivery index at the time dwell.core.backoff gives (PIP-130 / 
 after maxRedeliverCount redeliveries the message goes to the subscription's DLQ instead.
 
 The subscription settings ride on each event (the SDK copies what it registered at the
-tracker), so the job needs no lookup. Replays after a crash are harmless: index adds are
-set unions and the redelivery count is written, not incremented."""
+tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` absent: a
+plain Kafka consumer that registered its subscription over the tracker's HTTP API) takes
+them from the tracker's subscription registry in Redis, cached per Python worker for
+REGISTRY_TTL_MS. Replays after a crash are harmless: index adds are set unions and the
+redelivery count is written, not incremented."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -32,6 +38,7 @@ from dwell.core.backoff import (
 )
 from dwell.core.positions import parse_message_id
 from dwell.core.topics import TopicName, dlq_topic
+from dwell.tracker import subscriptions as registry
 from dwell.tracker.index import SubscriptionIndex
 
 from .drain import READY_AFTER_BATCHES, TopicCache, write_ranges
@@ -69,6 +76,12 @@ OUTPUT_SCHEMA = StructType([
     StructField("redeliveryCount", LongType()),
 ])
 REDELIVER, DLQ, ACK = "redeliver", "dlq", "ack"
+# How long a Python worker trusts what it read from the subscription registry (also for
+# "not registered"): a re-registration reaches events without settings within this time,
+# and a busy subscription costs one Redis read per worker per TTL.
+REGISTRY_TTL_MS = int(os.environ.get("DWELL_BACKOFF_REGISTRY_TTL_MS", "2000"))
+
+Lookup = Callable[[str, str], "dict[str, Any] | None"]
 
 
 def _backoff(raw: Any) -> ExponentialRedeliveryBackoff | None:
@@ -81,6 +94,55 @@ def _opt_int(v: Any) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
 
+# Per Python worker (workers are reused across batches): Redis clients and registry reads.
+_clients: dict[str, redislib.Redis] = {}
+_cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RegistryLookup:
+    """``lookup(topic, sub)``: the subscription's registered settings (the tracker's
+    ``dwell:subs:{topic}`` hash), or None. Pickles as its URL, so it ships to executors;
+    clients and cache live in the worker's module state."""
+
+    redis_url: str
+    ttl_ms: int = REGISTRY_TTL_MS
+
+    def __call__(self, topic: str, sub: str) -> dict[str, Any] | None:
+        key = (self.redis_url, topic, sub)
+        now = time.monotonic()
+        hit = _cache.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        with _lock:
+            r = _clients.get(self.redis_url)
+            if r is None:
+                r = _clients[self.redis_url] = redislib.Redis.from_url(self.redis_url)
+        found = registry.get(r, topic, sub)
+        _cache[key] = (now + self.ttl_ms / 1000, found)
+        return found
+
+
+def fill_settings(events: pd.DataFrame, settings: dict[str, Any] | None) -> pd.DataFrame:
+    """``events`` with the registered ``settings`` (tracker registry JSON) on every row
+    that carries none (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
+    if settings is None:
+        return events
+    bare = events["ackTimeoutMs"].isna()
+    if not bare.any():
+        return events
+    events = events.astype({"ackTimeoutMs": "object", "maxRedeliverCount": "object",
+                            "ackTimeoutRedeliveryBackoff": "object",
+                            "negativeAckRedeliveryBackoff": "object"})
+    events.loc[bare, "ackTimeoutMs"] = int(settings.get("ackTimeoutMs") or 0)
+    for name in ("ackTimeoutRedeliveryBackoff", "negativeAckRedeliveryBackoff"):
+        raw = settings.get(name)
+        events.loc[bare, name] = json.dumps(raw) if raw is not None else None
+    events.loc[bare, "maxRedeliverCount"] = settings.get("maxRedeliverCount")
+    return events
+
+
 def decide(at: int, count: int, max_redeliver: int | None) -> tuple[str, int, int]:
     """(action, at, count): redeliver as redelivery ``count + 1`` at ``at``, or dead-letter
     once ``max_redeliver`` redeliveries have happened (Pulsar's DeadLetterPolicy)."""
@@ -90,8 +152,9 @@ def decide(at: int, count: int, max_redeliver: int | None) -> tuple[str, int, in
 
 
 def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
-         state: GroupState) -> Iterator[pd.DataFrame]:
-    """applyInPandasWithState function for one (topic, subscription, messageId)."""
+         state: GroupState, lookup: Lookup | None = None) -> Iterator[pd.DataFrame]:
+    """applyInPandasWithState function for one (topic, subscription, messageId);
+    ``lookup(topic, sub)`` supplies the settings of events that carry none."""
     topic, sub, mid = key
     out: list[tuple] = []
     if state.hasTimedOut:
@@ -103,10 +166,13 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
     else:
         cur = state.get if state.exists else None
         events = pd.concat(list(batches)).sort_values("ts", kind="stable")
+        if lookup is not None and events["ackTimeoutMs"].isna().any():
+            events = fill_settings(events, lookup(topic, sub))
         for ev in events.itertuples(index=False):
-            count = int(ev.redeliveryCount or 0)
+            # Plain Kafka consumers may leave out the count of a first delivery.
+            count = _opt_int(ev.redeliveryCount) or 0
             if ev.event == "delivered":
-                ack_timeout = int(ev.ackTimeoutMs or 0)
+                ack_timeout = _opt_int(ev.ackTimeoutMs) or 0
                 cur = ((int(ev.ts), count, ack_timeout, ev.ackTimeoutRedeliveryBackoff,
                         _opt_int(ev.maxRedeliverCount)) if ack_timeout > 0 else None)
             elif ev.event == "ack":
@@ -176,6 +242,11 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
 
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):  # noqa: ANN201
     scheduler = Scheduler(spark, settings, redis)
+    lookup = RegistryLookup(settings.redis_url)
+
+    def _step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
+              state: GroupState) -> Iterator[pd.DataFrame]:
+        return step(key, batches, state, lookup)
 
     def _batch(df: DataFrame, batch_id: int) -> None:
         rows = df.collect()
@@ -187,7 +258,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
 
     decisions = (events(spark, settings)
                  .groupBy("topic", "subscription", "messageId")
-                 .applyInPandasWithState(step, OUTPUT_SCHEMA, STATE_SCHEMA, "Update",
+                 .applyInPandasWithState(_step, OUTPUT_SCHEMA, STATE_SCHEMA, "Update",
                                          GroupStateTimeout.ProcessingTimeTimeout))
     return (decisions.writeStream.queryName("dwell-backoff")
             .outputMode("update")

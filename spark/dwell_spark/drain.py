@@ -7,24 +7,24 @@ its lease expires; the SDK drops the repeats by (dwell-message-id, redelivery co
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
 import redis as redislib
+from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql import functions as F
 
+from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.core.positions import coalesce, format_message_id
+from dwell.core.positions import format_message_id
 from dwell.core.topics import TopicName, retry_topic
 from dwell.tracker.index import (
     ClaimedBucket,
@@ -34,7 +34,8 @@ from dwell.tracker.index import (
     due_topics,
 )
 
-from .records import Range, read_ranges
+from . import metrics
+from .records import LATENESS_BOUNDS_MS, CopyStats, Range, copy_ranges, spans
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.drain")
@@ -42,15 +43,8 @@ log = logging.getLogger("dwell.spark.drain")
 # this many the trigger keeps its pace, and the app says so in its log.
 READY_AFTER_BATCHES = 2
 
-OUTPUT_SCHEMA = StructType([
-    StructField("topic", StringType(), False),
-    StructField("key", BinaryType(), True),
-    StructField("value", BinaryType(), True),
-    StructField("headers", ArrayType(StructType([
-        StructField("key", StringType(), False),
-        StructField("value", BinaryType(), True),
-    ])), True),
-])
+# Header names the JVM copy replaces or drops (the Python copy: records.output_record).
+_DROPPED = "'dwell-key', 'dwell-tick-time', 'dwell-origin', 'dwell-message-id'"
 
 
 @dataclass
@@ -78,51 +72,151 @@ class TopicCache:
             self.known.add(t)
 
 
+def choose_path(settings: SparkSettings, ranges: Sequence[Range]) -> str:
+    """Which copy runs a round (numbers measured by bench/delivery.py on local[2]):
+
+    - ``driver``: up to ``drain_local_max_records`` records, copied by the lean Python
+      loop on the driver: no Spark job to schedule (a job costs 0.3-1 s even for one
+      record), so small rounds stay on time.
+    - ``kafka-source``: larger rounds of delayed messages whose ranges are dense (the
+      offsets read, first..last per partition, at most ``drain_dense_factor`` times the
+      records wanted): Spark's batch Kafka source reads first..last of each partition in
+      parallel tasks, a broadcast join keeps the indexed offsets, Spark's Kafka sink
+      writes; no Python touches a record.
+    - ``tasks``: larger rounds that are scattered (uniform delays) or redeliveries: the
+      same lean Python copy, with the (source, partition) runs spread over Spark tasks.
+    """
+    n = sum(r.last - r.first + 1 for r in ranges)
+    if n <= settings.drain_local_max_records:
+        return "driver"
+    if any(r.subscription is not None for r in ranges):
+        return "tasks"
+    bounds: dict[tuple[str, int], tuple[int, int]] = {}
+    for r in ranges:
+        lo, hi = bounds.get((r.source, r.partition), (r.first, r.last))
+        bounds[(r.source, r.partition)] = (min(lo, r.first), max(hi, r.last))
+    read = sum(hi - lo + 1 for lo, hi in bounds.values())
+    return "kafka-source" if read <= settings.drain_dense_factor * n else "tasks"
+
+
 def write_ranges(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
                  ranges: Sequence[Range]) -> int:
     """Copy every record of ``ranges`` to its target topic; returns the records written.
-    Returns only once Spark's Kafka sink has every record acknowledged (acks=all)."""
+    Returns only once every copy is acknowledged (acks=all); raises otherwise."""
+    return copy(spark, settings, topics, ranges).written
+
+
+def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
+         ranges: Sequence[Range], path: str | None = None) -> CopyStats:
+    """:func:`write_ranges` with what was written (for the metrics); ``path`` forces one
+    of :func:`choose_path`'s answers (the bench compares them)."""
     if not ranges:
-        return 0
+        return CopyStats()
     topics.ensure([r.target for r in ranges])
     bootstrap = settings.kafka_bootstrap
-    # Ranges hold only indexed offsets, so their sizes add up to the records written.
-    n = sum(r.last - r.first + 1 for r in ranges)
-    if n <= settings.drain_local_max_records:
-        # A Spark job costs 0.3-1 s of scheduling even for one record; a small round is
-        # read and written on the driver (same code, same acks=all) to keep lateness low.
-        write_locally(bootstrap, ranges)
-        return n
-    slices = max(1, min(len(ranges), spark.sparkContext.defaultParallelism * 2))
-    # Spread (source, partition) runs over tasks; one Kafka consumer per task.
-    ordered = sorted(ranges, key=lambda r: (r.source, r.partition, r.first))
-    rdd = spark.sparkContext.parallelize(ordered, slices).mapPartitions(
-        lambda part: read_ranges(bootstrap, part))
-    (spark.createDataFrame(rdd, OUTPUT_SCHEMA).write.format("kafka")
-     .option("kafka.bootstrap.servers", bootstrap)
-     .option("kafka.acks", "all")
-     .option("kafka.enable.idempotence", "true")
-     .save())
-    return n
+    path = path or choose_path(settings, ranges)
+    if path == "driver":
+        stats = copy_ranges(bootstrap, ranges)
+    elif path == "kafka-source":
+        stats = copy_with_kafka_source(spark, bootstrap, ranges)
+    else:
+        groups = spans(ranges)
+        slices = max(1, min(len(groups), spark.sparkContext.defaultParallelism * 2))
+        parts = spark.sparkContext.parallelize(groups, slices).mapPartitions(
+            lambda it: [copy_ranges(bootstrap, [r for g in it for r in g])]).collect()
+        stats = functools.reduce(CopyStats.add, parts, CopyStats())
+    metrics.record(stats)
+    return stats
 
 
-def write_locally(bootstrap: str, ranges: Sequence[Range]) -> None:
-    """The driver-side path of :func:`write_ranges`: returns once every record is acked."""
-    producer = kafka.Producer(bootstrap, linger_ms=0)
+def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
+                           ranges: Sequence[Range]) -> CopyStats:
+    """The ``kafka-source`` path of :func:`choose_path` (delayed messages only)."""
+    bounds: dict[str, dict[str, list[int]]] = {}
+    for r in ranges:
+        lo_hi = bounds.setdefault(r.source, {}).setdefault(str(r.partition), [r.first, r.last])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], r.first), max(lo_hi[1], r.last)
+    wanted = spark.createDataFrame(pd.DataFrame({
+        "w_source": [r.source for r in ranges], "w_partition": [r.partition for r in ranges],
+        "w_first": [r.first for r in ranges], "w_last": [r.last for r in ranges],
+        "w_target": [r.target for r in ranges]}))
+    wanted = wanted.select("*", F.explode(F.sequence("w_first", "w_last")).alias("w_offset"))
+    records = (spark.read.format("kafka")
+               .option("kafka.bootstrap.servers", bootstrap)
+               .option("assign", json.dumps({t: [int(p) for p in ps]
+                                             for t, ps in bounds.items()}))
+               .option("startingOffsets", json.dumps(
+                   {t: {p: lo for p, (lo, _) in ps.items()} for t, ps in bounds.items()}))
+               .option("endingOffsets", json.dumps(
+                   {t: {p: hi + 1 for p, (_, hi) in ps.items()} for t, ps in bounds.items()}))
+               .option("includeHeaders", "true")
+               .option("kafka.isolation.level", "read_committed")
+               .load())
+    # records["offset"], not records.offset: DataFrame.offset is a method.
+    joined = records.join(F.broadcast(wanted), (records["topic"] == wanted["w_source"])
+                          & (records["partition"] == wanted["w_partition"])
+                          & (records["offset"] == wanted["w_offset"]))
+
+    def header(name: str) -> str:
+        return f"try_element_at(filter(headers, h -> h.key = '{name}'), -1).value"
+
+    late = F.expr(f"unix_millis(now()) - cast(cast({header('dwell-deliver-at')} "
+                  "AS STRING) AS BIGINT)")
+    out = joined.select(
+        F.col("w_target").alias("topic"),
+        F.expr(header("dwell-key")).alias("key"),
+        F.col("value"),
+        F.expr(f"""concat(filter(coalesce(headers, array()), h -> h.key NOT IN ({_DROPPED})),
+            array(named_struct('key', 'dwell-origin',
+                               'value', cast(concat(partition, ':', offset) AS BINARY)),
+                  named_struct('key', 'dwell-message-id',
+                               'value', coalesce({header('dwell-message-id')},
+                                   cast(concat(topic, ':', partition, ':', offset)
+                                        AS BINARY)))))""").alias("headers"),
+        late.alias("late"))
+    # Observation does not fire on the Kafka sink's save (tried on 4.2.0), so the copy is
+    # cached, counted and histogrammed by one job and written from the cache by a second.
+    out = out.persist()
     try:
-        futures = [producer.send(topic, value, key=key, headers=dict(headers))
-                   for topic, key, value, headers in read_ranges(bootstrap, ranges)]
-        producer.flush()
-        for f in futures:
-            f.result()
+        m = out.agg(F.count(F.lit(1)).alias("n"),
+                    F.sum(F.coalesce("late", F.lit(0))).alias("late_sum"),
+                    *[F.count_if(F.col("late") <= b).alias(f"le{b}")
+                      for b in LATENESS_BOUNDS_MS],
+                    F.count("late").alias("late_n")).first()
+        (out.drop("late").write.format("kafka")
+         .option("kafka.bootstrap.servers", bootstrap)
+         .option("kafka.acks", "all")
+         .option("kafka.enable.idempotence", "true")
+         .option("kafka.compression.type", "lz4")
+         .option("kafka.linger.ms", "5")
+         .option("kafka.batch.size", str(1 << 20))
+         .save())
     finally:
-        producer.close()
+        out.unpersist()
+    # Spark fixes now() per query: lateness here is as of the counting job, before the
+    # write (at most one write's duration early).
+    cum = [int(m[f"le{b}"] or 0) for b in LATENESS_BOUNDS_MS] + [int(m["late_n"] or 0)]
+    stats = CopyStats(written=int(m["n"]), lateness_sum_ms=float(m["late_sum"] or 0))
+    stats.lateness_counts = [c - p for c, p in zip(cum, [0, *cum[:-1]], strict=True)]
+    return stats
+
+
+def _runs(offsets: BitMap64) -> list[tuple[int, int]]:
+    """Inclusive (first, last) runs of consecutive offsets, computed with numpy (the
+    pure-Python coalesce cost 0.25 s per 100k offsets)."""
+    if not offsets:
+        return []
+    a = np.fromiter(offsets, dtype=np.int64, count=len(offsets))
+    cuts = np.flatnonzero(np.diff(a) != 1)
+    firsts = np.concatenate(([a[0]], a[cuts + 1]))
+    lasts = np.concatenate((a[cuts], [a[-1]]))
+    return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
 
 
 def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
     target = TopicName.parse(topic).kafka_topic
     return [Range(target, names.DELAYED, int(p), a, b)
-            for p, offsets in bucket.positions.items() for a, b in coalesce(offsets)]
+            for p, offsets in bucket.positions.items() for a, b in _runs(offsets)]
 
 
 def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[Range]:
@@ -130,9 +224,11 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[R
     out = []
     for field, offsets in bucket.positions.items():
         source, _, part = str(field).rpartition(":")
-        for a, b in coalesce(offsets):
-            counts = {o: max(1, index.redelivery_count(format_message_id(source, int(part), o)))
-                      for o in range(a, b + 1)}
+        for a, b in _runs(offsets):
+            offs = list(range(a, b + 1))
+            raw = index.redis.hmget(keys.sub_counts(index.topic, index.subscription),
+                                    [format_message_id(source, int(part), o) for o in offs])
+            counts = {o: max(1, int(c or 0)) for o, c in zip(offs, raw, strict=True)}
             out.append(Range(target, source, int(part), a, b, index.subscription, counts))
     return out
 
@@ -166,13 +262,24 @@ class Drainer:
                 ranges += redelivery_ranges(sidx, b)
         return claims, ranges
 
-    def run_once(self, now_ms: int | None = None) -> int:
-        """Claim, write, complete; returns the records written."""
+    def lag_ms(self, now_ms: int) -> int:
+        """now − the earliest bucket start left in any index (topic or redelivery), 0 when
+        none is past: how far the drain is behind (before this round claims)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrange(keys.DUE, 0, 0, withscores=True)
+        pipe.zrange(keys.DUE_SUBSCRIPTIONS, 0, 0, withscores=True)
+        firsts = [int(score) for rows in pipe.execute() for _, score in rows]
+        return max(0, now_ms - min(firsts)) if firsts else 0
+
+    def run_once(self, now_ms: int | None = None, path: str | None = None) -> int:
+        """Claim, write, complete; returns the records written. ``path`` forces a copy
+        path (see :func:`choose_path`)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        metrics.DRAIN_LAG_MS.set(self.lag_ms(now))
         claims, ranges = self.claim(now)
         if not claims:
             return 0
-        written = write_ranges(self.spark, self.settings, self.topics, ranges)
+        written = copy(self.spark, self.settings, self.topics, ranges, path).written
         for c in claims:
             if not c.index.complete(c.bucket.bucket_start, c.bucket.lease_id):
                 # Our lease expired and another drainer holds the bucket: it re-emits,

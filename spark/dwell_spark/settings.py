@@ -20,11 +20,18 @@ class SparkSettings(CommonSettings):
     drain_trigger_ms: int = Field(250, ge=10)
     drain_max_buckets: int = Field(100, ge=1)
     drain_lease_ms: int = Field(30000, ge=1000)
-    # Rounds up to this many records are copied on the driver; larger ones run as a Spark
-    # job with the ranges spread over executors and Spark's Kafka sink. Measured on
-    # local[2] (bench/delivery.py): driver 15-17k msg/s, Spark job 6k (20k msgs) to 14.5k
-    # (100k msgs) msg/s, so the job pays off only with executors beyond the driver's box.
-    drain_local_max_records: int = Field(20000, ge=0)
+    # Which copy runs a round (dwell_spark.drain.choose_path, figures in bench/delivery.py):
+    # rounds up to drain_local_max_records records are copied on the driver; larger ones
+    # run as a Spark job, through Spark's Kafka source and sink when dense (offsets read
+    # <= drain_dense_factor x records wanted), else as Python copies in Spark tasks.
+    # Measured on local[2] (2 cores shared with Kafka): driver 29-52k msg/s, tasks 28k,
+    # kafka-source 8.5k (20k msgs) / 19k (100k msgs): on one box the driver wins up to
+    # 100k records; Spark jobs pay off with executors on other machines.
+    drain_local_max_records: int = Field(100000, ge=0)
+    drain_dense_factor: float = Field(2.0, ge=1.0)
+
+    # Prometheus /metrics and /healthz of the Spark app (127.0.0.1 unless http_host says).
+    spark_metrics_port: int = Field(8084, ge=0, le=65535)
 
     # Backoff: trigger of the dwell.acks query (timers fire at most this late) and the
     # bucket width of the redelivery indexes.

@@ -1,184 +1,294 @@
-"""Delivery end to end: policy, admission, tracker and the Spark app (drain + backoff) as
-real processes on the test Redis/Kafka, driven through the SDK.
+"""Delivery end to end on the running stack (tests/e2e/conftest.py), driven through the SDK
+and, for one scenario, a plain Kafka consumer.
 
-The tracker and the Spark app use their own Redis database and a fresh tracker group that
-starts at the current end of dwell.delayed, so this module drains only what is published
-while it runs, and never claims buckets other suites' tracker tests are looking at."""
+The timed scenarios are independent (own tenant, topic and subscriptions) and mostly wait,
+so they run at the same time in threads, started together when the first test asks;
+each test then asserts on what its scenario measured. Bounds come from tickTime and the
+Spark triggers (conftest's margins); every redelivery gap is asserted both ways."""
 
 from __future__ import annotations
 
-import os
+import json
+import select
 import subprocess
 import sys
+import textwrap
 import time
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 
 from dwell.adapters import kafka
-from dwell.adapters import redis as redis_adapter
-from dwell.client import (
-    Consumer,
-    ExponentialRedeliveryBackoff,
-    Message,
-    NotAllowedError,
-    Producer,
-)
+from dwell.client import ExponentialRedeliveryBackoff, NotAllowedError, Producer
 from dwell.core import topics as names
-from dwell.core.topics import TopicName, dlq_topic
+from dwell.core.positions import format_message_id
+from dwell.core.topics import TopicName, dlq_topic, retry_topic
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
+from .conftest import (
+    REDELIVERY_MARGIN_MS,
+    SPARK_MARGIN_MS,
+    TICK_MS,
+    Received,
+    Stack,
+    consumer,
+    make_topic,
+    new_tenant,
+    now_ms,
+    receive_all,
+    receive_one,
+)
 
-TICK_MS = 1000
-# How late the Spark drain may be beyond Pulsar's own bound (tickTime + 1 s): one drain
-# trigger (250 ms) plus one Spark job that reads and writes the bucket (~0.3-0.8 s here,
-# measured; the rest is headroom for the 2 shared cores).
-SPARK_MARGIN_MS = 1500
-E2E_REDIS_DB = 7
-
-
-@dataclass
-class Stack:
-    admission: str
-    tracker: str
-    policy: str
-    bootstrap: str
-    spark_log: Path
-
-
-def _ok(r: httpx.Response) -> httpx.Response:
-    assert r.status_code < 300, (r.status_code, r.text)
-    return r
+# PIP-130's example shape, scaled down: ackTimeout 2 s, min 1 s, max 4 s, multiplier 2.
+ACK_TIMEOUT_MS = 2000
+PIP130 = ExponentialRedeliveryBackoff(min_delay_ms=1000, max_delay_ms=4000, multiplier=2)
+NACK = ExponentialRedeliveryBackoff(min_delay_ms=1000, max_delay_ms=4000, multiplier=2)
+MAX_REDELIVER = 4
 
 
-def _wait_for_line(proc: subprocess.Popen[bytes], log: Path, line: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"spark app exited {proc.returncode}:\n"
-                               + log.read_text(errors="replace")[-4000:])
-        if line in log.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"spark app not running after {timeout}s:\n"
-                       + log.read_text(errors="replace")[-4000:])
+def gaps_between(received: list[Received]) -> list[int]:
+    """From the start of the receive that got copy k to the end of the one that got k+1:
+    never shorter than the scheduled gap (the SDK stamps its event inside the first)."""
+    return [b.after - a.before for a, b in zip(received, received[1:], strict=False)]
 
 
-@pytest.fixture(scope="module")
-def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:  # noqa: ANN001
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{E2E_REDIS_DB}"
-    redis_adapter.connect(redis_url).flushdb()
-    group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
-    # The fresh group starts where dwell.delayed ends now, not at its beginning.
-    ends = kafka.end_offsets(stack.kafka_bootstrap, names.DELAYED)
-    c = kafka.Consumer(stack.kafka_bootstrap, group)
-    c.commit({(names.DELAYED, p): o for p, o in ends.items()})
-    c.close()
-    policy = services.start("policy")
-    admission = services.start("admission")
-    tracker = services.start("tracker", env={"DWELL_REDIS_URL": redis_url,
-                                             "DWELL_TRACKER_GROUP_ID": group})
-    jars = ",".join(str(p) for p in devstack.spark_kafka_jars())
-    log = stack.state / "test-logs" / f"spark-{uuid.uuid4().hex[:6]}.log"
-    env = dict(os.environ) | stack.service_env() | {
-        "DWELL_REDIS_URL": redis_url, "DWELL_SPARK_JARS": jars,
-        "DWELL_SPARK_CHECKPOINT_DIR": str(tmp_path_factory.mktemp("spark-checkpoints")),
-        "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
-        "DWELL_LOG_LEVEL": "info"}
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "dwell_spark"], cwd=ROOT / "spark",
-                                env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        _wait_for_line(proc, log, "drain ready", 120)
-        _wait_for_line(proc, log, "backoff ready", 60)
-        yield Stack(admission.url, tracker.url, policy.url, stack.kafka_bootstrap, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+# -- scenarios (each returns what it measured; run concurrently by the `runs` fixture)
 
-
-def make_topic(e2e: Stack, unique: str) -> str:
-    with httpx.Client(base_url=e2e.policy, timeout=10) as policy:
-        _ok(policy.put(f"/admin/v2/tenants/{unique}",
-                       json={"adminRoles": [], "allowedClusters": []}))
-        _ok(policy.put(f"/admin/v2/namespaces/{unique}/ns"))
-        _ok(policy.post(f"/admin/v2/namespaces/{unique}/ns/delayedDelivery",
-                        json={"active": True, "tickTime": TICK_MS,
-                              "maxDeliveryDelayInMillis": 60000}))
-    topic = f"persistent://{unique}/ns/orders"
-    # The namespace and its max delay reach admission through the policy feed: poll
-    # until a too-long delay is refused (a probe that is never stored).
-    with httpx.Client(base_url=e2e.admission, timeout=10) as admission:
-        deadline = time.monotonic() + 15
-        while True:
-            r = admission.post(f"/topics/persistent/{unique}/ns/orders",
-                               json={"producerName": "probe",
-                                     "messages": [{"payload": "x", "deliverAfterMs": 120000}]})
-            body = r.json() if r.status_code == 200 else {}
-            results = body.get("messagePublishResults", [{}])
-            if r.status_code == 200 and results[0].get("errorCode") == 2:
-                return topic
-            assert time.monotonic() < deadline, f"policy never reached admission: {r.text}"
-            time.sleep(0.1)
-
-
-def consumer(e2e: Stack, topic: str, sub: str, **kw) -> Consumer:  # noqa: ANN003
-    return Consumer(topic, sub, bootstrap=e2e.bootstrap, tracker_url=e2e.tracker,
-                    initial_position="earliest", **kw)
-
-
-def receive_all(consumers: dict[str, Consumer], want: int,
-                timeout: float) -> dict[str, list[tuple[int, Message]]]:
-    """Poll every consumer until each has ``want`` messages; (receive time ms, message)."""
-    got: dict[str, list[tuple[int, Message]]] = {s: [] for s in consumers}
-    deadline = time.monotonic() + timeout
-    while any(len(v) < want for v in got.values()):
-        assert time.monotonic() < deadline, {s: len(v) for s, v in got.items()}
-        for sub, c in consumers.items():
-            m = c.receive(0.05)
-            if m is not None:
-                got[sub].append((int(time.time() * 1000), m))
-    return got
-
-
-def test_delayed_messages_reach_each_subscription_once_on_time(e2e: Stack, unique: str) -> None:
-    topic = make_topic(e2e, unique)
+def delays_scenario(e2e: Stack) -> dict[str, Any]:
+    topic = make_topic(e2e, new_tenant())
     subs = {s: consumer(e2e, topic, s) for s in ("billing", "audit")}
     try:
         with Producer(topic, admission_url=e2e.admission) as p:
             ids = {p.send(b"in-2s", key="k2", properties={"a": "1"}, deliver_after=2000): 2000,
-                   p.send(b"in-5s", key="k5", deliver_after=5000): 5000}
-        got = receive_all(subs, 2, timeout=20)
-        # Nothing more arrives: no duplicates survive to the application.
-        for c in subs.values():
-            assert c.receive(1.5) is None
-        lateness = []
+                   p.send(b"in-5s", key="k5", deliver_after=5000): 5000,
+                   p.send(b"in-10s", key="k10", deliver_after=10000): 10000}
+        got = receive_all(subs, 3, timeout=30)
         for sub, msgs in got.items():
-            assert sorted(m.message_id for _, m in msgs) == sorted(ids), sub
-            for received, m in msgs:
-                assert m.deliver_at is not None and m.redelivery_count == 0
-                assert received >= m.deliver_at - TICK_MS, (sub, received - m.deliver_at)
-                assert received <= m.deliver_at + TICK_MS + 1000 + SPARK_MARGIN_MS, \
-                    (sub, received - m.deliver_at)
-                lateness.append(received - m.deliver_at)
-                subs[sub].acknowledge(m)
-        first = next(m for _, m in got["billing"] if m.value == b"in-2s")
-        assert first.key == "k2" and first.properties == {"a": "1"}
-        print(f"lateness ms (received - deliverAt): {sorted(lateness)}")
+            for r in msgs:
+                subs[sub].acknowledge(r.msg)
+        # Nothing more arrives: no duplicates survive to the application.
+        extra = {sub: c.receive(1.5) for sub, c in subs.items()}
+        return {"ids": ids, "got": got, "extra": extra}
     finally:
         for c in subs.values():
             c.close()
+
+
+def ack_timeout_scenario(e2e: Stack) -> dict[str, Any]:
+    topic = make_topic(e2e, new_tenant())
+    c = consumer(e2e, topic, "slow", ack_timeout_ms=ACK_TIMEOUT_MS,
+                 ack_timeout_redelivery_backoff=PIP130)
+    try:
+        with Producer(topic, admission_url=e2e.admission) as p:
+            mid = p.send(b"late-ack")
+        copies = [receive_one(c, 20)]
+        for n in range(4):
+            wait = (ACK_TIMEOUT_MS + PIP130.next(n) + REDELIVERY_MARGIN_MS) / 1000 + 5
+            copies.append(receive_one(c, wait))
+        c.acknowledge(copies[-1].msg)
+        # Acked: the timer is gone; nothing comes back within ackTimeout + next(4).
+        quiet_s = (ACK_TIMEOUT_MS + PIP130.next(4) + REDELIVERY_MARGIN_MS) / 1000
+        return {"mid": mid, "copies": copies, "after_ack": c.receive(quiet_s)}
+    finally:
+        c.close()
+
+
+def nack_scenario(e2e: Stack) -> dict[str, Any]:
+    topic = make_topic(e2e, new_tenant())
+    c = consumer(e2e, topic, "work", negative_ack_redelivery_backoff=NACK,
+                 max_redeliver_count=MAX_REDELIVER)
+    try:
+        with Producer(topic, admission_url=e2e.admission) as p:
+            mid = p.send(b"job", key="j")
+        copies: list[Received] = []
+        nacked: list[int] = []
+        for n in range(MAX_REDELIVER + 1):
+            wait = 20 if n == 0 else (NACK.next(n - 1) + REDELIVERY_MARGIN_MS) / 1000 + 5
+            copies.append(receive_one(c, wait))
+            nacked.append(now_ms())
+            c.negative_acknowledge(copies[-1].msg)
+        # Past maxRedeliverCount the message goes to the DLQ, not back to the consumer.
+        dlq = dlq_topic(TopicName.parse(topic), "work")
+        deadline = time.monotonic() + 20
+        recs: list[kafka.Record] = []
+        while not recs:
+            assert time.monotonic() < deadline, "nothing on the DLQ"
+            try:
+                recs = kafka.read_all(e2e.bootstrap, dlq, timeout=5)
+            except kafka.KafkaUnavailable:
+                recs = []
+            if not recs:
+                time.sleep(0.2)
+        dlq_seen = now_ms()
+        return {"mid": mid, "copies": copies, "nacked": nacked, "dlq": recs,
+                "dlq_after_ms": dlq_seen - nacked[-1], "after_dlq": c.receive(1.0)}
+    finally:
+        c.close()
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from dwell.client import Consumer, ExponentialRedeliveryBackoff
+    topic, sub, bootstrap, tracker = sys.argv[1:5]
+    c = Consumer(topic, sub, bootstrap=bootstrap, tracker_url=tracker,
+                 initial_position="earliest", ack_timeout_ms=int(sys.argv[5]),
+                 ack_timeout_redelivery_backoff=ExponentialRedeliveryBackoff(
+                     int(sys.argv[6]), int(sys.argv[7]), float(sys.argv[8])))
+    print("READY", flush=True)
+    while True:
+        before = int(time.time() * 1000)
+        m = c.receive(0.05)
+        if m is not None:
+            after = int(time.time() * 1000)
+            print("GOT", m.message_id, m.redelivery_count, before, after, flush=True)
+            time.sleep(3600)  # received, never acked: killed here
+""")
+# Long enough for Kafka to drop the killed member (session.timeout.ms 6 s) and hand its
+# partitions to the new consumer before the redelivery is due.
+KILL_ACK_TIMEOUT_MS = 6000
+KILL_BACKOFF = ExponentialRedeliveryBackoff(min_delay_ms=2000, max_delay_ms=8000, multiplier=2)
+
+
+def _line(proc: subprocess.Popen[str], prefix: str, timeout: float) -> list[str]:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            line = proc.stdout.readline()
+            assert line, f"consumer process exited {proc.poll()}"
+            if line.startswith(prefix):
+                return line.split()
+    raise AssertionError(f"consumer process printed no {prefix} within {timeout}s")
+
+
+def consumer_killed_scenario(e2e: Stack) -> dict[str, Any]:
+    topic = make_topic(e2e, new_tenant())
+    b = KILL_BACKOFF
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, topic, "jobs", e2e.bootstrap, e2e.tracker,
+         str(KILL_ACK_TIMEOUT_MS), str(b.min_delay_ms), str(b.max_delay_ms), str(b.multiplier)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _line(proc, "READY", 60)
+        with Producer(topic, admission_url=e2e.admission) as p:
+            mid = p.send(b"crash-me")
+        _, got_id, count, before, after = _line(proc, "GOT", 30)
+        proc.kill()  # kill -9: no ack, no close, no leave-group
+        proc.wait()
+        killed = now_ms()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = Received(int(before), int(after), None)  # type: ignore[arg-type]
+    c = consumer(e2e, topic, "jobs", ack_timeout_ms=KILL_ACK_TIMEOUT_MS,
+                 ack_timeout_redelivery_backoff=b)
+    try:
+        wait = (KILL_ACK_TIMEOUT_MS + b.next(0) + REDELIVERY_MARGIN_MS) / 1000 + 10
+        again = receive_one(c, wait)
+        # The new consumer does not ack either: the schedule goes on (next(1)).
+        third = receive_one(c, (KILL_ACK_TIMEOUT_MS + b.next(1) + REDELIVERY_MARGIN_MS) / 1000
+                            + 5)
+        c.acknowledge(third.msg)
+        return {"mid": mid, "child": (got_id, int(count)), "killed_after_ms": killed - first.after,
+                "copies": [first, again, third]}
+    finally:
+        c.close()
+
+
+def plain_kafka_scenario(e2e: Stack) -> dict[str, Any]:
+    """A consumer without the SDK: registers over the tracker's HTTP API, reads the ready
+    and retry topics with a bare Kafka consumer, and posts events without settings."""
+    topic = make_topic(e2e, new_tenant())
+    t = TopicName.parse(topic)
+    sub = "plain"
+    ready, retry = t.kafka_topic, retry_topic(t, sub)
+    r = httpx.put(f"{e2e.tracker}/v1/topics/{t.domain}/{t.tenant}/{t.namespace}/{t.local}/"
+                  f"subscriptions/{sub}",
+                  json={"ackTimeoutMs": ACK_TIMEOUT_MS,
+                        "ackTimeoutRedeliveryBackoff": PIP130.to_json()}, timeout=10)
+    assert r.status_code < 300, r.text
+    for name in (ready, retry):
+        kafka.ensure_topic(e2e.bootstrap, name, 4)
+    c = kafka.Consumer(e2e.bootstrap, sub, [ready, retry], auto_offset_reset="earliest")
+    events = kafka.Producer(e2e.bootstrap, linger_ms=0)
+
+    def post(event: str, rec: kafka.Record, mid: str) -> int:
+        body: dict[str, Any] = {"event": event, "topic": topic, "subscription": sub,
+                                "messageId": mid, "ts": now_ms()}
+        if rec.header("dwell-redelivery-count"):
+            body["redeliveryCount"] = int(rec.header("dwell-redelivery-count") or 0)
+        events.send(names.ACKS, json.dumps(body).encode(),
+                    key=f"{topic}/{sub}".encode()).result(10)
+        return int(body["ts"])
+
+    def next_record(timeout: float) -> kafka.Record:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            recs = c.poll(1, 0.05)
+            if recs:
+                return recs[0]
+        raise AssertionError(f"plain consumer got nothing within {timeout}s")
+
+    try:
+        with Producer(topic, admission_url=e2e.admission) as p:
+            mid = p.send(b"plain")
+        first = next_record(20)
+        first_mid = first.header("dwell-message-id") or format_message_id(
+            first.topic, first.partition, first.offset)
+        delivered = post("delivered", first, first_mid)
+        again = next_record((ACK_TIMEOUT_MS + PIP130.next(0) + REDELIVERY_MARGIN_MS) / 1000 + 5)
+        again_at = now_ms()
+        post("delivered", again, first_mid)
+        post("ack", again, first_mid)
+        quiet_s = (ACK_TIMEOUT_MS + PIP130.next(1) + REDELIVERY_MARGIN_MS) / 1000
+        deadline = time.monotonic() + quiet_s
+        after_ack: list[kafka.Record] = []
+        while time.monotonic() < deadline and not after_ack:
+            after_ack = c.poll(1, 0.2)
+        return {"mid": mid, "first_mid": first_mid, "first_topic": first.topic,
+                "again": again, "gap": again_at - delivered, "after_ack": after_ack}
+    finally:
+        c.close()
+        events.close()
+
+
+SCENARIOS: dict[str, Callable[[Stack], dict[str, Any]]] = {
+    "delays": delays_scenario, "ack_timeout": ack_timeout_scenario, "nack": nack_scenario,
+    "consumer_killed": consumer_killed_scenario, "plain_kafka": plain_kafka_scenario,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(e2e: Stack) -> Iterator[dict[str, Future[dict[str, Any]]]]:
+    pool = ThreadPoolExecutor(max_workers=len(SCENARIOS), thread_name_prefix="scenario")
+    futures = {name: pool.submit(fn, e2e) for name, fn in SCENARIOS.items()}
+    yield futures
+    pool.shutdown(wait=True)
+
+
+# -- assertions
+
+def test_delayed_messages_reach_each_subscription_once_on_time(runs) -> None:  # noqa: ANN001
+    res = runs["delays"].result(timeout=120)
+    lateness: dict[int, list[int]] = {}
+    for sub, msgs in res["got"].items():
+        assert sorted(r.msg.message_id for r in msgs) == sorted(res["ids"]), sub
+        assert res["extra"][sub] is None, f"{sub} got a duplicate: {res['extra'][sub]}"
+        for r in msgs:
+            m = r.msg
+            assert m.deliver_at is not None and m.redelivery_count == 0
+            # Never earlier than deliverAt - tickTime (the bucket's start) ...
+            assert r.after >= m.deliver_at - TICK_MS, (sub, r.after - m.deliver_at)
+            # ... and at most tickTime + 1 s late, plus the drain's trigger and round.
+            assert r.before <= m.deliver_at + TICK_MS + 1000 + SPARK_MARGIN_MS, \
+                (sub, r.before - m.deliver_at)
+            lateness.setdefault(res["ids"][m.message_id], []).append(r.after - m.deliver_at)
+    first = next(r.msg for r in res["got"]["billing"] if r.msg.value == b"in-2s")
+    assert first.key == "k2" and first.properties == {"a": "1"}
+    print(f"lateness ms (received - deliverAt) by delay: {dict(sorted(lateness.items()))}")
 
 
 def test_max_delay_rejection_is_typed(e2e: Stack, unique: str) -> None:
@@ -188,59 +298,63 @@ def test_max_delay_rejection_is_typed(e2e: Stack, unique: str) -> None:
         p.send(b"x", deliver_after=120000)
 
 
-def test_nack_backoff_then_dead_letter(e2e: Stack, unique: str) -> None:
-    topic = make_topic(e2e, unique)
-    backoff = ExponentialRedeliveryBackoff.builder().min_delay_ms(1000).max_delay_ms(4000) \
-        .multiplier(2).build()
-    c = consumer(e2e, topic, "work", negative_ack_redelivery_backoff=backoff,
-                 max_redeliver_count=2)
-    try:
-        with Producer(topic, admission_url=e2e.admission) as p:
-            mid = p.send(b"job", key="j")
-        nacked_at = []
-        for expected_count in (0, 1, 2):
-            got = receive_all({"work": c}, 1, timeout=15)["work"]
-            received, m = got[0]
-            assert m.message_id == mid and m.redelivery_count == expected_count
-            assert m.value == b"job" and m.key == "j"
-            if nacked_at:
-                # Redelivery n comes backoff.next(n - 1) after the nack, never earlier.
-                assert received >= nacked_at[-1] + backoff.next(expected_count - 1)
-            nacked_at.append(int(time.time() * 1000))
-            c.negative_acknowledge(m)
-        # Past maxRedeliverCount the message goes to the DLQ, not back to the consumer.
-        assert c.receive(3) is None
-        dlq = dlq_topic(TopicName.parse(topic), "work")
-        reader = kafka.Consumer(e2e.bootstrap, f"dlq-{unique}", [dlq])
-        try:
-            deadline = time.monotonic() + 15
-            recs: list[kafka.Record] = []
-            while not recs:
-                assert time.monotonic() < deadline, "nothing on the DLQ"
-                recs = reader.poll(10, 0.5)
-        finally:
-            reader.close()
-        assert recs[0].value == b"job" and recs[0].header("dwell-message-id") == mid
-        assert recs[0].header("dwell-redelivery-count") == "2"
-    finally:
-        c.close()
+def test_ack_timeout_redeliveries_follow_pip130_schedule(runs) -> None:  # noqa: ANN001
+    res = runs["ack_timeout"].result(timeout=150)
+    copies = res["copies"]
+    assert [r.msg.message_id for r in copies] == [res["mid"]] * 5
+    assert [r.msg.redelivery_count for r in copies] == [0, 1, 2, 3, 4]
+    want = [ACK_TIMEOUT_MS + PIP130.next(n) for n in range(4)]
+    assert want == [3000, 4000, 6000, 6000]
+    got = gaps_between(copies)
+    print(f"ack-timeout redelivery gaps ms: want {want}, got {got}")
+    for n, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert w <= g <= w + REDELIVERY_MARGIN_MS, (n, w, g)
+    assert res["after_ack"] is None, f"redelivered after the ack: {res['after_ack']}"
 
 
-def test_ack_timeout_redelivers_with_backoff_until_acked(e2e: Stack, unique: str) -> None:
-    topic = make_topic(e2e, unique)
-    backoff = ExponentialRedeliveryBackoff(min_delay_ms=500, max_delay_ms=5000, multiplier=2)
-    c = consumer(e2e, topic, "slow", ack_timeout_ms=1000, ack_timeout_redelivery_backoff=backoff)
-    try:
-        with Producer(topic, admission_url=e2e.admission) as p:
-            mid = p.send(b"late-ack", deliver_after=1000)
-        received, first = receive_all({"slow": c}, 1, timeout=15)["slow"][0]
-        assert first.message_id == mid and first.redelivery_count == 0
-        # Not acked: back after ackTimeout + backoff.next(0), as redelivery 1.
-        again_at, again = receive_all({"slow": c}, 1, timeout=15)["slow"][0]
-        assert again.message_id == mid and again.redelivery_count == 1
-        assert again_at >= received + 1000 + backoff.next(0)
-        c.acknowledge(again)
-        # Acked: the timer is gone, nothing comes back after ackTimeout + next(1).
-        assert c.receive((1000 + backoff.next(1) + 2000) / 1000) is None
-    finally:
-        c.close()
+def test_nack_backoff_gaps_then_dead_letter(runs) -> None:  # noqa: ANN001
+    res = runs["nack"].result(timeout=150)
+    copies = res["copies"]
+    assert [r.msg.message_id for r in copies] == [res["mid"]] * (MAX_REDELIVER + 1)
+    assert [r.msg.redelivery_count for r in copies] == list(range(MAX_REDELIVER + 1))
+    assert all(r.msg.value == b"job" and r.msg.key == "j" for r in copies)
+    want = [NACK.next(n) for n in range(MAX_REDELIVER)]
+    assert want == [1000, 2000, 4000, 4000]  # min, ×2, capped at max
+    # From just before the nack (the SDK stamps it inside) to the redelivery's receipt.
+    got = [b.after - t for t, b in zip(res["nacked"], copies[1:], strict=False)]
+    print(f"nack redelivery gaps ms: want {want}, got {got}; "
+          f"DLQ seen {res['dlq_after_ms']} ms after the last nack")
+    for n, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert w <= g <= w + REDELIVERY_MARGIN_MS, (n, w, g)
+    assert res["after_dlq"] is None
+    [dead] = res["dlq"]
+    assert dead.value == b"job" and dead.header("dwell-message-id") == res["mid"]
+    assert dead.header("dwell-redelivery-count") == str(MAX_REDELIVER)
+
+
+def test_backoff_schedule_survives_a_killed_consumer(runs) -> None:  # noqa: ANN001
+    res = runs["consumer_killed"].result(timeout=150)
+    assert res["child"] == (res["mid"], 0)
+    first, again, third = res["copies"]
+    # The new consumer gets the redeliveries, not the original again.
+    assert (again.msg.message_id, again.msg.redelivery_count) == (res["mid"], 1)
+    assert (third.msg.message_id, third.msg.redelivery_count) == (res["mid"], 2)
+    want = [KILL_ACK_TIMEOUT_MS + KILL_BACKOFF.next(n) for n in range(2)]
+    got = gaps_between([first, again, third])
+    print(f"after kill -9 of the consumer ({res['killed_after_ms']} ms after it received): "
+          f"gaps ms want {want}, got {got}")
+    for n, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert w <= g <= w + REDELIVERY_MARGIN_MS, (n, w, g)
+
+
+def test_plain_kafka_consumer_gets_registered_settings(runs) -> None:  # noqa: ANN001
+    res = runs["plain_kafka"].result(timeout=120)
+    again = res["again"]
+    assert res["first_mid"] == res["mid"]
+    assert again.header("dwell-message-id") == res["mid"]
+    assert again.header("dwell-redelivery-count") == "1"
+    assert again.topic != res["first_topic"]  # the subscription's retry topic
+    want = ACK_TIMEOUT_MS + PIP130.next(0)
+    print(f"plain Kafka consumer: redelivery {res['gap']} ms after delivery (want {want})")
+    assert want <= res["gap"] <= want + REDELIVERY_MARGIN_MS
+    assert res["after_ack"] == [], "redelivered after the ack"

@@ -11,7 +11,6 @@ import uuid
 
 import httpx
 import pytest
-from confluent_kafka import TopicPartition
 from pyroaring import BitMap64
 
 from dwell import keys
@@ -208,9 +207,8 @@ def test_rebalance_between_two_ingest_loops_indexes_and_commits_everything(
         probe = Consumer(kafka_bootstrap, group)
 
         def committed() -> bool:
-            tps = [TopicPartition(delayed_topic, p) for p in ends]
-            got = {tp.partition: tp.offset for tp in probe._c.committed(tps, timeout=10)}
-            return all(got[p] == end for p, end in ends.items() if end > 0)
+            got = probe.committed([(delayed_topic, p) for p in ends])
+            return all(got[(delayed_topic, p)] == end for p, end in ends.items() if end > 0)
 
         try:
             _wait(committed, 30, "offsets committed up to the end")

@@ -241,6 +241,25 @@ class Consumer:
                 raise KafkaUnavailable(err.str())
         return out
 
+    def poll_messages(self, max_records: int = 10000, timeout: float = 1.0) -> list[Message]:
+        """confluent-kafka's own message objects (`.topic() .partition() .offset() .key()
+        .value() .headers()`), errors already handled: for copy loops (the drain) where
+        building a Record per message was measured at 60% of a round."""
+        out: list[Message] = []
+        for msg in self._c.consume(max_records, timeout):
+            err = msg.error()
+            if err is None:
+                out.append(msg)
+            else:
+                self._raise_unless_ignorable(err)
+        return out
+
+    def committed(self, partitions: Iterable[tuple[str, int]],
+                  timeout: float = 10.0) -> dict[tuple[str, int], int]:
+        """The group's committed offsets (negative when none)."""
+        tps = self._c.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+        return {(tp.topic, tp.partition): tp.offset for tp in tps}
+
     def poll_headers(self, names: tuple[str, ...], max_records: int = 10000,
                      timeout: float = 1.0) -> list[HeaderRow]:
         """A lean `poll` for hot loops (the tracker's ingest): per record only

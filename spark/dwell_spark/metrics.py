@@ -1,0 +1,90 @@
+"""The Spark app's Prometheus metrics (ARCHITECTURE "dwell's own"), served with /healthz on
+127.0.0.1:DWELL_SPARK_METRICS_PORT (default 8084) by a tiny HTTP server thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from .records import LATENESS_BOUNDS_MS, CopyStats
+
+REGISTRY = CollectorRegistry()
+DRAIN_LAG_MS = Gauge("dwell_drain_lag_ms", "now minus the earliest bucket start still in the "
+                     "index (topic or redelivery) at the start of a drain round; 0 when none "
+                     "is past", registry=REGISTRY)
+DRAINED = Counter("dwell_drained_messages_total", "Messages written by the drain (ready, "
+                  "retry and DLQ topics)", registry=REGISTRY)
+REDELIVERIES = Counter("dwell_redeliveries_total", "Redeliveries written to retry topics, "
+                       "by redelivery count", ["count"], registry=REGISTRY)
+DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
+              registry=REGISTRY)
+
+
+class _Lateness(Collector):
+    """`dwell_delivery_lateness_ms`: emit time − deliverAt per drained delayed message. Kept
+    as bucket counts added per round (numpy), not one `observe` per message."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stats = CopyStats()
+
+    def add(self, stats: CopyStats) -> None:
+        with self.lock:
+            self.stats.lateness_counts = [a + b for a, b in zip(
+                self.stats.lateness_counts, stats.lateness_counts, strict=True)]
+            self.stats.lateness_sum_ms += stats.lateness_sum_ms
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self.lock:
+            counts, total = list(self.stats.lateness_counts), self.stats.lateness_sum_ms
+        cum, buckets = 0, []
+        for le, c in zip([*map(str, LATENESS_BOUNDS_MS), "+Inf"], counts, strict=True):
+            cum += c
+            buckets.append((le, cum))
+        yield HistogramMetricFamily("dwell_delivery_lateness_ms", "Emit time minus "
+                                    "deliverAt of each drained delayed message (ms)",
+                                    buckets=buckets, sum_value=total)
+
+
+LATENESS = _Lateness()
+REGISTRY.register(LATENESS)
+
+
+def record(stats: CopyStats) -> None:
+    """Account one write of the drain (or of the backoff job's dead letters)."""
+    DRAINED.inc(stats.written)
+    LATENESS.add(stats)
+    for count, n in stats.redeliveries.items():
+        REDELIVERIES.labels(count=str(count)).inc(n)
+    DLQ.inc(stats.dead_letters)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/metrics":
+            body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
+        elif self.path == "/healthz":
+            body, ctype = b'{"status": "ok"}', "application/json"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:  # scrapes are not worth a log line
+        return
+
+
+def serve(host: str, port: int) -> ThreadingHTTPServer:
+    """Serve /metrics and /healthz on a daemon thread; returns the server."""
+    server = ThreadingHTTPServer((host, port), _Handler)
+    threading.Thread(target=server.serve_forever, name="dwell-metrics", daemon=True).start()
+    return server

@@ -1,0 +1,251 @@
+"""The delivery stack for every e2e module, started once per package: policy, admission
+(plus a strict-mode admission), tracker and the Spark app (drain + backoff) as real
+processes on the test Redis/Kafka, and helpers to drive them through the SDK.
+
+The tracker and the Spark app use their own Redis database and a fresh tracker group that
+starts at the current end of dwell.delayed, so the suite drains only what is published
+while it runs, and never claims buckets other suites' tracker tests are looking at. (It
+does index and drain anything other suites publish to dwell.delayed meanwhile: a
+benchmark running next to it delays its drain rounds.)
+
+Timing margins, derived from the settings the Spark app runs with here:
+- first delivery: Pulsar's bound is tickTime + 1 s late; dwell adds one drain trigger and
+  one drain round (SPARK_MARGIN_MS);
+- redelivery: never early (the drain claims a redelivery bucket only once its last
+  millisecond has passed). Late by up to three backoff micro-batches (the one running
+  when the event lands, the one that reads it and sets the timer, the one the timer fires
+  in), one redelivery tick and a drain round (REDELIVERY_MARGIN_MS). A backoff batch takes
+  far longer than its 1 s trigger here: measured 1.1-3.0 s (median ~2.4 s, spikes to 6 s)
+  on local[2] on this 2-core box, so that, not the trigger, sets the margin.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
+from dwell.client import Consumer, Message
+from dwell.core import topics as names
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import devstack  # noqa: E402
+
+TICK_MS = 1000
+DRAIN_TRIGGER_MS = 250
+BACKOFF_TRIGGER_MS = 1000
+REDELIVERY_TICK_MS = 100
+# One drain trigger (250 ms) plus one drain round that reads and writes the bucket
+# (~0.1-0.8 s here, measured); the rest is headroom for the 2 shared cores.
+SPARK_MARGIN_MS = 1500
+BACKOFF_BATCH_MS = 3000  # measured p90 of one backoff micro-batch, see above
+REDELIVERY_MARGIN_MS = 3 * BACKOFF_BATCH_MS + REDELIVERY_TICK_MS + SPARK_MARGIN_MS
+# A claimed bucket whose drainer died comes back to the next drainer after this long.
+DRAIN_LEASE_MS = 5000
+E2E_REDIS_DB = 7
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class SparkApp:
+    """`python -m dwell_spark` as a process group: start, kill -9, start again on the same
+    checkpoint (the crash a test wants to survive)."""
+
+    env: dict[str, str]
+    log_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    strict: bool = False
+    starts: list[float] = field(default_factory=list)
+
+    def start(self, *, strict: bool = False, timeout: float = 150) -> None:
+        self.strict = strict
+        self.log = self.log_dir / f"spark-{uuid.uuid4().hex[:6]}.log"
+        env = self.env | {"DWELL_DELAYED_DELIVERY_DELIVER_AT_TIME_STRICT": str(strict).lower()}
+        t0 = time.monotonic()
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "dwell_spark"],
+                                         cwd=ROOT / "spark", env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        if not self.starts:
+            self._wait_for_line("drain ready", timeout)
+            self._wait_for_line("backoff ready", timeout)
+        else:
+            # On an existing checkpoint the batch ids go on, so the "ready" lines (logged
+            # at batch 2) do not come again; both queries running is what there is.
+            self._wait_for_line("dwell spark app running", timeout)
+        self.starts.append(time.monotonic() - t0)
+
+    def ensure(self, *, strict: bool) -> None:
+        if self.proc is not None and self.proc.poll() is None and self.strict == strict:
+            return
+        self.stop()
+        self.start(strict=strict)
+
+    def kill(self) -> None:
+        """kill -9 of the driver (and its JVM and Python workers: one process group)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def _wait_for_line(self, line: str, timeout: float) -> None:
+        assert self.proc is not None and self.log is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log.read_text(errors="replace")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"spark app exited {self.proc.returncode}:\n{text[-4000:]}")
+            if line in text:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"spark app not running after {timeout}s:\n"
+                           + self.log.read_text(errors="replace")[-4000:])
+
+
+@dataclass
+class Stack:
+    admission: str
+    strict_admission: str
+    tracker: str
+    policy: str
+    bootstrap: str
+    redis_url: str
+    spark: SparkApp
+
+
+def _ok(r: httpx.Response) -> httpx.Response:
+    assert r.status_code < 300, (r.status_code, r.text)
+    return r
+
+
+@pytest.fixture(scope="package")
+def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:  # noqa: ANN001
+    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{E2E_REDIS_DB}"
+    redis_adapter.connect(redis_url).flushdb()
+    group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
+    # The fresh group starts where dwell.delayed ends now, not at its beginning.
+    ends = kafka.end_offsets(stack.kafka_bootstrap, names.DELAYED)
+    c = kafka.Consumer(stack.kafka_bootstrap, group)
+    c.commit({(names.DELAYED, p): o for p, o in ends.items()})
+    c.close()
+    policy = services.start("policy")
+    # The suite publishes over HTTP only; no need to join the shared dwell.publish group.
+    admission = services.start("admission", env={"DWELL_INGRESS_ENABLED": "false"})
+    strict_admission = services.start("admission", env={
+        "DWELL_INGRESS_ENABLED": "false", "DWELL_DELAYED_DELIVERY_DELIVER_AT_TIME_STRICT": "true"})
+    tracker = services.start("tracker", env={"DWELL_REDIS_URL": redis_url,
+                                             "DWELL_TRACKER_GROUP_ID": group})
+    jars = ",".join(str(p) for p in devstack.spark_kafka_jars())
+    log_dir = stack.state / "test-logs"
+    env = dict(os.environ) | stack.service_env() | {
+        "DWELL_REDIS_URL": redis_url, "DWELL_SPARK_JARS": jars,
+        "DWELL_SPARK_CHECKPOINT_DIR": str(tmp_path_factory.mktemp("spark-checkpoints")),
+        "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
+        "DWELL_DRAIN_TRIGGER_MS": str(DRAIN_TRIGGER_MS),
+        "DWELL_BACKOFF_TRIGGER_MS": str(BACKOFF_TRIGGER_MS),
+        "DWELL_REDELIVERY_TICK_MS": str(REDELIVERY_TICK_MS),
+        "DWELL_DRAIN_LEASE_MS": str(DRAIN_LEASE_MS),
+        "DWELL_LOG_LEVEL": "info"}
+    spark = SparkApp(env, log_dir)
+    try:
+        spark.start()
+        yield Stack(admission.url, strict_admission.url, tracker.url, policy.url,
+                    stack.kafka_bootstrap, redis_url, spark)
+    finally:
+        spark.stop()
+        print(f"spark app start times (s): {[round(s, 1) for s in spark.starts]}")
+
+
+def make_topic(e2e: Stack, tenant: str, admission: str | None = None) -> str:
+    """A namespace with delayed delivery (tickTime 1 s, max delay 60 s) and its topic,
+    once ``admission`` (default: the main one) has the policy from the feed."""
+    with httpx.Client(base_url=e2e.policy, timeout=10) as policy:
+        _ok(policy.put(f"/admin/v2/tenants/{tenant}",
+                       json={"adminRoles": [], "allowedClusters": []}))
+        _ok(policy.put(f"/admin/v2/namespaces/{tenant}/ns"))
+        _ok(policy.post(f"/admin/v2/namespaces/{tenant}/ns/delayedDelivery",
+                        json={"active": True, "tickTime": TICK_MS,
+                              "maxDeliveryDelayInMillis": 60000}))
+    topic = f"persistent://{tenant}/ns/orders"
+    # The namespace and its max delay reach admission through the policy feed: poll
+    # until a too-long delay is refused (a probe that is never stored).
+    with httpx.Client(base_url=admission or e2e.admission, timeout=10) as client:
+        deadline = time.monotonic() + 15
+        while True:
+            r = client.post(f"/topics/persistent/{tenant}/ns/orders",
+                            json={"producerName": "probe",
+                                  "messages": [{"payload": "x", "deliverAfterMs": 120000}]})
+            body = r.json() if r.status_code == 200 else {}
+            results = body.get("messagePublishResults", [{}])
+            if r.status_code == 200 and results[0].get("errorCode") == 2:
+                return topic
+            assert time.monotonic() < deadline, f"policy never reached admission: {r.text}"
+            time.sleep(0.1)
+
+
+def new_tenant() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def consumer(e2e: Stack, topic: str, sub: str, **kw) -> Consumer:  # noqa: ANN003
+    return Consumer(topic, sub, bootstrap=e2e.bootstrap, tracker_url=e2e.tracker,
+                    initial_position="earliest", **kw)
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message and when the receive call that returned it started and ended (ms): the
+    SDK stamps its delivered event between the two."""
+
+    before: int
+    after: int
+    msg: Message
+
+
+def receive_one(c: Consumer, timeout: float) -> Received:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"nothing received within {timeout}s"
+        before = now_ms()
+        m = c.receive(0.05)
+        if m is not None:
+            return Received(before, now_ms(), m)
+
+
+def receive_all(consumers: dict[str, Consumer], want: int,
+                timeout: float) -> dict[str, list[Received]]:
+    """Poll every consumer until each has ``want`` messages."""
+    got: dict[str, list[Received]] = {s: [] for s in consumers}
+    deadline = time.monotonic() + timeout
+    while any(len(v) < want for v in got.values()):
+        assert time.monotonic() < deadline, {s: len(v) for s, v in got.items()}
+        for sub, c in consumers.items():
+            before = now_ms()
+            m = c.receive(0.05)
+            if m is not None:
+                got[sub].append(Received(before, now_ms(), m))
+    return got
