@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import devstack  # noqa: E402
 
 TICK_MS = 1000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 DRAIN_TRIGGER_MS = 250
 BACKOFF_TRIGGER_MS = 1000
 REDELIVERY_TICK_MS = 100
@@ -76,7 +84,8 @@ class SparkApp:
     def start(self, *, strict: bool = False, timeout: float = 150) -> None:
         self.strict = strict
         self.log = self.log_dir / f"spark-{uuid.uuid4().hex[:6]}.log"
-        env = self.env | {"DWELL_DELAYED_DELIVERY_DELIVER_AT_TIME_STRICT": str(strict).lower()}
+        env = self.env | {"DWELL_DELAYED_DELIVERY_DELIVER_AT_TIME_STRICT": str(strict).lower(),
+                          "DWELL_SPARK_METRICS_PORT": str(free_port())}
         t0 = time.monotonic()
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "dwell_spark"],
