@@ -223,7 +223,7 @@ class Stack:
         env = self.service_env() | {"DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY),
                                     "DWELL_SPARK_METRICS_PORT": str(port)}
         return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], port, env, cwd=SPARK_DIR,
-                    health_url=f"http://127.0.0.1:{port}/healthz", start_timeout=180)
+                    health_url=f"http://127.0.0.1:{port}/readyz", start_timeout=180)
 
     def proc(self, name: str) -> Proc:
         if name == "redis":

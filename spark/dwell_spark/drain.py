@@ -293,11 +293,12 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
     """The drain as a streaming query: a one-row source ticks every trigger, foreachBatch
     runs one claim-write-complete round on the driver."""
     drainer = Drainer(spark, settings, redis)
+    metrics.expect_query("drain")
 
     def _batch(_df: DataFrame, batch_id: int) -> None:
         try:
             drainer.run_once()
-            if batch_id == READY_AFTER_BATCHES:
+            if metrics.batch_done("drain"):
                 log.info("drain ready")
         except Exception:  # noqa: BLE001 - Kafka, Redis or a Spark job; all retriable
             # Claims stay leased and come back after drain_lease_ms; keep the query alive.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,12 +65,49 @@ def record(stats: CopyStats) -> None:
     DLQ.inc(stats.dead_letters)
 
 
+# Micro-batches each query has run in this process. The first ones of a session take
+# seconds (planning, Python workers); /readyz answers 200 once every query is past them,
+# so `make up` and the chart's readiness probe wait for a drain that keeps its pace.
+READY_AFTER_BATCHES = 2
+_batches: dict[str, int] = {}
+_batches_lock = threading.Lock()
+
+
+def expect_query(name: str) -> None:
+    with _batches_lock:
+        _batches.setdefault(name, 0)
+
+
+def batch_done(name: str) -> bool:
+    """Count one finished micro-batch of a query; True exactly when it becomes ready."""
+    with _batches_lock:
+        _batches[name] = _batches.get(name, 0) + 1
+        return _batches[name] == READY_AFTER_BATCHES
+
+
+def ready() -> bool:
+    with _batches_lock:
+        return bool(_batches) and all(n >= READY_AFTER_BATCHES for n in _batches.values())
+
+
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/metrics":
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
         elif self.path == "/healthz":
             body, ctype = b'{"status": "ok"}', "application/json"
+        elif self.path == "/readyz":
+            ok = ready()
+            with _batches_lock:
+                body = json.dumps({"ready": ok, "batches": dict(_batches)}).encode()
+            ctype = "application/json"
+            if not ok:
+                self.send_response(503)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
         else:
             self.send_error(404)
             return
@@ -84,7 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve(host: str, port: int) -> ThreadingHTTPServer:
-    """Serve /metrics and /healthz on a daemon thread; returns the server."""
+    """Serve /metrics, /healthz and /readyz on a daemon thread; returns the server."""
     server = ThreadingHTTPServer((host, port), _Handler)
     threading.Thread(target=server.serve_forever, name="dwell-metrics", daemon=True).start()
     return server
