@@ -15,7 +15,7 @@ install: ## install what is missing: .venv, redis-server, Apache Kafka and Spark
 run: ## start the whole stack in the foreground, run the demo; Ctrl-C stops it
 	$(DEVSTACK) run --demo
 
-up: ## start the stack in the background (ports 6379, 9092, 8081-8083)
+up: ## start the stack in the background (ports 6379, 9092, 8081-8084)
 	$(DEVSTACK) up
 
 down: ## stop exactly what `make up` started
