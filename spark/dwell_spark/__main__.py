@@ -34,6 +34,11 @@ def session(settings: SparkSettings) -> SparkSession:
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stateStore.providerClass",
                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"))
+    if settings.spark_master.startswith("local"):
+        # Local mode has nothing to reach from outside: keep the driver's RPC and block
+        # manager ports on loopback, like every other local process of dwell.
+        b = b.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host",
+                                                                     "127.0.0.1")
     if settings.spark_jars:
         b = b.config("spark.jars", settings.spark_jars)
     spark = b.getOrCreate()
