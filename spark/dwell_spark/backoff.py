@@ -1,15 +1,25 @@
 """The backoff job: reads consumers' events on dwell.acks (Spark's Kafka source) and keeps
-one state per (topic, subscription, messageId) with a processing-time timer. A delivery
-not acked within the subscription's ackTimeoutMs, or a nack, becomes a redelivery in the
-subscription's redelivery index at the time dwell.core.backoff gives (PIP-130 / PIP-106);
-after maxRedeliverCount redeliveries the message goes to the subscription's DLQ instead.
+one state per (topic, subscription, messageId). The redelivery index does the timing, not
+Spark: when the job reads a `delivered` event with an ack timeout, or a `nack`, it writes
+the future redelivery into the subscription's redelivery index at its absolute due time,
+computed by dwell.core.backoff from the event's own timestamps (PIP-130 / PIP-106); the
+drain claims it once its bucket has passed (never early). An `ack` (or a later event that
+supersedes it) takes the pending entry out of the index again; once the drain has claimed
+its bucket that is a no-op: the redelivery happened, as in Pulsar. So a micro-batch's
+latency does not add to the redelivery gaps as long as it stays below the delay.
+
+Dead letters (Pulsar's DeadLetterPolicy, after maxRedeliverCount redeliveries): a nack
+past the limit dead-letters at once (nothing can cancel a nack); an unacked delivery past
+the limit dead-letters when its ack timeout (plus backoff) runs out, by the state's
+processing-time timer (an ack before then cancels it), i.e. at the first micro-batch after
+the time its redelivery would have happened. Other timers only clean up state.
 
 The subscription settings ride on each event (the SDK copies what it registered at the
 tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` absent: a
 plain Kafka consumer that registered its subscription over the tracker's HTTP API) takes
 them from the tracker's subscription registry in Redis, cached per Python worker for
-REGISTRY_TTL_MS. Replays after a crash are harmless: index adds are set unions and the
-redelivery count is written, not incremented."""
+REGISTRY_TTL_MS. Replays after a crash are harmless: index adds are set unions, removes
+of what is gone are no-ops, and the redelivery count is written, not incremented."""
 
 from __future__ import annotations
 
@@ -60,22 +70,30 @@ EVENT_SCHEMA = StructType([
     StructField("negativeAckRedeliveryBackoff", StringType()),
     StructField("maxRedeliverCount", LongType()),
 ])
+# The pending redelivery of one message: due at ``dueAt`` in the index bucket ``bucket``
+# (field and offset follow from the messageId), as redelivery ``redeliveryCount``; no
+# bucket: a dead letter due at ``dueAt`` unless acked first (the state's timer sends it).
 STATE_SCHEMA = StructType([
-    StructField("deliveredTs", LongType()),
+    StructField("dueAt", LongType()),
+    StructField("bucket", LongType()),
     StructField("redeliveryCount", LongType()),
-    StructField("ackTimeoutMs", LongType()),
-    StructField("ackBackoff", StringType()),
-    StructField("maxRedeliverCount", LongType()),
 ])
 OUTPUT_SCHEMA = StructType([
     StructField("topic", StringType()),
     StructField("subscription", StringType()),
     StructField("messageId", StringType()),
-    StructField("action", StringType()),  # redeliver | dlq | ack
+    StructField("action", StringType()),  # schedule | cancel | dlq | ack
     StructField("at", LongType()),
+    StructField("bucket", LongType()),  # schedule, cancel: the index bucket
     StructField("redeliveryCount", LongType()),
 ])
-REDELIVER, DLQ, ACK = "redeliver", "dlq", "ack"
+SCHEDULE, CANCEL, DLQ, ACK = "schedule", "cancel", "dlq", "ack"
+# How long the state of a scheduled redelivery outlives its due time: an ack within it
+# still reaches the index entry (a no-op once the drain has claimed it). After it the
+# state goes; the redelivered copy's own events start a new one.
+STATE_GRACE_MS = int(os.environ.get("DWELL_BACKOFF_STATE_GRACE_MS", "60000"))
+# The redelivery index's bucket width when step() is called without one (tests).
+DEFAULT_TICK_MS = 100
 # How long a Python worker trusts what it read from the subscription registry (also for
 # "not registered"): a re-registration reaches events without settings within this time,
 # and a busy subscription costs one Redis read per worker per TTL.
@@ -143,53 +161,79 @@ def fill_settings(events: pd.DataFrame, settings: dict[str, Any] | None) -> pd.D
     return events
 
 
-def decide(at: int, count: int, max_redeliver: int | None) -> tuple[str, int, int]:
-    """(action, at, count): redeliver as redelivery ``count + 1`` at ``at``, or dead-letter
-    once ``max_redeliver`` redeliveries have happened (Pulsar's DeadLetterPolicy)."""
-    if max_redeliver is not None and count >= max_redeliver:
-        return DLQ, at, count
-    return REDELIVER, at, count + 1
-
-
 def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
-         state: GroupState, lookup: Lookup | None = None) -> Iterator[pd.DataFrame]:
-    """applyInPandasWithState function for one (topic, subscription, messageId);
-    ``lookup(topic, sub)`` supplies the settings of events that carry none."""
+         state: GroupState, lookup: Lookup | None = None,
+         tick_ms: int = DEFAULT_TICK_MS) -> Iterator[pd.DataFrame]:
+    """applyInPandasWithState function for one (topic, subscription, messageId): the
+    index writes (``schedule`` / ``cancel``), dead letters and acks its events call for,
+    in event order. ``lookup(topic, sub)`` supplies the settings of events that carry
+    none; ``tick_ms`` is the redelivery index's bucket width."""
     topic, sub, mid = key
     out: list[tuple] = []
+
+    def emit(action: str, at: int, bucket: int | None, count: int) -> None:
+        out.append((topic, sub, mid, action, at, bucket, count))
+
     if state.hasTimedOut:
-        delivered, count, ack_timeout, ack_backoff, max_r = state.get
+        due, bucket, count = state.get
         state.remove()
-        at = ack_timeout_redelivery_at(int(delivered), int(ack_timeout), _backoff(ack_backoff),
-                                       int(count))
-        out.append((topic, sub, mid, *decide(at, int(count), _opt_int(max_r))))
+        if _opt_int(bucket) is None:
+            # Unacked past maxRedeliverCount: dead-letter at its redelivery time.
+            emit(DLQ, int(due), None, int(count))
     else:
-        cur = state.get if state.exists else None
+        cur = tuple(state.get) if state.exists else None
         events = pd.concat(list(batches)).sort_values("ts", kind="stable")
         if lookup is not None and events["ackTimeoutMs"].isna().any():
             events = fill_settings(events, lookup(topic, sub))
+
+        def cancel() -> None:
+            # Whatever is pending is superseded (a newer delivery, a nack, an ack).
+            if cur is not None and _opt_int(cur[1]) is not None:
+                emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
+
+        def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> tuple | None:
+            if max_r is not None and count >= max_r:
+                if dead_now:
+                    emit(DLQ, at, None, count)
+                    return None
+                return (at, None, count)
+            bucket = at - at % tick_ms
+            emit(SCHEDULE, at, bucket, count + 1)
+            return (at, bucket, count + 1)
+
         for ev in events.itertuples(index=False):
             # Plain Kafka consumers may leave out the count of a first delivery.
             count = _opt_int(ev.redeliveryCount) or 0
             if ev.event == "delivered":
                 ack_timeout = _opt_int(ev.ackTimeoutMs) or 0
-                cur = ((int(ev.ts), count, ack_timeout, ev.ackTimeoutRedeliveryBackoff,
-                        _opt_int(ev.maxRedeliverCount)) if ack_timeout > 0 else None)
+                # Without an ack timeout a delivery schedules nothing and leaves what is
+                # pending alone (a repeat of a nacked copy must not cancel its nack);
+                # with one, the new delivery restarts the clock.
+                if ack_timeout > 0:
+                    cancel()
+                    at = ack_timeout_redelivery_at(int(ev.ts), ack_timeout,
+                                                   _backoff(ev.ackTimeoutRedeliveryBackoff),
+                                                   count)
+                    cur = schedule(at, count, _opt_int(ev.maxRedeliverCount), dead_now=False)
             elif ev.event == "ack":
+                cancel()
                 cur = None
-                out.append((topic, sub, mid, ACK, int(ev.ts), count))
+                emit(ACK, int(ev.ts), None, count)
             elif ev.event == "nack":
-                cur = None
+                cancel()
                 at = nack_redelivery_at(int(ev.ts), _backoff(ev.negativeAckRedeliveryBackoff),
                                         count)
-                out.append((topic, sub, mid, *decide(at, count, _opt_int(ev.maxRedeliverCount))))
+                cur = schedule(at, count, _opt_int(ev.maxRedeliverCount), dead_now=True)
         if cur is not None:
             state.update(cur)
-            due = cur[0] + cur[2]
-            state.setTimeoutDuration(max(1, due - int(time.time() * 1000)))
+            # A pending dead letter fires at its due time; a scheduled redelivery's state
+            # is only kept for acks that may still cancel it.
+            until = int(cur[0]) + (STATE_GRACE_MS if _opt_int(cur[1]) is not None else 0)
+            state.setTimeoutDuration(max(1, until - int(time.time() * 1000)))
         elif state.exists:
             state.remove()
-    yield pd.DataFrame(out, columns=[f.name for f in OUTPUT_SCHEMA.fields])
+    frame = pd.DataFrame(out, columns=[f.name for f in OUTPUT_SCHEMA.fields])
+    yield frame.astype({"at": "Int64", "bucket": "Int64", "redeliveryCount": "Int64"})
 
 
 class Scheduler:
@@ -203,6 +247,7 @@ class Scheduler:
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
 
     def apply(self, rows: list[Any]) -> None:
+        tick = self.settings.redelivery_tick_ms
         dead: list[tuple[SubscriptionIndex, str, Range]] = []
         for row in rows:
             idx = SubscriptionIndex(self.redis, row.topic, row.subscription)
@@ -210,12 +255,13 @@ class Scheduler:
                 idx.forget(row.messageId)
                 continue
             source, partition, offset = parse_message_id(row.messageId)
-            if row.action == REDELIVER:
+            if row.action == SCHEDULE:
                 # Count first: the drain reads it when it emits the redelivery.
                 self.redis.hset(keys.sub_counts(row.topic, row.subscription), row.messageId,
                                 int(row.redeliveryCount))
-                idx.add([(source, partition, offset, int(row.at))],
-                        self.settings.redelivery_tick_ms)
+                idx.add([(source, partition, offset, int(row.at))], tick)
+            elif row.action == CANCEL:
+                idx.remove(source, partition, offset, int(row.bucket))
             else:
                 target = dlq_topic(TopicName.parse(row.topic), row.subscription)
                 dead.append((idx, row.messageId,
@@ -243,10 +289,11 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):  # noqa: ANN201
     scheduler = Scheduler(spark, settings, redis)
     lookup = RegistryLookup(settings.redis_url)
+    tick = settings.redelivery_tick_ms
 
     def _step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
               state: GroupState) -> Iterator[pd.DataFrame]:
-        return step(key, batches, state, lookup)
+        return step(key, batches, state, lookup, tick)
 
     def _batch(df: DataFrame, batch_id: int) -> None:
         rows = df.collect()
@@ -254,7 +301,12 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
             log.info("backoff ready")
         if rows:
             scheduler.apply(rows)
-            log.info("backoff: %d decisions", len(rows))
+            # Lead: how long before its due time the earliest redelivery reached the index
+            # (negative: the batch came too late for it, and it goes at once).
+            now = int(time.time() * 1000)
+            leads = [int(r.at) - now for r in rows if r.action == SCHEDULE]
+            log.info("backoff: %d decisions; earliest scheduled redelivery due in %s ms",
+                     len(rows), min(leads) if leads else "-")
 
     decisions = (events(spark, settings)
                  .groupBy("topic", "subscription", "messageId")

@@ -1,7 +1,9 @@
-"""The backoff job's fallback to the tracker's subscription registry, against the real
-Redis: events without settings (plain Kafka consumers) get what the subscription
-registered over HTTP, re-read after the cache's TTL. The state function runs without a
-JVM (GroupState is a plain Python object)."""
+"""The backoff job against the real Redis: its fallback to the tracker's subscription
+registry (events without settings, from plain Kafka consumers, get what the subscription
+registered over HTTP, re-read after the cache's TTL), and its index writes: a scheduled
+redelivery lands in the subscription's redelivery index at its due time, an ack takes it
+out again, and once the drain has claimed the bucket the ack changes nothing. The state
+function runs without a JVM (GroupState is a plain Python object)."""
 
 from __future__ import annotations
 
@@ -13,19 +15,27 @@ from pathlib import Path
 import pandas as pd
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
+from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.core.backoff import ExponentialRedeliveryBackoff
+from dwell.core.positions import format_message_id
 from dwell.tracker import subscriptions
+from dwell.tracker.index import SubscriptionIndex
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "spark"))
 from dwell_spark.backoff import (  # noqa: E402
+    CANCEL,
     EVENT_SCHEMA,
-    REDELIVER,
+    SCHEDULE,
     STATE_SCHEMA,
     RegistryLookup,
+    Scheduler,
     step,
 )
+from dwell_spark.settings import SparkSettings  # noqa: E402
+
+TICK_MS = 100
 
 
 def test_registry_lookup_reads_and_caches(redis_url: str, unique: str) -> None:
@@ -43,22 +53,72 @@ def test_registry_lookup_reads_and_caches(redis_url: str, unique: str) -> None:
         time.sleep(0.05)
     assert found["ackTimeoutMs"] == 2000
 
-    # A plain consumer's delivered event (no settings, no count) arms the ack timer with
-    # the registered settings; the timer's redelivery follows PIP-130.
+    # A plain consumer's delivered event (no settings, no count) schedules its redelivery
+    # with the registered settings, at once, on the PIP-130 schedule.
     now = int(time.time() * 1000)
-    state = GroupState(None, now, -1, GroupStateTimeout.ProcessingTimeTimeout, False, False,
-                       False, False, False, -1, b"", STATE_SCHEMA)
-    cols = [f.name for f in EVENT_SCHEMA.fields]
+    state = new_state(now)
     ev = {"event": "delivered", "topic": topic, "subscription": "sub",
           "messageId": "dwell.delayed:0:1", "ts": now}
+    [row] = run_step(topic, ev, state, lookup)
+    assert (row.action, row.at, row.redeliveryCount) == (SCHEDULE, now + 3000, 1)
+    assert state.get == (now + 3000, row.bucket, 1)
+    assert row.bucket == (now + 3000) - (now + 3000) % TICK_MS
+
+
+def new_state(now: int, value: tuple | None = None) -> GroupState:
+    return GroupState(value, now, -1, GroupStateTimeout.ProcessingTimeTimeout, False, False,
+                      value is not None, False, False, -1, b"", STATE_SCHEMA)
+
+
+def run_step(topic: str, ev: dict, state: GroupState, lookup=None) -> list:  # noqa: ANN001
+    cols = [f.name for f in EVENT_SCHEMA.fields]
     frame = pd.DataFrame([{c: ev.get(c) for c in cols}], columns=cols)
-    out = pd.concat(list(step((topic, "sub", ev["messageId"]), iter([frame]), state, lookup)))
-    assert out.empty and state.exists
-    delivered, count, ack_timeout, raw_backoff, max_redeliver = state.get
-    assert (delivered, count, ack_timeout, max_redeliver) == (now, 0, 2000, None)
-    assert json.loads(raw_backoff) == backoff.to_json()
-    fired = GroupState(state.get, now, -1, GroupStateTimeout.ProcessingTimeTimeout, True,
-                       False, True, False, False, -1, b"", STATE_SCHEMA)
-    [row] = list(pd.concat(list(step((topic, "sub", ev["messageId"]), iter([]), fired,
-                                     lookup))).itertuples(index=False))
-    assert (row.action, row.at, row.redeliveryCount) == (REDELIVER, now + 3000, 1)
+    out = pd.concat(list(step((topic, ev["subscription"], ev["messageId"]), iter([frame]),
+                              state, lookup, TICK_MS)))
+    return list(out.itertuples(index=False))
+
+
+def live(idx: SubscriptionIndex, bucket: int) -> dict[str, set[int]]:
+    return {k: set(v) for k, v in idx.read_bucket(bucket).items()}
+
+
+def test_scheduled_redelivery_is_indexed_and_an_ack_cancels_it(redis_url: str,
+                                                              unique: str) -> None:
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    sched = Scheduler(None, SparkSettings(redis_url=redis_url,  # type: ignore[arg-type]
+                                          redelivery_tick_ms=TICK_MS), r)
+    idx = SubscriptionIndex(r, topic, "s")
+    now = int(time.time() * 1000)
+    mids = [format_message_id("dwell.delayed", 3, o) for o in (10, 11)]
+    base = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000,
+            "ackTimeoutRedeliveryBackoff": json.dumps({"minDelayMs": 1000})}
+    states = [new_state(now) for _ in mids]
+    for mid, st in zip(mids, states, strict=True):
+        rows = run_step(topic, base | {"event": "delivered", "messageId": mid, "ts": now}, st)
+        assert [x.action for x in rows] == [SCHEDULE]
+        sched.apply(rows)
+    due = now + 3000
+    bucket = due - due % TICK_MS
+    assert live(idx, bucket) == {"dwell.delayed:3": {10, 11}}
+    assert r.hget(keys.sub_counts(topic, "s"), mids[0]) == b"1"
+
+    # The ack of offset 10 takes it out of the live bucket (and forgets its count).
+    rows = run_step(topic, base | {"event": "ack", "messageId": mids[0], "ts": now + 5},
+                    states[0])
+    assert [x.action for x in rows] == [CANCEL, "ack"] and not states[0].exists
+    sched.apply(rows)
+    assert live(idx, bucket) == {"dwell.delayed:3": {11}}
+    assert r.hget(keys.sub_counts(topic, "s"), mids[0]) is None
+    sched.apply(rows)  # a replay changes nothing
+    assert live(idx, bucket) == {"dwell.delayed:3": {11}}
+
+    # Once the drain has claimed the bucket, an ack is a no-op: the redelivery happened.
+    [claimed] = idx.claim(due + TICK_MS, 10, 30_000, cutoff_ms=due + 1)
+    assert {k: set(v) for k, v in claimed.positions.items()} == {"dwell.delayed:3": {11}}
+    assert idx.remove("dwell.delayed", 3, 11, bucket) is False
+    rows = run_step(topic, base | {"event": "ack", "messageId": mids[1], "ts": now + 6},
+                    states[1])
+    sched.apply(rows)
+    assert idx.complete(claimed.bucket_start, claimed.lease_id)
+    assert idx.buckets() == []

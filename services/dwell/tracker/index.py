@@ -300,9 +300,11 @@ class TopicIndex(_Index):
               strict: bool) -> list[ClaimedBucket]:
         """Claim up to `max_buckets` due buckets (earliest first) for `lease_ms`.
 
-        Due: `bucketStart <= now + tickTime` (PIP-448), or in strict mode when the
-        bucket's last millisecond has passed (`bucketStart + tickTime - 1 <= now`), so
-        nothing is early. tickTime is the topic's latest effective tick seen at ingest.
+        Due (dwell.core.buckets.bucket_due_cutoff): when every message the bucket can
+        hold is within PIP-448's cutoff `now + tickTime` (`bucketStart <= now + 1`), or
+        in strict mode when the bucket's last millisecond has passed
+        (`bucketStart + tickTime - 1 <= now`), so nothing is early. tickTime is the
+        topic's latest effective tick seen at ingest.
         A claim not completed before its lease expires is handed out again (with any
         positions indexed for that bucket since) by a later `claim`.
         """
@@ -331,6 +333,9 @@ def append_positions(pipe: Any, topic: str, partitions: np.ndarray, offsets: np.
     bounds = [*(first * DELTA_DTYPE.itemsize).tolist(), len(packed)]
     names = uniq.tolist()
     # One Script per pipeline (redis-py checks/loads a pipeline's scripts on execute).
+    # The tick goes first: a drainer that sees the buckets must see the tick they are
+    # due by (without it, claim falls back to a 1 ms tick and strict mode is early).
+    pipe.hset(keys.stats(topic), TICK_FIELD, int(tick_ms[-1]))
     append = getattr(pipe, "_dwell_append", None)
     if append is None:
         append = pipe._dwell_append = Script(pipe, _APPEND_LUA)
@@ -341,7 +346,6 @@ def append_positions(pipe: Any, topic: str, partitions: np.ndarray, offsets: np.
         append(keys=[ks.index, ks.dirty], args=args, client=pipe)
     pipe.zadd(keys.DUE, {topic: names[0]}, lt=True)
     pipe.sadd(keys.TOPICS, topic)
-    pipe.hset(keys.stats(topic), TICK_FIELD, int(tick_ms[-1]))
 
 
 class SubscriptionIndex(_Index):
@@ -383,6 +387,38 @@ class SubscriptionIndex(_Index):
         if by_bucket:
             self.redis.zadd(DUE_SUBSCRIPTIONS, {self._due_member: min(by_bucket)}, lt=True)
         return sum(len(o) for f in by_bucket.values() for o in f.values())
+
+    def remove(self, source: str, partition: int, offset: int, bucket_start: int) -> bool:
+        """Cancel a scheduled redelivery: drop ``offset`` of ``"<source>:<partition>"`` from
+        the live bucket ``bucket_start``. Compare-and-set like `add` (a claim or another
+        writer in between makes it re-read). True when it was there; False when it was
+        not, e.g. because the drain already claimed the bucket: then the redelivery has
+        happened (or is being written), as in Pulsar an ack after the redelivery does not
+        undo it. A bucket left empty stays in the index until the drain claims it (an
+        empty claim writes nothing)."""
+        ks = self.keys
+        name = f"{source}:{partition}".encode()
+        while True:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(ks.bucket(bucket_start))
+            pipe.get(ks.delta(bucket_start))
+            blobs, delta = pipe.execute()
+            # Fold any pending deltas in too (merge-4.lua drops them once it writes).
+            merged = {f: decode(b) for f, b in blobs.items()}
+            if delta:
+                for fid, offs in unpack_deltas(delta).items():
+                    merged.setdefault(str(fid).encode(), BitMap64()).update(offs)
+            if name not in merged or offset not in merged[name]:
+                return False
+            merged[name].discard(offset)
+            args: list[Any] = [bucket_start, hashlib.sha1(delta or b"").hexdigest(),
+                               bucket_digest(blobs)]
+            for f, bm in merged.items():
+                args += [f, encode(bm)]
+            rc = self._scripts.merge(keys=[ks.bucket(bucket_start), ks.delta(bucket_start),
+                                           ks.index, ks.dirty], args=args)
+            if int(rc) == MERGED:
+                return True
 
     def claim(self, now_ms: int, max_buckets: int, lease_ms: int,
               cutoff_ms: int | None = None) -> list[ClaimedBucket]:

@@ -1,7 +1,9 @@
 """The backoff state function without a JVM: Spark's GroupState is a plain Python object,
-so step() runs here on hand-made event frames. Checks the PIP-130 ack-timeout schedule,
-PIP-106 nack backoff, the dead-letter decision and the registry fallback for events
-that carry no settings (plain Kafka consumers)."""
+so step() runs here on hand-made event frames. Checks that each event schedules its
+redelivery in the index at once, at the absolute PIP-130 / PIP-106 time, that acks, nacks
+and newer deliveries cancel what is pending, the dead-letter decisions (a nack at once,
+an unacked delivery at its timeout) and the registry fallback for events that carry no
+settings (plain Kafka consumers)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from dwell.core.backoff import ExponentialRedeliveryBackoff
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
 from dwell_spark.backoff import (  # noqa: E402
     ACK,
+    CANCEL,
     DLQ,
     EVENT_SCHEMA,
-    REDELIVER,
+    SCHEDULE,
+    STATE_GRACE_MS,
     STATE_SCHEMA,
     fill_settings,
     step,
@@ -29,6 +33,8 @@ from dwell_spark.backoff import (  # noqa: E402
 
 KEY = ("persistent://t/ns/x", "sub", "dwell.delayed:0:7")
 BACKOFF = ExponentialRedeliveryBackoff(min_delay_ms=1000, max_delay_ms=4000, multiplier=2)
+RAW = json.dumps(BACKOFF.to_json())
+TICK = 100
 
 
 def group_state(value: tuple | None = None, timed_out: bool = False) -> GroupState:
@@ -44,8 +50,9 @@ def events(*rows: dict[str, Any]) -> pd.DataFrame:
 
 def run(state: GroupState, frame: pd.DataFrame | None = None, lookup=None) -> list[tuple]:  # noqa: ANN001
     batches = iter([] if frame is None else [frame])
-    out = pd.concat(list(step(KEY, batches, state, lookup)))
-    return [tuple(r) for r in out.itertuples(index=False)]
+    out = pd.concat(list(step(KEY, batches, state, lookup, TICK)))
+    return [tuple(None if pd.isna(v) else v for v in r)[3:]
+            for r in out.itertuples(index=False)]
 
 
 def sdk_event(event: str, ts: int, count: int = 0, **kw: Any) -> dict[str, Any]:
@@ -53,40 +60,70 @@ def sdk_event(event: str, ts: int, count: int = 0, **kw: Any) -> dict[str, Any]:
             "redeliveryCount": count, "ts": ts, "ackTimeoutMs": 0, **kw}
 
 
-def test_ack_timeout_follows_pip130_schedule() -> None:
-    """ackTimeout 2 s, min 1 s, max 4 s, ×2: redeliveries 3, 4, 6, 6 s after the delivery
-    before each."""
+def test_ack_timeout_is_scheduled_at_once_on_pip130_schedule() -> None:
+    """ackTimeout 2 s, min 1 s, max 4 s, ×2: the delivered event itself puts the
+    redelivery in the index, 3, 4, 6, 6 s after the delivery before each."""
     gaps = []
     for count in range(4):
         s = group_state()
-        delivered = 1_000_000 + count * 10_000
-        assert run(s, events(sdk_event("delivered", delivered, count, ackTimeoutMs=2000,
-                                       ackTimeoutRedeliveryBackoff=json.dumps(
-                                           BACKOFF.to_json())))) == []
-        assert s.exists and s.get[0] == delivered
-        # The timer fires; the redelivery is scheduled at delivered + ackTimeout + next(n).
-        fired = group_state(s.get, timed_out=True)
-        [(_, _, _, action, at, n)] = run(fired)
-        assert (action, n) == (REDELIVER, count + 1)
+        delivered = 1_000_000 + count * 10_033
+        [(action, at, bucket, n)] = run(s, events(sdk_event(
+            "delivered", delivered, count, ackTimeoutMs=2000, ackTimeoutRedeliveryBackoff=RAW)))
+        assert (action, n, bucket) == (SCHEDULE, count + 1, at - at % TICK)
+        assert s.exists and s.get == (at, bucket, count + 1)
         gaps.append(at - delivered)
-        assert not fired.exists
     assert gaps == [3000, 4000, 6000, 6000]
 
 
-def test_nack_backoff_then_dead_letter() -> None:
-    raw = json.dumps(BACKOFF.to_json())
-    out = [run(group_state(), events(sdk_event("nack", 5000, c, maxRedeliverCount=2,
-                                               negativeAckRedeliveryBackoff=raw)))[0]
-           for c in range(3)]
-    assert [(a, at - 5000, n) for _, _, _, a, at, n in out] == [
-        (REDELIVER, 1000, 1), (REDELIVER, 2000, 2), (DLQ, 4000, 2)]
-
-
-def test_ack_clears_the_timer() -> None:
+def test_state_timer_only_cleans_up_a_scheduled_redelivery() -> None:
+    now = int(time.time() * 1000)
     s = group_state()
-    rows = run(s, events(sdk_event("delivered", 10, ackTimeoutMs=2000),
-                         sdk_event("ack", 20)))
-    assert [r[3] for r in rows] == [ACK] and not s.exists
+    [(_, at, _, _)] = run(s, events(sdk_event("delivered", now, ackTimeoutMs=2000)))
+    # Spark's timer is set well past the due time: the index does the redelivery; the
+    # state only waits for late acks (timeout = batch time + duration).
+    assert s._timeout_timestamp >= at + STATE_GRACE_MS - 1000  # ms of test runtime
+    fired = group_state(s.get, timed_out=True)
+    assert run(fired) == [] and not fired.exists
+
+
+def test_ack_cancels_the_pending_redelivery() -> None:
+    s = group_state()
+    rows = run(s, events(sdk_event("delivered", 10, ackTimeoutMs=2000), sdk_event("ack", 20)))
+    assert rows == [(SCHEDULE, 2010, 2000, 1), (CANCEL, 2010, 2000, 1), (ACK, 20, None, 0)]
+    assert not s.exists
+    # In a later batch: the ack cancels what the state remembers.
+    s = group_state((2010, 2000, 1))
+    assert run(s, events(sdk_event("ack", 30))) == [(CANCEL, 2010, 2000, 1), (ACK, 30, None, 0)]
+    assert not s.exists
+
+
+def test_newer_delivery_and_nack_supersede_the_pending_entry() -> None:
+    s = group_state((3010, 3000, 1))
+    rows = run(s, events(sdk_event("delivered", 3020, 1, ackTimeoutMs=2000,
+                                   ackTimeoutRedeliveryBackoff=RAW),
+                         sdk_event("nack", 3500, 1, negativeAckRedeliveryBackoff=RAW)))
+    assert rows == [(CANCEL, 3010, 3000, 1), (SCHEDULE, 7020, 7000, 2),
+                    (CANCEL, 7020, 7000, 2), (SCHEDULE, 5500, 5500, 2)]
+    assert s.get == (5500, 5500, 2)
+
+
+def test_nack_backoff_then_dead_letter_at_once() -> None:
+    out = [run(group_state(), events(sdk_event("nack", 5000, c, maxRedeliverCount=2,
+                                               negativeAckRedeliveryBackoff=RAW)))[0]
+           for c in range(3)]
+    assert [(a, at - 5000, n) for a, at, _, n in out] == [
+        (SCHEDULE, 1000, 1), (SCHEDULE, 2000, 2), (DLQ, 4000, 2)]
+
+
+def test_unacked_past_max_dead_letters_at_its_timeout_unless_acked() -> None:
+    s = group_state()
+    assert run(s, events(sdk_event("delivered", 100, 2, ackTimeoutMs=2000,
+                                   maxRedeliverCount=2))) == []
+    assert s.get == (2100, None, 2)
+    assert run(group_state(s.get, timed_out=True)) == [(DLQ, 2100, None, 2)]
+    acked = group_state(s.get)
+    assert run(acked, events(sdk_event("ack", 200, 2))) == [(ACK, 200, None, 2)]
+    assert not acked.exists
 
 
 def test_events_without_settings_take_the_registry() -> None:
@@ -102,11 +139,9 @@ def test_events_without_settings_take_the_registry() -> None:
     bare = {"event": "delivered", "topic": KEY[0], "subscription": KEY[1],
             "messageId": KEY[2], "ts": 7000}
     s = group_state()
-    assert run(s, events(bare), lookup) == []
+    assert run(s, events(bare), lookup) == [(SCHEDULE, 10_000, 10_000, 1)]
     assert asked == [KEY[:2]]
-    assert s.get == (7000, 0, 2000, json.dumps(BACKOFF.to_json()), 3)
-    [(_, _, _, action, at, n)] = run(group_state(s.get, timed_out=True))
-    assert (action, at, n) == (REDELIVER, 7000 + 2000 + 1000, 1)
+    assert s.get == (10_000, 10_000, 1)
 
 
 def test_sdk_events_keep_their_own_settings() -> None:
@@ -123,4 +158,12 @@ def test_sdk_events_keep_their_own_settings() -> None:
     s = group_state()
     rows = run(s, events({"event": "nack", "topic": KEY[0], "subscription": KEY[1],
                           "messageId": KEY[2], "ts": 100}), lambda t, sub: None)
-    assert [(r[3], r[4], r[5]) for r in rows] == [(REDELIVER, 60_100, 1)]
+    assert rows == [(SCHEDULE, 60_100, 60_100, 1)]
+
+
+def test_delivery_without_ack_timeout_keeps_a_pending_nack() -> None:
+    """A repeat of a nacked copy (e.g. after a consumer-group rebalance) must not cancel
+    the nack's redelivery."""
+    s = group_state((5500, 5500, 1))
+    assert run(s, events(sdk_event("delivered", 3600, 0, ackTimeoutMs=0))) == []
+    assert s.get == (5500, 5500, 1)
