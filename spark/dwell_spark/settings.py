@@ -30,11 +30,13 @@ class SparkSettings(CommonSettings):
     drain_local_max_records: int = Field(100000, ge=0)
     drain_dense_factor: float = Field(2.0, ge=1.0)
 
-    # Prometheus /metrics and /healthz of the Spark app (127.0.0.1 unless http_host says).
+    # Prometheus /metrics, /healthz, /readyz of the Spark app (127.0.0.1 unless http_host).
     spark_metrics_port: int = Field(8084, ge=0, le=65535)
 
-    # Backoff: trigger of the dwell.acks query (timers fire at most this late) and the
-    # bucket width of the redelivery indexes.
+    # Backoff: trigger of the dwell.acks query. Each event's redelivery is written into the
+    # subscription's redelivery index at its absolute due time, so this bounds lateness
+    # only for redeliveries due sooner than an event takes to process (~1-2 batches);
+    # the drain delivers the rest on time. redelivery_tick_ms: those indexes' bucket width.
     backoff_trigger_ms: int = Field(1000, ge=10)
     # Where a fresh checkpoint starts reading dwell.acks ("earliest" loses no event).
     acks_starting_offsets: Literal["earliest", "latest"] = "earliest"
