@@ -59,16 +59,26 @@ def publish(admission: httpx.Client, topic: str, *messages: dict[str, Any],
                           json={"producerName": producer, "messages": list(messages)})
 
 
-def wait_until_known(admission: httpx.Client, topic: str, probe: dict[str, Any]) -> None:
-    """The namespace reaches admission through the feed: poll until it stops being 404."""
+def policy_version(policy: httpx.Client) -> int:
+    """The policy service's latest version: its last change's, or the store's newer one."""
+    for family in text_string_to_metric_families(ok(policy.get("/metrics")).text):
+        for sample in family.samples:
+            if sample.name == "dwell_policy_version":
+                return int(sample.value)
+    raise AssertionError("the policy service exports no dwell_policy_version")
+
+
+def wait_until_known(policy: httpx.Client, admission: httpx.Client, topic: str,
+                     probe: dict[str, Any]) -> None:
+    """Wait until admission has applied every policy change made so far (the feed is one
+    ordered partition, so the namespace and its policy are then both in force), then
+    probe the topic once (which also creates its ready topic)."""
+    version = policy_version(policy)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        r = publish(admission, topic, probe)
-        if r.status_code != 404:
-            ok(r)
-            return
+    while admission.get("/readyz").json().get("policyVersionApplied", 0) < version:
+        assert time.monotonic() < deadline, f"admission has not applied version {version}"
         time.sleep(0.05)
-    raise AssertionError(f"{topic} still unknown to admission after 10 s")
+    ok(publish(admission, topic, probe))
 
 
 def counter(admission: httpx.Client, name: str, topic: str) -> float:
@@ -108,7 +118,7 @@ def test_max_delay_rejects_max_plus_one_and_accepts_max(policy: httpx.Client,
                                                         unique: str) -> None:
     make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 5000})
     topic = f"persistent://{unique}/ns/orders"
-    wait_until_known(admission, topic, {"payload": "probe"})
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
     before = counter(admission, REJECTED, topic)
     t = now_ms()
     r = ok(publish(admission, topic,
@@ -143,7 +153,7 @@ def test_fixed_delay_overrides_and_delays_everything(policy: httpx.Client,
     ok(policy.post(f"/admin/v2/persistent/{unique}/ns/fx/delayedDelivery",
                    json={"fixedDeliveryDelayInMillis": 60000}))
     t = now_ms()
-    wait_until_known(admission, f"persistent://{unique}/ns/probe", {"payload": "probe"})
+    wait_until_known(policy, admission, f"persistent://{unique}/ns/probe", {"payload": "probe"})
     # The topic policy may land a moment after the namespace: poll for the override.
     deadline = time.monotonic() + 5
     before = counter(admission, OVERRIDDEN, topic)
@@ -167,7 +177,7 @@ def test_disabled_namespace_and_non_persistent_are_immediate(policy: httpx.Clien
                                                              unique: str) -> None:
     make_namespace(policy, unique, ns_policy={"active": False})
     topic = f"persistent://{unique}/ns/off"
-    wait_until_known(admission, topic, {"payload": "probe"})
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
     r = ok(publish(admission, topic, {"payload": "x", "key": "k", "deliverAfterMs": 60000})
            ).json()["messagePublishResults"][0]
     assert r["delayed"] is False and r["deliverAt"] is None
@@ -191,7 +201,7 @@ def test_topic_policy_overrides_namespace_field_by_field(policy: httpx.Client,
     ok(policy.post(f"/admin/v2/persistent/{unique}/ns/big/delayedDelivery",
                    json={"maxDeliveryDelayInMillis": 10000}))
     topic = f"persistent://{unique}/ns/big"
-    wait_until_known(admission, topic, {"payload": "probe"})
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
     t = now_ms()
     deadline = time.monotonic() + 5
     while True:
@@ -214,7 +224,7 @@ def test_policy_change_in_force_within_one_second(policy: httpx.Client,
                                                   unique: str) -> None:
     make_namespace(policy, unique, ns_policy={"active": True})
     topic = f"persistent://{unique}/ns/live"
-    wait_until_known(admission, topic, {"payload": "probe"})
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
     for limit in (2000, 30000, 1000):
         ok(policy.post(f"/admin/v2/namespaces/{unique}/ns/delayedDelivery",
                        json={"maxDeliveryDelayInMillis": limit}))
@@ -237,7 +247,7 @@ def test_request_errors(policy: httpx.Client, admission: httpx.Client, unique: s
         assert r.status_code == 404 and "does not exist" in r.json()["reason"]
     make_namespace(policy, unique)
     topic = f"persistent://{unique}/ns/bad"
-    wait_until_known(admission, topic, {"payload": "probe"})
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
     bad = publish(admission, topic, {"payload": "a", "deliverAt": "soon"})
     assert bad.status_code == 400
     assert bad.json()["reason"] == "messages[0].deliverAt: must be an integer"
@@ -269,7 +279,7 @@ def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
                                                       unique: str) -> None:
     make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 5000})
     topic = f"persistent://{unique}/ns/kin"
-    wait_until_known(admission, topic, {"payload": "probe"})
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
     wait_ingress(admission)
     t = now_ms()
     messages = [{"payload": "a", "eventTime": t, "deliverAt": t + 5001, "sequenceId": 1},
