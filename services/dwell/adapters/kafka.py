@@ -13,19 +13,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
-from confluent_kafka import (
-    Consumer as _Consumer,
-)
-from confluent_kafka import (
-    Producer as _Producer,
-)
+from confluent_kafka import OFFSET_BEGINNING as OFFSET_BEGINNING  # re-exported for callers
+from confluent_kafka import Consumer as _Consumer
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Producer as _Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dwell.core import topics as names
@@ -394,39 +385,7 @@ def ensure_dwell_topics(bootstrap: str, replication: int = 1,
 def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Record]:
     """Every record of a topic from the beginning to its current end, without a group
     (admission replays the compacted policy feed this way)."""
-    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader",
-                   "enable.auto.commit": False, "isolation.level": "read_committed",
-                   "fetch.wait.max.ms": 50})
-    try:
-        md = c.list_topics(topic, timeout=timeout)
-        tmeta = md.topics.get(topic)
-        if tmeta is None or tmeta.error is not None:
-            raise KafkaUnavailable(f"topic {topic} not found")
-        ends: dict[int, int] = {}
-        for p in tmeta.partitions:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            if hi > lo:
-                ends[p] = hi
-        if not ends:
-            return []
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        out: list[Record] = []
-        deadline = time.monotonic() + timeout
-        # Compaction and transaction markers leave gaps, so compare the consumer's
-        # position with the end rather than the last offset seen.
-        pending = set(ends)
-        while pending:
-            if time.monotonic() > deadline:
-                raise KafkaUnavailable(f"reading {topic} timed out")
-            for msg in c.consume(1000, 0.2):
-                if msg.error() is None:
-                    out.append(_record(msg))
-            for tp in c.position([TopicPartition(topic, p) for p in pending]):
-                if tp.offset >= ends[tp.partition]:
-                    pending.discard(tp.partition)
-        return out
-    finally:
-        c.close()
+    return read_from(bootstrap, topic, {}, timeout)
 
 
 # ---------------------------------------------------------------- transactions (admission)
@@ -462,10 +421,12 @@ def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
                    "enable.auto.commit": False, "isolation.level": "read_committed",
                    "fetch.wait.max.ms": 50})
     try:
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-                for p in partitions(bootstrap, topic, timeout)}
-        begin = {p: starts.get(p, OFFSET_BEGINNING) for p in ends}
-        pending = {p for p, end in ends.items() if end > max(begin[p], 0)}
+        marks = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+                 for p in partitions(bootstrap, topic, timeout)}
+        ends = {p: hi for p, (_, hi) in marks.items()}
+        # A compacted or expired log may start above 0: begin at its first offset.
+        begin = {p: max(starts.get(p, lo), lo) for p, (lo, _) in marks.items()}
+        pending = {p for p, end in ends.items() if end > begin[p]}
         if not pending:
             return []
         c.assign([TopicPartition(topic, p, begin[p]) for p in pending])
