@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis as redislib
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "spark"))
@@ -459,7 +460,13 @@ def main() -> None:
     redis_url = st.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     r = redis_adapter.connect(redis_url)
-    r.flushdb()
+    try:
+        r.flushdb()
+    except redislib.ConnectionError as exc:
+        sys.exit(f"test profile's Redis not reachable at {redis_url} ({exc}); the bench "
+                 "needs the test stack running (scripts/devstack.py)")
+    if not kafka.ping(st.kafka_bootstrap):
+        sys.exit(f"test profile's Kafka not reachable at {st.kafka_bootstrap}")
     OUT.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="dwell-bench-"))
     procs = Procs(tmp)
@@ -554,16 +561,17 @@ def main() -> None:
         section_backoff(policy, admission, tracker, st.kafka_bootstrap)
         ok = True
     finally:
+        spark_log = tmp / "spark.log"
+        if spark_log.exists():
+            # Read before the stop (which logs its own errors). Failed or lost rounds come
+            # back only after drain_lease_ms: a figure that far off is one of them.
+            bad = [ln for ln in spark_log.read_text(errors="replace").splitlines()
+                   if " ERROR " in ln or "round failed" in ln or "lost before" in ln]
+            print(f"\n   Spark app log during the run: {len(bad)} error/failed-round lines"
+                  + "".join(f"\n     {ln[:160]}" for ln in bad[:5]))
         procs.stop_all()
         r.flushdb()
         print(f"\n   (bench took {time.monotonic() - t_bench:.0f} s)")
-        spark_log = tmp / "spark.log"
-        if spark_log.exists():
-            # Failed or lost rounds come back only after drain_lease_ms: say so.
-            bad = [ln for ln in spark_log.read_text(errors="replace").splitlines()
-                   if " ERROR " in ln or "round failed" in ln or "lost before" in ln]
-            print(f"   Spark app log: {len(bad)} failed/lost-claim lines"
-                  + "".join(f"\n     {ln[:160]}" for ln in bad[:5]))
         if ok:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
