@@ -122,7 +122,7 @@ class IndexKeys:
 
     - `<prefix>dlt:<b>`   STRING, appended 12-byte entries (u32 field, u64 offset, little
       endian) not yet compacted into bucket b's blobs;
-    - `<prefix>dirty`     ZSET bucketStart -> bucketStart, buckets with deltas to compact;
+    - `<prefix>dirty`     ZSET bucketStart -> bytes of its deltas, buckets to compact;
     - `<prefix>claims`    ZSET bucketStart -> lease expiry (ms), buckets handed to a drainer;
     - `<prefix>leases`    HASH bucketStart -> lease id;
     - `<prefix>clm:<b>`   LIST field, blob, field, blob, ... : a claimed bucket's blobs;

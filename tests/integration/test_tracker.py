@@ -278,6 +278,28 @@ def test_claim_returns_uncompacted_deltas_and_late_adds_survive(redis_url, uniqu
     assert late.bucket_start == t0 and late.positions == {3: BitMap64([8])}
 
 
+def test_busy_compaction_takes_large_deltas_first_and_leaves_small_ones(redis_url, unique):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/busy"
+    t0 = 1_900_000_000_000
+    idx = TopicIndex(r, topic)
+    idx.add([(0, off, t0, TICK) for off in range(400)])  # 4,800 delta bytes
+    idx.add([(0, off, t0 + TICK, TICK) for off in range(10)])  # 120
+    idx.add([(0, off, t0 + 2 * TICK, TICK) for off in range(100)])  # 1,200
+    assert idx.dirty_buckets() == [t0, t0 + 2 * TICK, t0 + TICK]
+    assert idx.dirty_buckets(min_delta_bytes=1000) == [t0, t0 + 2 * TICK]
+    assert idx.compact(min_delta_bytes=4096) == 1
+    assert idx.dirty_buckets() == [t0 + 2 * TICK, t0 + TICK]
+    assert r.get(idx.keys.delta(t0)) is None
+    assert idx.compact() == 2
+    assert idx.dirty_buckets() == []
+    assert {b: len(idx.read_bucket(b)[0]) for b in idx.buckets()} == {
+        t0: 400, t0 + TICK: 10, t0 + 2 * TICK: 100}
+    idx.add([(0, 7, t0, TICK)])  # a repeat: the delta is back, the count is not
+    assert r.zscore(idx.keys.dirty, str(t0)) == 12
+    assert len(idx.read_bucket(t0)[0]) == 400
+
+
 def test_concurrent_claimers_never_share_a_bucket(redis_url, unique):
     r = connect(redis_url)
     topic = f"persistent://{unique}/ns/race"

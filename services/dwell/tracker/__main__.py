@@ -26,7 +26,8 @@ def main() -> None:
                       batch_max=settings.ingest_batch_max,
                       poll_timeout_ms=settings.ingest_poll_timeout_ms,
                       compaction_interval_ms=settings.compaction_interval_ms,
-                      compaction_max_buckets=settings.compaction_max_buckets)
+                      compaction_max_buckets=settings.compaction_max_buckets,
+                      compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes)
     threading.Thread(target=loop.run, name="tracker-ingest", daemon=True).start()
     collector = StatsCollector(connect(settings.redis_url), settings.cluster,
                                strict=settings.delayed_delivery_deliver_at_time_strict,

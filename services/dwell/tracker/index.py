@@ -238,15 +238,20 @@ class _Index:
 
     # -- compaction
 
-    def dirty_buckets(self, limit: int = 1000) -> list[int]:
-        return [int(float(b)) for b in self.redis.zrange(self.keys.dirty, 0, limit - 1)]
+    def dirty_buckets(self, limit: int = 1000, min_delta_bytes: int = 0) -> list[int]:
+        """Buckets with deltas of at least `min_delta_bytes`, largest deltas first."""
+        return [int(float(b)) for b in self.redis.zrange(
+            self.keys.dirty, "+inf", max(min_delta_bytes, 1), desc=True, byscore=True,
+            offset=0, num=limit)]
 
-    def compact(self, max_buckets: int = 500) -> int:
-        """Fold pending deltas of up to `max_buckets` dirty buckets (earliest first) into
-        their blobs. Safe against concurrent claims and writers (compare-and-set; a bucket
-        that changed meanwhile stays dirty for the next round). Returns buckets merged."""
+    def compact(self, max_buckets: int = 500, min_delta_bytes: int = 0) -> int:
+        """Fold pending deltas of up to `max_buckets` dirty buckets into their blobs,
+        largest deltas first (the most memory back per script call), skipping buckets
+        with fewer than `min_delta_bytes`. Safe against concurrent claims and writers
+        (compare-and-set; a bucket that changed meanwhile stays dirty for the next
+        round). Returns buckets merged."""
         ks = self.keys
-        todo = self.dirty_buckets(max_buckets)
+        todo = self.dirty_buckets(max_buckets, min_delta_bytes)
         if not todo:
             return 0
         pipe = self.redis.pipeline(transaction=False)

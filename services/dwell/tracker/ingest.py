@@ -179,12 +179,13 @@ class Ingest:
         """Drop the cached fixed-delay state: re-read from Redis on the next batch."""
         self._fixed.clear()
 
-    def compact(self, max_buckets: int) -> int:
-        """Fold deltas of the topics this process wrote; returns buckets merged."""
+    def compact(self, max_buckets: int, min_delta_bytes: int = 0) -> int:
+        """Fold deltas of the topics this process wrote (only buckets with at least
+        `min_delta_bytes` of them); returns buckets merged."""
         done = 0
         for topic in list(self.dirty_topics):
             idx = TopicIndex(self.redis, topic)
-            merged = idx.compact(max_buckets)
+            merged = idx.compact(max_buckets, min_delta_bytes)
             done += merged
             if not idx.dirty_buckets(1):
                 self.dirty_topics.discard(topic)
@@ -201,7 +202,7 @@ class IngestLoop:
     def __init__(self, r: redislib.Redis, bootstrap: str, topic: str, group_id: str, *,
                  batch_max: int = 50000, poll_timeout_ms: int = 100,
                  compaction_interval_ms: int = 1000, compaction_max_buckets: int = 2000,
-                 queue_depth: int = 2) -> None:
+                 compaction_busy_min_delta_bytes: int = 4096, queue_depth: int = 2) -> None:
         self.ingest = Ingest(r)
         self.consumer = Consumer(bootstrap, group_id, **{
             "fetch.max.bytes": 104857600, "queued.max.messages.kbytes": 262144})
@@ -211,6 +212,7 @@ class IngestLoop:
         self.poll_timeout = poll_timeout_ms / 1000
         self.compaction_interval = compaction_interval_ms / 1000
         self.compaction_max_buckets = compaction_max_buckets
+        self.compaction_busy_min_delta_bytes = compaction_busy_min_delta_bytes
         self.stopping = threading.Event()
         self.running = False
         self.error: str | None = None
@@ -306,10 +308,12 @@ class IngestLoop:
                 if batch is not None and not self._write(batch):
                     return
                 now = time.monotonic()
+                idle = batch is None and self._idle
                 if self.ingest.dirty_topics and (
-                        (batch is None and self._idle)
-                        or now - last_compaction >= self.compaction_interval):
-                    self._compact()
+                        idle or now - last_compaction >= self.compaction_interval):
+                    # While records flow, only buckets whose deltas grew large: folding a
+                    # few entries into a blob costs as much as folding many.
+                    self._compact(0 if idle else self.compaction_busy_min_delta_bytes)
                     last_compaction = now
         except BaseException as exc:
             self._failure = exc
@@ -343,9 +347,9 @@ class IngestLoop:
             self._lock.notify_all()
         return True
 
-    def _compact(self) -> None:
+    def _compact(self, min_delta_bytes: int) -> None:
         try:
-            self.ingest.compact(self.compaction_max_buckets)
+            self.ingest.compact(self.compaction_max_buckets, min_delta_bytes)
         except (redislib.RedisError, OSError) as exc:
             # Deltas stay until the next round; claims merge them meanwhile.
             self.error = str(exc)

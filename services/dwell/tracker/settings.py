@@ -19,5 +19,8 @@ class TrackerSettings(CommonSettings):
     # Fold deltas into Roaring blobs at most this often (they cost ~14 B/msg until then).
     compaction_interval_ms: int = Field(1000, ge=0)
     compaction_max_buckets: int = Field(2000, ge=1)
+    # While records flow, compact only buckets with at least this many bytes of deltas
+    # (12 per position); when dwell.delayed is idle, every dirty bucket.
+    compaction_busy_min_delta_bytes: int = Field(4096, ge=0)
     # How often the Prometheus gauges are recomputed from Redis.
     stats_refresh_s: float = Field(10.0, gt=0)

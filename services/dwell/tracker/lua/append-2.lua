@@ -5,7 +5,7 @@
 
   Input:
     KEYS[1] index ZSET       bucketStart -> bucketStart
-    KEYS[2] dirty ZSET       buckets with deltas to compact
+    KEYS[2] dirty ZSET       bucketStart -> bytes of deltas waiting to be compacted
     ARGV[1] delta key prefix STRING = prefix .. bucketStart (shares KEYS[1]'s hash tag)
     ARGV[2..] bucketStart, packed entries, bucketStart, packed entries, ...
 
@@ -14,13 +14,16 @@
 ]]
 local prefix = ARGV[1]
 local members = {}
+local sizes = {}
 for i = 2, #ARGV, 2 do
-  redis.call("APPEND", prefix .. ARGV[i], ARGV[i + 1])
+  local len = redis.call("APPEND", prefix .. ARGV[i], ARGV[i + 1])
   members[#members + 1] = ARGV[i]
   members[#members + 1] = ARGV[i]
+  sizes[#sizes + 1] = len
+  sizes[#sizes + 1] = ARGV[i]
 end
 if #members > 0 then
   redis.call("ZADD", KEYS[1], unpack(members))
-  redis.call("ZADD", KEYS[2], unpack(members))
+  redis.call("ZADD", KEYS[2], unpack(sizes))
 end
 return #members / 2

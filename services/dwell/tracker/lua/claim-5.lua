@@ -12,7 +12,7 @@
     KEYS[1] index ZSET       bucketStart -> bucketStart
     KEYS[2] claims ZSET      bucketStart -> lease expiry (ms)
     KEYS[3] leases HASH      bucketStart -> lease id
-    KEYS[4] dirty ZSET       buckets with deltas to compact
+    KEYS[4] dirty ZSET       bucketStart -> bytes of deltas waiting to be compacted
     KEYS[5] due ZSET         global `dwell:due` (member ARGV[6]); the one key outside
                              the index's hash-tag slot (not Redis-Cluster safe)
     ARGV[1] cutoff           largest due bucketStart

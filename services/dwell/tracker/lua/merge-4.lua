@@ -9,7 +9,7 @@
     KEYS[1] bucket HASH      field -> blob
     KEYS[2] delta STRING
     KEYS[3] index ZSET
-    KEYS[4] dirty ZSET
+    KEYS[4] dirty ZSET       bucketStart -> bytes of deltas waiting to be compacted
     ARGV[1] bucketStart
     ARGV[2] sha1 of the delta as read ("" when absent)
     ARGV[3] sha1 of the bucket as read: fields sorted bytewise, each
