@@ -452,7 +452,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="20000,100000")
     ap.add_argument("--uniform-seconds", type=float, default=60)
     ap.add_argument("--lateness-seconds", type=float, default=30)
+    ap.add_argument("--only", default="1,2,3,4",
+                    help="sections to run, e.g. 3 or 1,4 (default: all)")
     args = ap.parse_args()
+    only = {int(x) for x in args.only.split(",")}
     if args.quick:
         args.sizes, args.uniform_seconds, args.lateness_seconds = "20000", 10, 8
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
@@ -470,10 +473,15 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="dwell-bench-"))
     procs = Procs(tmp)
+    print(f"   (process logs in {tmp}; removed after a run that succeeds)", flush=True)
     t_bench = time.monotonic()
     ok = False
     try:
-        section_throughput(st, redis_url, [int(x) for x in args.sizes.split(",")], tmp)
+        if 1 in only:
+            section_throughput(st, redis_url, [int(x) for x in args.sizes.split(",")], tmp)
+        if not only - {1}:
+            ok = True
+            return
 
         # The stack. The tracker's fresh group starts where dwell.delayed ends now.
         group = f"dwell-tracker-bench-{uuid.uuid4().hex[:8]}"
@@ -502,63 +510,12 @@ def main() -> None:
         print(f"\n   (tracker and Spark app up as processes in {time.monotonic() - t0:.0f} s)")
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
 
-        print(f"\n== 2. uniform delays over 10 min at 2,000 msg/s for {args.uniform_seconds:.0f}s "
-              "(target: keeps up, lag bounded)", flush=True)
-        lag: list[int] = []
-        topics = make_topics(st.kafka_bootstrap, 4)
-        ready = [TopicName.parse(t).kafka_topic for t in topics]
-        late, published, due = load(procs, st, redis_url, "dwell", ready, topics, 2000,
-                                    args.uniform_seconds, (0, 600_000), 1, wait_all=0,
-                                    on_tick=lambda: lag.append(drain_lag(metrics_url)))
-        print(f"  published {published}, due during the run {due}, delivered {len(late)} "
-              f"({len(late) / max(1, due):.1%})")
-        print(f"  drain lag: max {max(lag)} ms, mean {np.mean(lag):.0f} ms over {len(lag)} "
-              "samples")
-        print(f"  lateness of those: {pct(late)}  ({load_avg()})")
-
-        print(f"\n== 3. lateness at 5,000 msg/s for {args.lateness_seconds:.0f}s, deliverAt = "
-              f"now + 1-5 s, tickTime {TICK} ms (target p99 <= {TICK + 1000} ms); "
-              "dwell, then the baseline, same seeded workload", flush=True)
-        topics = make_topics(st.kafka_bootstrap, 4)
-        ready = [TopicName.parse(t).kafka_topic for t in topics]
-        lag = []
-        d_late, d_pub, _ = load(procs, st, redis_url, "dwell", ready, topics, 5000,
-                                args.lateness_seconds, (1000, 5000), 2,
-                                on_tick=lambda: lag.append(drain_lag(metrics_url)))
-        print(f"  (dwell run: drain lag max {max(lag)} ms, mean {np.mean(lag):.0f} ms; "
-              f"{load_avg()})", flush=True)
-        zkey = f"bench:baseline:{uuid.uuid4().hex[:6]}"
-        btopic = f"bench-baseline-{uuid.uuid4().hex[:6]}"
-        kafka.ensure_topic(st.kafka_bootstrap, btopic, 4)
-        stop = SPAWN.Event()
-        base = procs.worker(baseline_loop, st.kafka_bootstrap, redis_url, zkey, btopic, stop)
-        b_late, b_pub, _ = load(procs, st, redis_url, "baseline", [btopic], [], 5000,
-                                args.lateness_seconds, (1000, 5000), 2, zkey=zkey)
-        stop.set()
-        base.join(10)
-        print(f"  (baseline run: {load_avg()})")
-        d99, b99 = np.percentile(d_late, 99), np.percentile(b_late, 99)
-        print(f"  dwell     {pct(d_late)}  {'MET' if d99 <= TICK + 1000 else 'missed'}  "
-              f"delivered {len(d_late)}/{d_pub}")
-        print(f"  baseline  {pct(b_late)}  delivered {len(b_late)}/{b_pub}  "
-              "(Python loop polling a Redis ZSET)")
-        print(f"  dwell / baseline: p99 {d99 / max(b99, 1):.2f}x, "
-              f"max {d_late.max() / max(1, b_late.max()):.2f}x")
-        plot_lateness(d_late, b_late)
-        print(f"  wrote {OUT / 'delivery-lateness.png'}")
-
-        policy = f"http://127.0.0.1:{free_port()}"
-        admission = f"http://127.0.0.1:{free_port()}"
-        # Policy and admission on the profile's own Redis, as in e2e: the feed's versions
-        # come from its counter.
-        procs.start("policy", ["-m", "dwell.policy"],
-                    svc | {"DWELL_HTTP_PORT": policy.rsplit(":", 1)[1]})
-        procs.start("admission", ["-m", "dwell.admission"],
-                    svc | {"DWELL_HTTP_PORT": admission.rsplit(":", 1)[1],
-                           "DWELL_POLICY_URL": policy, "DWELL_INGRESS_ENABLED": "false"})
-        wait_healthy(procs, policy)
-        wait_healthy(procs, admission)
-        section_backoff(policy, admission, tracker, st.kafka_bootstrap)
+        if 2 in only:
+            section_uniform(procs, st, redis_url, metrics_url, args.uniform_seconds)
+        if 3 in only:
+            section_lateness(procs, st, redis_url, metrics_url, args.lateness_seconds)
+        if 4 in only:
+            section_backoff_stack(procs, svc, tracker, st.kafka_bootstrap)
         ok = True
     finally:
         spark_log = tmp / "spark.log"
@@ -576,6 +533,74 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"   logs kept in {tmp}")
+
+
+def section_uniform(procs: Procs, st: devstack.Stack, redis_url: str, metrics_url: str,
+                    seconds: float) -> None:
+    print(f"\n== 2. uniform delays over 10 min at 2,000 msg/s for {seconds:.0f}s "
+          "(target: keeps up, lag bounded)", flush=True)
+    lag: list[int] = []
+    topics = make_topics(st.kafka_bootstrap, 4)
+    ready = [TopicName.parse(t).kafka_topic for t in topics]
+    late, published, due = load(procs, st, redis_url, "dwell", ready, topics, 2000,
+                                seconds, (0, 600_000), 1, wait_all=0,
+                                on_tick=lambda: lag.append(drain_lag(metrics_url)))
+    print(f"  published {published}, due during the run {due}, delivered {len(late)} "
+          f"({len(late) / max(1, due):.1%})")
+    print(f"  drain lag: max {max(lag)} ms, mean {np.mean(lag):.0f} ms over {len(lag)} "
+          "samples")
+    print(f"  lateness of those: {pct(late)}  ({load_avg()})")
+
+
+def section_lateness(procs: Procs, st: devstack.Stack, redis_url: str, metrics_url: str,
+                     seconds: float) -> None:
+    print(f"\n== 3. lateness at 5,000 msg/s for {seconds:.0f}s, deliverAt = "
+          f"now + 1-5 s, tickTime {TICK} ms (target p99 <= {TICK + 1000} ms); "
+          "dwell, then the baseline, same seeded workload", flush=True)
+    topics = make_topics(st.kafka_bootstrap, 4)
+    ready = [TopicName.parse(t).kafka_topic for t in topics]
+    lag = []
+    d_late, d_pub, _ = load(procs, st, redis_url, "dwell", ready, topics, 5000,
+                            seconds, (1000, 5000), 2,
+                            on_tick=lambda: lag.append(drain_lag(metrics_url)))
+    print(f"  (dwell run: drain lag max {max(lag)} ms, mean {np.mean(lag):.0f} ms; "
+          f"{load_avg()})", flush=True)
+    zkey = f"bench:baseline:{uuid.uuid4().hex[:6]}"
+    btopic = f"bench-baseline-{uuid.uuid4().hex[:6]}"
+    kafka.ensure_topic(st.kafka_bootstrap, btopic, 4)
+    stop = SPAWN.Event()
+    base = procs.worker(baseline_loop, st.kafka_bootstrap, redis_url, zkey, btopic, stop)
+    b_late, b_pub, _ = load(procs, st, redis_url, "baseline", [btopic], [], 5000,
+                            seconds, (1000, 5000), 2, zkey=zkey)
+    stop.set()
+    base.join(10)
+    print(f"  (baseline run: {load_avg()})")
+    d99, b99 = np.percentile(d_late, 99), np.percentile(b_late, 99)
+    print(f"  dwell     {pct(d_late)}  {'MET' if d99 <= TICK + 1000 else 'missed'}  "
+          f"delivered {len(d_late)}/{d_pub}")
+    print(f"  baseline  {pct(b_late)}  delivered {len(b_late)}/{b_pub}  "
+          "(Python loop polling a Redis ZSET)")
+    print(f"  dwell / baseline: p99 {d99 / max(b99, 1):.2f}x, "
+          f"max {d_late.max() / max(1, b_late.max()):.2f}x")
+    plot_lateness(d_late, b_late)
+    print(f"  wrote {OUT / 'delivery-lateness.png'}")
+
+
+
+def section_backoff_stack(procs: Procs, svc: dict[str, str], tracker: str,
+                          bootstrap: str) -> None:
+    policy = f"http://127.0.0.1:{free_port()}"
+    admission = f"http://127.0.0.1:{free_port()}"
+    # Policy and admission on the profile's own Redis, as in e2e: the feed's versions
+    # come from its counter.
+    procs.start("policy", ["-m", "dwell.policy"],
+                svc | {"DWELL_HTTP_PORT": policy.rsplit(":", 1)[1]})
+    procs.start("admission", ["-m", "dwell.admission"],
+                svc | {"DWELL_HTTP_PORT": admission.rsplit(":", 1)[1],
+                       "DWELL_POLICY_URL": policy, "DWELL_INGRESS_ENABLED": "false"})
+    wait_healthy(procs, policy)
+    wait_healthy(procs, admission)
+    section_backoff(policy, admission, tracker, bootstrap)
 
 
 def plot_lateness(dwell_late: np.ndarray, base_late: np.ndarray) -> None:

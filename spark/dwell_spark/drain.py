@@ -35,7 +35,7 @@ from dwell.tracker.index import (
 )
 
 from . import metrics
-from .records import LATENESS_BOUNDS_MS, CopyStats, Range, copy_ranges, spans
+from .records import LATENESS_BOUNDS_MS, Copier, CopyStats, Range, copy_ranges, spans
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.drain")
@@ -107,16 +107,18 @@ def write_ranges(spark: SparkSession, settings: SparkSettings, topics: TopicCach
 
 
 def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
-         ranges: Sequence[Range], path: str | None = None) -> CopyStats:
+         ranges: Sequence[Range], path: str | None = None,
+         copier: Copier | None = None) -> CopyStats:
     """:func:`write_ranges` with what was written (for the metrics); ``path`` forces one
-    of :func:`choose_path`'s answers (the bench compares them)."""
+    of :func:`choose_path`'s answers (the bench compares them); ``copier`` (the driver's
+    long-lived Kafka clients) runs the ``driver`` path."""
     if not ranges:
         return CopyStats()
     topics.ensure([r.target for r in ranges])
     bootstrap = settings.kafka_bootstrap
     path = path or choose_path(settings, ranges)
     if path == "driver":
-        stats = copy_ranges(bootstrap, ranges)
+        stats = copier.copy(ranges) if copier else copy_ranges(bootstrap, ranges)
     elif path == "kafka-source":
         stats = copy_with_kafka_source(spark, bootstrap, ranges)
     else:
@@ -243,6 +245,7 @@ class Drainer:
         self.redis = redis
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
         self.strict = settings.delayed_delivery_deliver_at_time_strict
+        self.copier = Copier(settings.kafka_bootstrap)
 
     def claim(self, now_ms: int) -> tuple[list[Claim], list[Range]]:
         s = self.settings
@@ -274,18 +277,22 @@ class Drainer:
     def run_once(self, now_ms: int | None = None, path: str | None = None) -> int:
         """Claim, write, complete; returns the records written. ``path`` forces a copy
         path (see :func:`choose_path`)."""
+        started = time.monotonic()
         now = int(time.time() * 1000) if now_ms is None else now_ms
         metrics.DRAIN_LAG_MS.set(self.lag_ms(now))
         claims, ranges = self.claim(now)
         if not claims:
             return 0
-        written = copy(self.spark, self.settings, self.topics, ranges, path).written
+        path = path or choose_path(self.settings, ranges)
+        written = copy(self.spark, self.settings, self.topics, ranges, path,
+                       self.copier).written
         for c in claims:
             if not c.index.complete(c.bucket.bucket_start, c.bucket.lease_id):
                 # Our lease expired and another drainer holds the bucket: it re-emits,
                 # the SDK drops the repeats.
                 log.warning("claim on bucket %s lost before completion", c.bucket.bucket_start)
-        log.info("drained %d records from %d buckets", written, len(claims))
+        log.info("drained %d records from %d buckets in %.0f ms (%s)", written, len(claims),
+                 (time.monotonic() - started) * 1000, path)
         return written
 
 

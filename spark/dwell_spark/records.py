@@ -18,15 +18,20 @@ from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id
 
-# Headers that only make sense on dwell.delayed; the emitted copy carries the key itself.
-_DELAY_LOG_ONLY = frozenset(("dwell-key", "dwell-tick-time"))
 # Headers a copy sets itself, replacing any the source record carries.
 _ORIGIN = "dwell-origin"
 _MESSAGE_ID = "dwell-message-id"
 _COUNT = "dwell-redelivery-count"
 _SUBSCRIPTION = "dwell-subscription"
 _DELIVER_AT = "dwell-deliver-at"
+# Headers not copied: those that only make sense on dwell.delayed (the copy carries the
+# key itself) and those the copy sets. A ready-topic record's dwell-origin (where it came
+# from out of dwell.delayed) stays; a redelivery's count and subscription are re-set.
+_DROP_READY = frozenset(("dwell-key", "dwell-tick-time", _MESSAGE_ID))
+_DROP_DELAYED = _DROP_READY | {_ORIGIN}
+_REDELIVERY = frozenset((_COUNT, _SUBSCRIPTION))
 READ_TIMEOUT_S = 30.0
+SEND_CHUNK = 2000
 MAX_GAP = 2000
 # Large fetches: a range is read in a few round trips instead of 1 MiB at a time.
 READER_CONFIG = {"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10,
@@ -75,15 +80,28 @@ class CopyStats:
         self.dead_letters += other.dead_letters
         return self
 
-    def observe_lateness(self, emitted_ms: int, deliver_at: Sequence[int]) -> None:
+    def observe_lateness(self, emitted_ms: int, deliver_at: Sequence[int | bytes]) -> None:
+        """Lateness of records due at ``deliver_at`` (ms, as ints or decimal bytes; values
+        that are not a number are left out) and emitted at ``emitted_ms``."""
         if not deliver_at:
             return
-        late = emitted_ms - np.asarray(deliver_at, dtype=np.int64)
+        try:
+            due = np.array(deliver_at).astype(np.int64)
+        except (ValueError, OverflowError):
+            due = np.array([int(v) for v in deliver_at if _is_int(v)], dtype=np.int64)
+        late = emitted_ms - due
         idx = np.searchsorted(np.asarray(LATENESS_BOUNDS_MS), late, side="left")
         counts = np.bincount(idx, minlength=len(LATENESS_BOUNDS_MS) + 1)
         self.lateness_counts = [a + int(b) for a, b in
                                 zip(self.lateness_counts, counts, strict=True)]
         self.lateness_sum_ms += float(late.sum())
+
+
+def _is_int(v: int | bytes) -> bool:
+    try:
+        return -(2**63) <= int(v) < 2**63
+    except ValueError:
+        return False
 
 
 def is_dead_letter(rng: Range) -> bool:
@@ -108,33 +126,36 @@ def spans(ranges: Iterable[Range], max_gap: int = MAX_GAP) -> list[list[Range]]:
     return out
 
 
-def output_record(rng: Range, msg, deliver_at: list[int]) -> kafka.OutRecord:  # noqa: ANN001
-    """(topic, value, key, headers, None) of the copy of confluent-kafka message ``msg``;
-    appends its dwell-deliver-at (if any) to ``deliver_at`` for the lateness metric."""
-    src, part, off = msg.topic(), msg.partition(), msg.offset()
-    delayed = src == names.DELAYED
-    key = None if delayed else msg.key()
-    headers: list[tuple[str, bytes]] = []
-    message_id = None
-    redelivery = rng.subscription is not None
-    for k, v in msg.headers() or ():
-        if k in _DELAY_LOG_ONLY:
-            if k == "dwell-key" and delayed:
-                key = v
-        elif k == _MESSAGE_ID:
-            message_id = v
-        elif (k == _ORIGIN and delayed) or (redelivery and k in (_COUNT, _SUBSCRIPTION)):
-            pass
-        else:
-            if k == _DELIVER_AT and v and not redelivery:  # redeliveries are not late
-                deliver_at.append(int(v))
-            headers.append((k, v if v is not None else b""))
-    if delayed:
-        headers.append((_ORIGIN, f"{part}:{off}".encode()))
+def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord:  # noqa: ANN001
+    """(topic, value, key, headers, None) of the copy of confluent-kafka message ``msg``
+    (read from ``rng.source``, partition ``rng.partition``); appends its dwell-deliver-at
+    (if any, as the header's bytes) to ``deliver_at`` for the lateness metric.
+
+    The hottest line of the drain: the header list is filtered by one comprehension and
+    looked up through one dict (C-level), not by a Python branch per header."""
+    hs = msg.headers() or []
+    d = dict(hs)  # the last value of a repeated name wins, as for every lookup below
+    off = msg.offset()
+    if rng.source == names.DELAYED:
+        drop, key = _DROP_DELAYED, d.get("dwell-key")
+        origin = [(_ORIGIN, b"%d:%d" % (rng.partition, off))]
+    else:
+        drop, key, origin = _DROP_READY, msg.key(), []
+    if rng.subscription is None:
+        headers = [h for h in hs if h[0] not in drop]
+        at = d.get(_DELIVER_AT)
+        if at:  # redeliveries are not late, and have no lateness
+            deliver_at.append(at)
+    else:
+        headers = [h for h in hs if h[0] not in drop and h[0] not in _REDELIVERY]
+    if None in d.values():
+        headers = [(k, b"" if v is None else v) for k, v in headers]
+    headers += origin
+    message_id = d.get(_MESSAGE_ID)
     headers.append((_MESSAGE_ID, message_id if message_id is not None
-                    else format_message_id(src, part, off).encode()))
-    if redelivery:
-        headers.append((_COUNT, str(rng.counts.get(off, 1)).encode()))
+                    else format_message_id(rng.source, rng.partition, off).encode()))
+    if rng.subscription is not None:
+        headers.append((_COUNT, b"%d" % rng.counts.get(off, 1)))
         headers.append((_SUBSCRIPTION, rng.subscription.encode()))
     return rng.target, msg.value(), key, headers, None
 
@@ -166,17 +187,65 @@ class _Cursor:
         return True
 
 
+def _reader(bootstrap: str) -> kafka.Consumer:
+    return kafka.Consumer(bootstrap, f"dwell-drain-{uuid.uuid4().hex}", **READER_CONFIG)
+
+
+def _writer(bootstrap: str) -> kafka.Producer:
+    return kafka.Producer(bootstrap, linger_ms=5, **{"batch.size": 1 << 20})
+
+
 def copy_ranges(bootstrap: str, ranges: Sequence[Range]) -> CopyStats:
     """Copy every record in ``ranges``; returns once every copy is acknowledged (acks=all)
     or raises KafkaUnavailable. One consumer and one producer per call (per task)."""
-    stats = CopyStats()
     if not ranges:
+        return CopyStats()
+    consumer, producer = _reader(bootstrap), _writer(bootstrap)
+    try:
+        return _copy(consumer, producer, ranges)
+    finally:
+        consumer.close()
+        producer.close(1.0)
+
+
+class Copier:
+    """:func:`copy_ranges` with one consumer and producer kept from round to round (the
+    driver's copies): a fresh pair costs ~100 ms a round (connections, the idempotent
+    producer's id), which small rounds feel as lateness. After a failed round both are
+    dropped and the next round starts afresh."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._pair: tuple[kafka.Consumer, kafka.Producer] | None = None
+
+    def copy(self, ranges: Sequence[Range]) -> CopyStats:
+        if not ranges:
+            return CopyStats()
+        if self._pair is None:
+            self._pair = (_reader(self.bootstrap), _writer(self.bootstrap))
+        consumer, producer = self._pair
+        try:
+            stats = _copy(consumer, producer, ranges)
+        except BaseException:
+            self.close()
+            raise
+        # Nothing fetched for this round is read by the next: it assigns afresh.
+        consumer.unassign()
         return stats
-    consumer = kafka.Consumer(bootstrap, f"dwell-drain-{uuid.uuid4().hex}", **READER_CONFIG)
-    producer = kafka.Producer(bootstrap, linger_ms=5, **{"batch.size": 1 << 20})
+
+    def close(self) -> None:
+        pair, self._pair = self._pair, None
+        if pair is not None:
+            pair[0].close()
+            pair[1].close(1.0)
+
+
+def _copy(consumer: kafka.Consumer, producer: kafka.Producer,
+          ranges: Sequence[Range]) -> CopyStats:
+    stats = CopyStats()
     out: list[kafka.OutRecord] = []
     futures = []
-    deliver_at: list[int] = []
+    deliver_at: list[bytes] = []
     # One cursor per (source, partition), all assigned at once so their fetches overlap
     # (read one after another, each partition's first fetch cost ~0.2 s); a partition
     # with several spans seeks to the next one when it finishes one.
@@ -184,60 +253,57 @@ def copy_ranges(bootstrap: str, ranges: Sequence[Range]) -> CopyStats:
     for group in spans(ranges):
         tp = (group[0].source, group[0].partition)
         cursors.setdefault(tp, _Cursor(tp)).groups.append(group)
-    try:
-        consumer.assign([(t, p, c.start()) for (t, p), c in cursors.items()])
-        active = len(cursors)
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while active:
-            if time.monotonic() > deadline:
-                raise kafka.KafkaUnavailable(
-                    "not read within {}s: {}".format(READ_TIMEOUT_S, ", ".join(
-                        f"{t}[{p}] {c.expect}..{c.last}" for (t, p), c in cursors.items()
-                        if not c.done)))
-            # Ask for exactly what is left: consume() returns as soon as it has that many,
-            # where a larger ask waits out its timeout.
-            left = sum(c.last - c.expect + 1 for c in cursors.values() if not c.done)
-            for msg in consumer.poll_messages(max(1, min(left, 100000)), 0.2):
-                c = cursors.get((msg.topic(), msg.partition()))
-                off = msg.offset()
-                if c is None or c.done or off < c.expect:
-                    continue  # prefetched past a finished span, or before a seek
-                c.expect = off + 1
-                group = c.groups[c.g]
-                while c.i < len(group) and off > group[c.i].last:
-                    c.i += 1
-                # Ranges may overlap (one message redelivered to two subscriptions).
-                j = c.i
-                while j < len(group) and group[j].first <= off:
-                    if off <= group[j].last:
-                        rng = group[j]
-                        out.append(output_record(rng, msg, deliver_at))
-                        if rng.subscription is None:
-                            pass
-                        elif is_dead_letter(rng):
-                            stats.dead_letters += 1
-                        else:
-                            stats.redeliveries[rng.counts.get(off, 1)] += 1
-                    j += 1
-                if off >= c.last:
-                    if c.next_group():
-                        kafka.seek(consumer, {c.tp: c.expect})
+    consumer.assign([(t, p, c.start()) for (t, p), c in cursors.items()])
+    active = len(cursors)
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while active:
+        if time.monotonic() > deadline:
+            raise kafka.KafkaUnavailable(
+                "not read within {}s: {}".format(READ_TIMEOUT_S, ", ".join(
+                    f"{t}[{p}] {c.expect}..{c.last}" for (t, p), c in cursors.items()
+                    if not c.done)))
+        # Ask for exactly what is left: consume() returns as soon as it has that many,
+        # where a larger ask waits out its timeout.
+        left = sum(c.last - c.expect + 1 for c in cursors.values() if not c.done)
+        for msg in consumer.poll_messages(max(1, min(left, 100000)), 0.2):
+            c = cursors.get((msg.topic(), msg.partition()))
+            off = msg.offset()
+            if c is None or c.done or off < c.expect:
+                continue  # prefetched past a finished span, or before a seek
+            c.expect = off + 1
+            group = c.groups[c.g]
+            while c.i < len(group) and off > group[c.i].last:
+                c.i += 1
+            # Ranges may overlap (one message redelivered to two subscriptions).
+            j = c.i
+            while j < len(group) and group[j].first <= off:
+                if off <= group[j].last:
+                    rng = group[j]
+                    out.append(output_record(rng, msg, deliver_at))
+                    if rng.subscription is None:
+                        pass
+                    elif is_dead_letter(rng):
+                        stats.dead_letters += 1
                     else:
-                        active -= 1
-            # Hand records to the producer as they are read: sending overlaps reading.
-            if len(out) >= 20000:
-                futures.append(producer.send_many(out))
-                stats.written += len(out)
-                out = []
-        futures.append(producer.send_many(out))
-        stats.written += len(out)
-        producer.flush(READ_TIMEOUT_S)
-        # flush() returns when the queue is empty; errors surface through the futures
-        # (each fails on the first error among the records it was given).
-        for fut in futures:
-            fut.result(READ_TIMEOUT_S)
-        stats.observe_lateness(int(time.time() * 1000), deliver_at)
-        return stats
-    finally:
-        consumer.close()
-        producer.close(1.0)
+                        stats.redeliveries[rng.counts.get(off, 1)] += 1
+                j += 1
+            if off >= c.last:
+                if c.next_group():
+                    kafka.seek(consumer, {c.tp: c.expect})
+                else:
+                    active -= 1
+        # Hand records to the producer as they are read: sending overlaps reading, and
+        # the first copies are out while the rest of a large round is still being read.
+        if len(out) >= SEND_CHUNK:
+            futures.append(producer.send_many(out))
+            stats.written += len(out)
+            out = []
+    futures.append(producer.send_many(out))
+    stats.written += len(out)
+    producer.flush(READ_TIMEOUT_S)
+    # flush() returns when the queue is empty; errors surface through the futures
+    # (each fails on the first error among the records it was given).
+    for fut in futures:
+        fut.result(READ_TIMEOUT_S)
+    stats.observe_lateness(int(time.time() * 1000), deliver_at)
+    return stats

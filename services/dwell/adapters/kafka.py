@@ -217,6 +217,10 @@ class Consumer:
     def assign(self, assignments: Iterable[tuple[str, int, int]]) -> None:
         self._c.assign([TopicPartition(t, p, o) for t, p, o in assignments])
 
+    def unassign(self) -> None:
+        """Drop the assignment and whatever was fetched for it."""
+        self._c.unassign()
+
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
         out: list[Record] = []
         for msg in self._c.consume(max_records, timeout):

@@ -1,0 +1,83 @@
+"""The drain's record copy, without Kafka: which headers a copy keeps, drops and sets
+(docs/internals.md), and the lateness figures it feeds the metric."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
+
+from dwell.core import topics as names  # noqa: E402
+from dwell_spark.records import LATENESS_BOUNDS_MS, CopyStats, Range, output_record  # noqa: E402
+
+
+class Message:
+    """The parts of confluent-kafka's Message that output_record reads."""
+
+    def __init__(self, offset: int, key: bytes | None, value: bytes,
+                 headers: list[tuple[str, bytes | None]]) -> None:
+        self._offset, self._key, self._value, self._headers = offset, key, value, headers
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return self._headers
+
+
+DELAYED_HEADERS = [("colour", b"red"), ("dwell-topic", b"persistent://t/ns/x"),
+                   ("dwell-publish-time", b"1000"), ("dwell-deliver-at", b"6000"),
+                   ("dwell-tick-time", b"1000"), ("dwell-key", b"k1"), ("note", None)]
+
+
+def test_copy_of_a_delayed_record_takes_its_key_and_gets_origin_and_message_id() -> None:
+    rng = Range("persistent.t.ns.x", names.DELAYED, 3, 10, 20)
+    due: list[bytes] = []
+    topic, value, key, headers, ts = output_record(
+        rng, Message(12, b"persistent://t/ns/x", b"v", DELAYED_HEADERS), due)
+    assert (topic, value, key, ts) == ("persistent.t.ns.x", b"v", b"k1", None)
+    assert headers == [("colour", b"red"), ("dwell-topic", b"persistent://t/ns/x"),
+                       ("dwell-publish-time", b"1000"), ("dwell-deliver-at", b"6000"),
+                       ("note", b""), ("dwell-origin", b"3:12"),
+                       ("dwell-message-id", f"{names.DELAYED}:3:12".encode())]
+    assert due == [b"6000"]
+
+
+def test_a_carried_message_id_survives_and_a_forged_origin_does_not() -> None:
+    rng = Range("persistent.t.ns.x", names.DELAYED, 0, 0, 5)
+    hdrs = [("dwell-origin", b"9:9"), ("dwell-message-id", b"orig:1:2"), ("a", b"1")]
+    _, _, key, headers, _ = output_record(rng, Message(4, b"t", b"v", hdrs), [])
+    assert key is None
+    assert headers == [("a", b"1"), ("dwell-origin", b"0:4"), ("dwell-message-id", b"orig:1:2")]
+
+
+def test_redelivery_keeps_the_ready_record_and_resets_count_and_subscription() -> None:
+    rng = Range("persistent.t.ns.x-sub-RETRY", "persistent.t.ns.x", 1, 7, 7, "sub", {7: 3})
+    hdrs = [("dwell-origin", b"2:40"), ("dwell-message-id", b"dwell.delayed:2:40"),
+            ("dwell-deliver-at", b"6000"), ("dwell-redelivery-count", b"2"),
+            ("dwell-subscription", b"other")]
+    due: list[bytes] = []
+    topic, _, key, headers, _ = output_record(rng, Message(7, b"k1", b"v", hdrs), due)
+    assert (topic, key) == ("persistent.t.ns.x-sub-RETRY", b"k1")
+    assert headers == [("dwell-origin", b"2:40"), ("dwell-deliver-at", b"6000"),
+                       ("dwell-message-id", b"dwell.delayed:2:40"),
+                       ("dwell-redelivery-count", b"3"), ("dwell-subscription", b"sub")]
+    assert due == []  # redeliveries are not late
+
+
+def test_lateness_reads_header_bytes_and_leaves_out_what_is_not_a_number() -> None:
+    stats = CopyStats()
+    stats.observe_lateness(10_000, [b"9990", b"9000", b"junk", b"99999999999999999999", 4000])
+    assert sum(stats.lateness_counts) == 3
+    assert stats.lateness_sum_ms == 10 + 1000 + 6000
+    bounds = list(LATENESS_BOUNDS_MS)
+    assert stats.lateness_counts[bounds.index(10)] == 1  # 10 ms <= 10
+    assert stats.lateness_counts[bounds.index(1000)] == 1
+    assert stats.lateness_counts[bounds.index(10000)] == 1  # 6,000 ms: (5,000, 10,000]
