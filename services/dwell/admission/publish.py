@@ -189,8 +189,10 @@ def parse_request(body: bytes, model: type[PublishRequest] = PublishRequest) -> 
 
 @dataclass(slots=True)
 class Plan:
-    """A request after the checks: per-message results (accepted ones still without a
-    messageId) and the records to write, each with the index of its result."""
+    """A request after the checks: per-message results and the records to write, each
+    with the index of its result. An accepted message's result is its decision's fields,
+    the same dict for every message decided alike, until `finish` (or `answer`) adds
+    its messageId."""
 
     topic: TopicName
     results: list[dict[str, Any]]
@@ -247,6 +249,8 @@ class Publisher:
         self._ready_topics: set[str] = set()
         self._labels: dict[str, tuple[Any, Any]] = {}
         self._bytes: dict[TopicName, tuple[bytes, str]] = {}
+        self._counters: dict[tuple[str, str], Any] = {}
+        self._timeout_s = settings.publish_timeout_ms / 1000 + 1.0
 
     # -- topics
 
@@ -300,7 +304,8 @@ class Publisher:
         tick_b = b"%d" % policy.tick_time_ms
         topic_h = ("dwell-topic", topic_b)
         producer_h = ("dwell-producer", (req.producerName or "").encode())
-        now_h = ("dwell-publish-time", b"%d" % now)
+        # The dwell headers every message of the request gets when it has no eventTime.
+        now_hs = [topic_h, ("dwell-publish-time", b"%d" % now), producer_h]
         default_encoding = req.payloadEncoding
         max_payload = s.max_payload_bytes
         strict = self.strict
@@ -309,11 +314,14 @@ class Publisher:
         # with its result fields and delay headers. Likewise the encoded properties.
         decisions: dict[tuple[int | None, int | None, int], _Decided] = {}
         encoded_props: dict[tuple[tuple[str, str], ...], list[tuple[str, bytes]]] = {}
+        last_props: dict[str, str] | None = None
+        last_props_h: list[tuple[str, bytes]] | None = None
         plan = Plan(topic, [])
         results = plan.results
         sends = plan.sends
         index = plan.index
-        overridden = 0
+        delayed_topic = names.DELAYED
+        overridden = delayed = 0
         # Request-level errors (payload size, reserved property names) raise from inside
         # the loop; the per-message outcomes gathered before are thrown away with the plan.
         for i, m in enumerate(msgs):
@@ -327,7 +335,11 @@ class Publisher:
                 raise PublishError(400, f"messages[{i}].payload: {len(payload)} bytes; the "
                                         f"limit is {max_payload} bytes (max_payload_bytes)")
             props = m.get("properties")
-            if props:
+            if not props:
+                props_h = None
+            elif props == last_props:  # batches often repeat them: skip building the key
+                props_h = last_props_h
+            else:
                 pkey = tuple(props.items())
                 props_h = encoded_props.get(pkey)
                 if props_h is None:
@@ -336,8 +348,7 @@ class Publisher:
                             raise PublishError(400, f"messages[{i}].properties.{name}: names "
                                                     f"starting with 'dwell-' are reserved")
                     props_h = encoded_props[pkey] = [(k, v.encode()) for k, v in pkey]
-            else:
-                props_h = None
+                last_props, last_props_h = props, props_h
             if not is_bytes:
                 results.append({"errorCode": INVALID_MESSAGE, "error": payload})
                 plan.invalid += 1
@@ -364,9 +375,11 @@ class Publisher:
                 plan.rejected += 1
                 continue
             overridden += counts_override
-            headers = props_h.copy() if props_h else []
-            headers += (topic_h, now_h if publish_time == now else
-                        ("dwell-publish-time", b"%d" % publish_time), producer_h)
+            if publish_time == now:
+                headers = props_h + now_hs if props_h else now_hs.copy()
+            else:
+                headers = props_h.copy() if props_h else []
+                headers += (topic_h, ("dwell-publish-time", b"%d" % publish_time), producer_h)
             seq = m.get("sequenceId")
             if seq is not None:
                 headers.append(("dwell-sequence-id", b"%d" % seq))
@@ -376,15 +389,17 @@ class Publisher:
                 headers += delay_h
                 if key_b is not None:
                     headers.append(("dwell-key", key_b))
-                sends.append((names.DELAYED, payload, topic_b, headers, publish_time))
-                plan.delayed += 1
+                sends.append((delayed_topic, payload, topic_b, headers, publish_time))
+                delayed += 1
             else:
                 sends.append((ready, payload, key_b, headers, publish_time))
-                plan.needs_ready_topic = True
-                plan.immediate += 1
             index.append(i)
-            results.append(proto.copy())
+            # Shared by the messages with this decision until finish() gives each its own.
+            results.append(proto)
 
+        plan.delayed = delayed
+        plan.immediate = len(sends) - delayed
+        plan.needs_ready_topic = plan.immediate > 0
         if plan.rejected or overridden:
             rejected_c, overridden_c = self._topic_counters(topic)
             if plan.rejected:
@@ -421,32 +436,62 @@ class Publisher:
 
     @staticmethod
     def finish(plan: Plan, offsets: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
-        """Fill in the messageIds, `<kafkaTopic>:<partition>:<offset>`."""
+        """Fill in the messageIds, `<kafkaTopic>:<partition>:<offset>`; every accepted
+        result becomes a dict of its own (the caller may add fields to it)."""
         results = plan.results
         for i, out, (partition, offset) in zip(plan.index, plan.sends, offsets, strict=True):
-            results[i]["messageId"] = f"{out[0]}:{partition}:{offset}"
-        return plan.results
+            results[i] = {**results[i], "messageId": f"{out[0]}:{partition}:{offset}"}
+        return results
+
+    @staticmethod
+    def answer(plan: Plan, offsets: Sequence[tuple[int, int]]) -> bytes:
+        """The HTTP answer: the bytes of `{"messagePublishResults": finish(plan, offsets)}`
+        as orjson writes them, without a dict per message. An accepted result is its
+        decision's JSON with the messageId spliced in before the closing brace; Kafka
+        topic names and integers need no JSON escaping."""
+        results = plan.results
+        parts = [""] * len(results)
+        heads: dict[int, str] = {}  # id of a decision's fields -> its JSON up to messageId
+        for i, out, (partition, offset) in zip(plan.index, plan.sends, offsets, strict=True):
+            fields = results[i]
+            head = heads.get(id(fields))
+            if head is None:
+                head = heads[id(fields)] = (orjson.dumps(fields)[:-1].decode()
+                                            + ',"messageId":"')
+            parts[i] = f'{head}{out[0]}:{partition}:{offset}"}}'
+        if len(plan.index) < len(results):  # refused messages: their results as they are
+            for i, part in enumerate(parts):
+                if not part:
+                    parts[i] = orjson.dumps(results[i]).decode()
+        return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
 
     def count(self, plan: Plan, path: str) -> None:
         for outcome, n in (("immediate", plan.immediate), ("delayed", plan.delayed),
                            ("rejected", plan.rejected), ("invalid", plan.invalid)):
             if n:
-                metrics.MESSAGES.labels(outcome, path).inc(n)
+                counter = self._counters.get((outcome, path))
+                if counter is None:
+                    counter = self._counters[outcome, path] = metrics.MESSAGES.labels(outcome,
+                                                                                      path)
+                counter.inc(n)
 
-    async def publish(self, topic: TopicName, req: Request) -> list[dict[str, Any]]:
-        """The HTTP path: results once Kafka acknowledged every accepted message."""
+    async def publish(self, topic: TopicName, req: Request) -> bytes:
+        """The HTTP path: the JSON answer (see `answer`) once Kafka acknowledged every
+        accepted message."""
         plan = self.plan(topic, req)
         offsets: list[tuple[int, int]] = []
         if plan.sends:
-            timeout = self.settings.publish_timeout_ms / 1000
             try:
-                if plan.needs_ready_topic and not self.ready_topic_known(topic.kafka_topic):
+                if plan.needs_ready_topic and topic.kafka_topic not in self._ready_topics:
                     await asyncio.get_running_loop().run_in_executor(
                         None, self.ensure_ready_topic, topic.kafka_topic)
                 done = self.send(plan)
-                offsets = await asyncio.wait_for(asyncio.wrap_future(done), timeout + 1.0)
+                # The producer's message.timeout.ms fails a send by itself; this bound
+                # only guards against a delivery report that never comes.
+                async with asyncio.timeout(self._timeout_s):
+                    offsets = await asyncio.wrap_future(done)
             except (kafka.KafkaUnavailable, TimeoutError) as exc:
                 metrics.MESSAGES.labels("unavailable", "http").inc(len(plan.sends))
                 raise PublishError(503, f"Kafka unavailable: {exc}") from None
         self.count(plan, "http")
-        return self.finish(plan, offsets)
+        return self.answer(plan, offsets)

@@ -196,3 +196,20 @@ def test_decisions_are_shared_but_results_are_not(publisher: Publisher) -> None:
     assert [r["messageId"] for r in p.results] == ["dwell.delayed:0:1", "dwell.delayed:0:2",
                                                    "dwell.delayed:0:3"]
     assert len({id(h) for (_, _, _, h, _) in p.sends}) == 3
+
+
+def test_answer_is_the_json_of_the_finished_results(publisher: Publisher) -> None:
+    """The HTTP answer splices messageIds into each decision's JSON: it must be byte for
+    byte what orjson writes for the finished result dicts, refusals included."""
+    raw = body({"payload": "a", "key": "k"},
+               {"payload": "b", "deliverAfterMs": 4000, "properties": {"p": "1"}},
+               {"payload": "c", "deliverAfterMs": 6000})  # over the max: rejected
+    raw2 = body({"payload": "!", "payloadEncoding": "base64"},
+                {"payload": "d", "deliverAt": 1, "deliverAfterMs": 1},
+                {"payload": "e", "deliverAfterMs": 4000, "properties": {"p": "1"}})
+    for topic, raw_body in (("persistent://acme/ns/x", raw), ("persistent://acme/ns/x", raw2),
+                            ("non-persistent://acme/ns/x", raw)):
+        offsets = [(p, 40 + p) for p in range(len(plan(publisher, topic, raw_body).sends))]
+        want = orjson.dumps({"messagePublishResults": Publisher.finish(
+            plan(publisher, topic, raw_body), offsets)})
+        assert Publisher.answer(plan(publisher, topic, raw_body), offsets) == want
