@@ -35,7 +35,15 @@ from dwell.tracker.index import (
 )
 
 from . import metrics
-from .records import LATENESS_BOUNDS_MS, Copier, CopyStats, Range, copy_ranges, spans
+from .records import (
+    LATENESS_BOUNDS_MS,
+    MAX_GAP,
+    Copier,
+    CopyStats,
+    Range,
+    copy_ranges,
+    spans,
+)
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.drain")
@@ -86,7 +94,7 @@ def choose_path(settings: SparkSettings, ranges: Sequence[Range]) -> str:
     - ``tasks``: larger rounds that are scattered (uniform delays) or redeliveries: the
       same lean Python copy, with the (source, partition) runs spread over Spark tasks.
     """
-    n = sum(r.last - r.first + 1 for r in ranges)
+    n = sum(r.size for r in ranges)
     if n <= settings.drain_local_max_records:
         return "driver"
     if any(r.subscription is not None for r in ranges):
@@ -140,9 +148,9 @@ def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
         lo_hi[0], lo_hi[1] = min(lo_hi[0], r.first), max(lo_hi[1], r.last)
     wanted = spark.createDataFrame(pd.DataFrame({
         "w_source": [r.source for r in ranges], "w_partition": [r.partition for r in ranges],
-        "w_first": [r.first for r in ranges], "w_last": [r.last for r in ranges],
-        "w_target": [r.target for r in ranges]}))
-    wanted = wanted.select("*", F.explode(F.sequence("w_first", "w_last")).alias("w_offset"))
+        "w_offsets": [r.wanted() for r in ranges], "w_target": [r.target for r in ranges]}))
+    wanted = wanted.select("w_source", "w_partition", "w_target",
+                           F.explode("w_offsets").alias("w_offset"))
     records = (spark.read.format("kafka")
                .option("kafka.bootstrap.servers", bootstrap)
                .option("assign", json.dumps({t: [int(p) for p in ps]
@@ -208,7 +216,7 @@ def _runs(offsets: BitMap64) -> list[tuple[int, int]]:
     pure-Python coalesce cost 0.25 s per 100k offsets)."""
     if not offsets:
         return []
-    a = np.fromiter(offsets, dtype=np.int64, count=len(offsets))
+    a = np.frombuffer(offsets.to_array(), dtype=np.uint64).astype(np.int64)
     cuts = np.flatnonzero(np.diff(a) != 1)
     firsts = np.concatenate(([a[0]], a[cuts + 1]))
     lasts = np.concatenate((a[cuts], [a[-1]]))
@@ -216,9 +224,20 @@ def _runs(offsets: BitMap64) -> list[tuple[int, int]]:
 
 
 def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
+    """One Range per span of a bucket's offsets (records.MAX_GAP apart at most): a span
+    whose offsets are not all consecutive (topics sharing a partition of dwell.delayed
+    interleave) carries its offsets, instead of becoming one Range per run."""
     target = TopicName.parse(topic).kafka_topic
-    return [Range(target, names.DELAYED, int(p), a, b)
-            for p, offsets in bucket.positions.items() for a, b in _runs(offsets)]
+    out = []
+    for p, offsets in bucket.positions.items():
+        a = np.frombuffer(offsets.to_array(), dtype=np.uint64).astype(np.int64)
+        cuts = (np.flatnonzero(np.diff(a) > MAX_GAP) + 1).tolist()
+        for lo, hi in zip([0, *cuts], [*cuts, len(a)], strict=True):
+            first, last = int(a[lo]), int(a[hi - 1])
+            dense = last - first + 1 == hi - lo
+            out.append(Range(target, names.DELAYED, int(p), first, last,
+                             offsets=None if dense else BitMap64(a[lo:hi])))
+    return out
 
 
 def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[Range]:

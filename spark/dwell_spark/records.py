@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from pyroaring import BitMap64
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
@@ -45,7 +46,9 @@ LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 750, 1000, 1250, 1500, 2000,
 
 @dataclass(frozen=True, slots=True)
 class Range:
-    """Offsets ``first..last`` (inclusive) of ``source`` to copy to ``target``.
+    """Offsets ``first..last`` (inclusive) of ``source`` to copy to ``target``; only those
+    in ``offsets`` when it is set (a scattered span: one Range instead of one per run,
+    checked with one C-level lookup per record read).
 
     ``counts`` (offset → redelivery count) and ``subscription`` are set for redeliveries.
     """
@@ -57,6 +60,16 @@ class Range:
     last: int
     subscription: str | None = None
     counts: dict[int, int] = field(default_factory=dict)
+    offsets: BitMap64 | None = None
+
+    @property
+    def size(self) -> int:
+        """Records to copy."""
+        return self.last - self.first + 1 if self.offsets is None else len(self.offsets)
+
+    def wanted(self) -> list[int]:
+        return (list(range(self.first, self.last + 1)) if self.offsets is None
+                else self.offsets.to_array().tolist())
 
 
 @dataclass(slots=True)
@@ -191,8 +204,8 @@ def _reader(bootstrap: str) -> kafka.Consumer:
     return kafka.Consumer(bootstrap, f"dwell-drain-{uuid.uuid4().hex}", **READER_CONFIG)
 
 
-def _writer(bootstrap: str) -> kafka.Producer:
-    return kafka.Producer(bootstrap, linger_ms=5, **{"batch.size": 1 << 20})
+def _writer(bootstrap: str) -> kafka.BulkProducer:
+    return kafka.BulkProducer(bootstrap, linger_ms=5, **{"batch.size": 1 << 20})
 
 
 def copy_ranges(bootstrap: str, ranges: Sequence[Range]) -> CopyStats:
@@ -216,7 +229,7 @@ class Copier:
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
-        self._pair: tuple[kafka.Consumer, kafka.Producer] | None = None
+        self._pair: tuple[kafka.Consumer, kafka.BulkProducer] | None = None
 
     def copy(self, ranges: Sequence[Range]) -> CopyStats:
         if not ranges:
@@ -240,11 +253,10 @@ class Copier:
             pair[1].close(1.0)
 
 
-def _copy(consumer: kafka.Consumer, producer: kafka.Producer,
+def _copy(consumer: kafka.Consumer, producer: kafka.BulkProducer,
           ranges: Sequence[Range]) -> CopyStats:
     stats = CopyStats()
     out: list[kafka.OutRecord] = []
-    futures = []
     deliver_at: list[bytes] = []
     # One cursor per (source, partition), all assigned at once so their fetches overlap
     # (read one after another, each partition's first fetch cost ~0.2 s); a partition
@@ -277,8 +289,8 @@ def _copy(consumer: kafka.Consumer, producer: kafka.Producer,
             # Ranges may overlap (one message redelivered to two subscriptions).
             j = c.i
             while j < len(group) and group[j].first <= off:
-                if off <= group[j].last:
-                    rng = group[j]
+                rng = group[j]
+                if off <= rng.last and (rng.offsets is None or off in rng.offsets):
                     out.append(output_record(rng, msg, deliver_at))
                     if rng.subscription is None:
                         pass
@@ -295,15 +307,11 @@ def _copy(consumer: kafka.Consumer, producer: kafka.Producer,
         # Hand records to the producer as they are read: sending overlaps reading, and
         # the first copies are out while the rest of a large round is still being read.
         if len(out) >= SEND_CHUNK:
-            futures.append(producer.send_many(out))
+            producer.send_unreported(out)
             stats.written += len(out)
             out = []
-    futures.append(producer.send_many(out))
+    producer.send_unreported(out)
     stats.written += len(out)
-    producer.flush(READ_TIMEOUT_S)
-    # flush() returns when the queue is empty; errors surface through the futures
-    # (each fails on the first error among the records it was given).
-    for fut in futures:
-        fut.result(READ_TIMEOUT_S)
+    producer.flush(READ_TIMEOUT_S)  # raises unless every copy was written
     stats.observe_lateness(int(time.time() * 1000), deliver_at)
     return stats

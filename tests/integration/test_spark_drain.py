@@ -128,3 +128,24 @@ def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> No
     assert x.header("dwell-subscription") == "sub"
     assert x.header("dwell-message-id") == mid
     assert sidx.buckets() == []
+
+
+def test_bulk_producer_writes_everything_and_flush_raises_on_a_rejected_record(
+        kafka_bootstrap: str, unique: str) -> None:
+    """The drain's writer reports no delivered record, so a failed one must surface in
+    flush: here the broker refuses records over the topic's max.message.bytes."""
+    small = f"bulk-small-{unique}"
+    kafka.ensure_topic(kafka_bootstrap, small, 1, config={"max.message.bytes": "2000"})
+    p = kafka.BulkProducer(kafka_bootstrap, **{"message.timeout.ms": 10000})
+    try:
+        p.send_unreported([(small, b"x" * 100, None, [("h", b"1")], None)] * 50)
+        p.flush(15)
+        assert sum(kafka.end_offsets(kafka_bootstrap, small).values()) == 50
+        p.send_unreported([(small, b"x" * 100, None, None, None),
+                           (small, os.urandom(5000), None, None, None)])
+        with pytest.raises(kafka.KafkaUnavailable, match="records not written.*too large"):
+            p.flush(15)
+        p.send_unreported([(small, b"z", None, None, None)])
+        p.flush(15)  # the failure was reported once, by the flush that covered it
+    finally:
+        p.close(1.0)
