@@ -70,14 +70,15 @@ class TopicCache:
         self.known: set[str] = set()
 
     def ensure(self, topics: Sequence[str]) -> None:
-        for t in set(topics) - self.known:
-            try:
-                kafka.partitions(self.bootstrap, t)
-            except kafka.KafkaUnavailable:
-                # Missing: create it. (ensure_topic on an existing topic with fewer
-                # partitions than asked would wait for partitions that never come.)
-                kafka.ensure_topic(self.bootstrap, t, self.partitions)
-            self.known.add(t)
+        new = set(topics) - self.known
+        if not new:
+            return
+        # One metadata request for all of them. Only the missing ones are created:
+        # ensure_topic on an existing topic with fewer partitions than asked would wait
+        # for partitions that never come.
+        for t in new - kafka.topic_names(self.bootstrap):
+            kafka.ensure_topic(self.bootstrap, t, self.partitions)
+        self.known |= new
 
 
 def choose_path(settings: SparkSettings, ranges: Sequence[Range]) -> str:

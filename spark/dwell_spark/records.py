@@ -6,6 +6,7 @@ directly: building a `Record` with a header dict and a Future per record cost ~6
 
 from __future__ import annotations
 
+import gc
 import time
 import uuid
 from collections import Counter
@@ -255,6 +256,20 @@ class Copier:
 
 def _copy(consumer: kafka.Consumer, producer: kafka.BulkProducer,
           ranges: Sequence[Range]) -> CopyStats:
+    # A round allocates a few tuples and lists per record that all live until it ends:
+    # the cyclic collector would walk them again and again (measured: the record copy
+    # cost 5-9 us with it, 2.7 us without). Refcounting frees them after the round.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _copy_records(consumer, producer, ranges)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
+                  ranges: Sequence[Range]) -> CopyStats:
     stats = CopyStats()
     out: list[kafka.OutRecord] = []
     deliver_at: list[bytes] = []

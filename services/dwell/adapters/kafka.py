@@ -418,6 +418,14 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Record]:
 # (KIP-447: the input offsets commit in the same transaction as the outputs).
 
 
+def topic_names(bootstrap: str, timeout: float = 15.0) -> set[str]:
+    """Every topic the cluster has (one metadata request)."""
+    try:
+        return set(admin(bootstrap).list_topics(timeout=timeout).topics)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"list_topics: {exc}") from exc
+
+
 def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
     """The partition ids of an existing topic; KafkaUnavailable when it is not there."""
     md = admin(bootstrap).list_topics(topic, timeout=timeout)
