@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -24,6 +24,15 @@ REDELIVERIES = Counter("dwell_redeliveries_total", "Redeliveries written to retr
                        "by redelivery count", ["count"], registry=REGISTRY)
 DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
               registry=REGISTRY)
+BATCH_SECONDS = Histogram("dwell_spark_batch_duration_seconds", "Duration of each "
+                          "micro-batch, by streaming query (drain, backoff)", ["query"],
+                          buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
+                          registry=REGISTRY)
+
+
+def observe_progress(query: str, batch_duration_ms: int) -> None:
+    """One finished micro-batch of ``query`` (from the app's StreamingQueryListener)."""
+    BATCH_SECONDS.labels(query=query).observe(batch_duration_ms / 1000)
 
 
 class _Lateness(Collector):
