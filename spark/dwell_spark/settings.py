@@ -24,9 +24,9 @@ class SparkSettings(CommonSettings):
     # rounds up to drain_local_max_records records are copied on the driver; larger ones
     # run as a Spark job, through Spark's Kafka source and sink when dense (offsets read
     # <= drain_dense_factor x records wanted), else as Python copies in Spark tasks.
-    # Measured on local[2] (2 cores shared with Kafka): driver 29-52k msg/s, tasks 28k,
-    # kafka-source 8.5k (20k msgs) / 19k (100k msgs): on one box the driver wins up to
-    # 100k records; Spark jobs pay off with executors on other machines.
+    # Measured on local[2] (2 cores shared with Kafka), 20k / 100k records: driver 68-72k /
+    # 79-87k msg/s, tasks 16k / 48-60k, kafka-source 8-10k / 26-34k: on one box the
+    # driver wins up to 100k records; Spark jobs pay off with executors on other machines.
     drain_local_max_records: int = Field(100000, ge=0)
     drain_dense_factor: float = Field(2.0, ge=1.0)
 
