@@ -149,3 +149,29 @@ def test_bulk_producer_writes_everything_and_flush_raises_on_a_rejected_record(
         p.flush(15)  # the failure was reported once, by the flush that covered it
     finally:
         p.close(1.0)
+
+
+@pytest.mark.parametrize("path", ["driver", "tasks", "kafka-source"])
+def test_topics_interleaved_on_one_partition_each_get_only_their_records(
+        spark_env, unique: str, path: str) -> None:  # noqa: ANN001
+    """Two topics' records alternate on one partition of dwell.delayed, so each topic's
+    bucket is a scattered span (a Range carrying its offsets): every path copies exactly
+    the indexed offsets of each topic to that topic's ready topic."""
+    spark, settings, r = spark_env
+    topics = [f"persistent://{unique}/ns/a-{path}", f"persistent://{unique}/ns/b-{path}"]
+    for t in topics:
+        kafka.ensure_topic(settings.kafka_bootstrap, TopicName.parse(t).kafka_topic, 1)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    now = int(time.time() * 1000)
+    futs = [(i, p.send(names.DELAYED, f"{i}".encode(), key=topics[i % 2], partition=0, headers={
+        "dwell-topic": topics[i % 2], "dwell-deliver-at": str(now - 10),
+        "dwell-tick-time": "1000"})) for i in range(40)]
+    p.flush()
+    p.close()
+    for k, t in enumerate(topics):
+        TopicIndex(r, t).add([(*f.result(10), now - 10, 1000) for i, f in futs if i % 2 == k])
+    assert Drainer(spark, settings, r).run_once(now, path=path) == 40
+    for k, t in enumerate(topics):
+        recs = read(settings.kafka_bootstrap, TopicName.parse(t).kafka_topic, 20)
+        assert sorted(int(x.value) for x in recs) == list(range(k, 40, 2))
+        assert {x.header("dwell-topic") for x in recs} == {t}
