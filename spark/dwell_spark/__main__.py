@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQueryListener
 
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import ensure_dwell_topics
@@ -47,26 +46,6 @@ def session(settings: SparkSettings) -> SparkSession:
     return spark
 
 
-class _Progress(StreamingQueryListener):
-    """Every query's micro-batch durations into `dwell_spark_batch_duration_seconds`."""
-
-    def onQueryStarted(self, event: object) -> None:  # noqa: N802 - Spark's names
-        pass
-
-    def onQueryProgress(self, event: object) -> None:  # noqa: N802
-        progress = event.progress  # type: ignore[attr-defined]
-        name = (progress.name or "").removeprefix("dwell-")
-        metrics.observe_progress(name, progress.batchDuration)
-        log.debug("%s batch %d: %d ms %s", name, progress.batchId, progress.batchDuration,
-                  progress.durationMs)
-
-    def onQueryIdle(self, event: object) -> None:  # noqa: N802
-        pass
-
-    def onQueryTerminated(self, event: object) -> None:  # noqa: N802
-        pass
-
-
 def main() -> int:
     settings = SparkSettings()
     logging.basicConfig(level=settings.log_level.upper(),
@@ -79,8 +58,8 @@ def main() -> int:
     # Start the Python workers and JIT before the first due bucket does (the first job
     # of a session takes seconds, later ones a fraction).
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()
-    spark.streams.addListener(_Progress())
     queries = [drain.start(spark, settings, r), backoff.start(spark, settings, r)]
+    metrics.watch(queries)
     log.info("dwell spark app running: %s", ", ".join(q.name for q in queries))
     spark.streams.awaitAnyTermination()
     for q in queries:

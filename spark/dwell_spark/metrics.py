@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from .records import LATENESS_BOUNDS_MS, CopyStats
@@ -24,15 +25,38 @@ REDELIVERIES = Counter("dwell_redeliveries_total", "Redeliveries written to retr
                        "by redelivery count", ["count"], registry=REGISTRY)
 DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
               registry=REGISTRY)
-BATCH_SECONDS = Histogram("dwell_spark_batch_duration_seconds", "Duration of each "
-                          "micro-batch, by streaming query (drain, backoff)", ["query"],
-                          buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
-                          registry=REGISTRY)
 
 
-def observe_progress(query: str, batch_duration_ms: int) -> None:
-    """One finished micro-batch of ``query`` (from the app's StreamingQueryListener)."""
-    BATCH_SECONDS.labels(query=query).observe(batch_duration_ms / 1000)
+class _LastBatch(Collector):
+    """`dwell_spark_last_batch_duration_ms{query}`: each streaming query's last
+    micro-batch, asked of Spark at scrape time (a Python StreamingQueryListener fell
+    behind under load: its callbacks queue for the driver's busy Python side)."""
+
+    def __init__(self) -> None:
+        self.queries: list[Any] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("dwell_spark_last_batch_duration_ms", "Duration of the last "
+                              "micro-batch of each streaming query (drain, backoff)",
+                              labels=["query"])
+        for q in list(self.queries):
+            try:
+                progress = q.lastProgress
+            except Exception:  # noqa: BLE001 - a scrape reports what it can
+                continue
+            if progress:
+                name = (progress.get("name") or "").removeprefix("dwell-")
+                g.add_metric([name], float(progress.get("batchDuration", 0)))
+        yield g
+
+
+LAST_BATCH = _LastBatch()
+REGISTRY.register(LAST_BATCH)
+
+
+def watch(queries: Sequence[Any]) -> None:
+    """The streaming queries whose last batch `/metrics` reports."""
+    LAST_BATCH.queries = list(queries)
 
 
 class _Lateness(Collector):
