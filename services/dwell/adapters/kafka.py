@@ -435,11 +435,32 @@ def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
     return sorted(t.partitions)
 
 
+# What a partition of a just-created topic answers until its leader is known everywhere.
+_NO_LEADER_YET = frozenset((KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION))
+
+
+def _watermarks(c: _Consumer, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+    """(low, high) watermark of one partition. A topic created a moment ago may not have
+    a leader this client knows yet: retried until `timeout`, then KafkaUnavailable."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+            return lo, hi
+        except KafkaException as exc:
+            err = exc.args[0]
+            transient = err.retriable() or err.code() in _NO_LEADER_YET
+            if not transient or time.monotonic() > deadline:
+                raise KafkaUnavailable(f"{topic}[{partition}] watermarks: {err.str()}") from exc
+            time.sleep(0.1)
+
+
 def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, int]:
     """The high watermark (next offset to be written) of every partition of a topic."""
     c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader"})
     try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+        return {p: _watermarks(c, topic, p, timeout)[1]
                 for p in partitions(bootstrap, topic, timeout)}
     finally:
         c.close()
@@ -454,7 +475,7 @@ def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
                    "enable.auto.commit": False, "isolation.level": "read_committed",
                    "fetch.wait.max.ms": 50})
     try:
-        marks = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+        marks = {p: _watermarks(c, topic, p, timeout)
                  for p in partitions(bootstrap, topic, timeout)}
         ends = {p: hi for p, (_, hi) in marks.items()}
         # A compacted or expired log may start above 0: begin at its first offset.
