@@ -80,9 +80,11 @@ def _encode_headers(headers: Headers | None) -> list[tuple[str, bytes]] | None:
 
 class Producer:
     """An idempotent, acks=all producer whose sends return futures of
-    (partition, offset). A background thread serves delivery callbacks."""
+    (partition, offset). A background thread serves delivery callbacks (unless
+    `poll_in_background` is False: then only `flush` serves them)."""
 
-    def __init__(self, bootstrap: str, *, linger_ms: int = 5, **extra: Any) -> None:
+    def __init__(self, bootstrap: str, *, linger_ms: int = 5, poll_in_background: bool = True,
+                 **extra: Any) -> None:
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "acks": "all",
@@ -96,9 +98,11 @@ class Producer:
         conf.update(extra)
         self._p = _Producer(conf)
         self._closed = threading.Event()
-        self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer-poll",
-                                        daemon=True)
-        self._poller.start()
+        self._poller: threading.Thread | None = None
+        if poll_in_background:
+            self._poller = threading.Thread(target=self._poll_loop, name="kafka-producer-poll",
+                                            daemon=True)
+            self._poller.start()
 
     def _poll_loop(self) -> None:
         while not self._closed.is_set():
@@ -196,7 +200,11 @@ class Producer:
         try:
             self._p.flush(timeout)
         finally:
-            self._closed.set()
+            self._stop_poller()
+
+    def _stop_poller(self) -> None:
+        self._closed.set()
+        if self._poller is not None:
             self._poller.join(timeout=1)
 
 
@@ -546,8 +554,7 @@ class TransactionalProducer(Producer):
             raise KafkaUnavailable(f"abort_transaction: {exc}") from exc
 
     def close(self, timeout: float = 10.0) -> None:
-        self._closed.set()
-        self._poller.join(timeout=1)
+        self._stop_poller()
 
 
 class BulkProducer(Producer):
@@ -558,12 +565,10 @@ class BulkProducer(Producer):
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 5, **extra: Any) -> None:
         self._failures: list[str] = []
-        super().__init__(bootstrap, linger_ms=linger_ms, **{
-            "delivery.report.only.error": True, "on_delivery": self._failed, **extra})
         # No background poller: failure reports are served by `flush` on the caller's
         # thread, so none can land after the flush that covers its record.
-        self._closed.set()
-        self._poller.join()
+        super().__init__(bootstrap, linger_ms=linger_ms, poll_in_background=False, **{
+            "delivery.report.only.error": True, "on_delivery": self._failed, **extra})
 
     def _failed(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:

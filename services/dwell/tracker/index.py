@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -372,23 +372,13 @@ class SubscriptionIndex(_Index):
         for src, part, off, at in positions:
             b = at - at % tick_ms
             by_bucket.setdefault(b, {}).setdefault(f"{src}:{part}".encode(), []).append(off)
-        ks = self.keys
         for b, fields in by_bucket.items():
-            while True:
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.hgetall(ks.bucket(b))
-                pipe.get(ks.delta(b))
-                blobs, delta = pipe.execute()
-                args: list[Any] = [b, hashlib.sha1(delta or b"").hexdigest(),
-                                   bucket_digest(blobs)]
+            def put(merged: dict[bytes, BitMap64],
+                    fields: dict[bytes, list[int]] = fields) -> bool:
                 for f, offs in fields.items():
-                    bm = decode(blobs[f]) if f in blobs else BitMap64()
-                    bm.update(offs)
-                    args += [f, encode(bm)]
-                rc = self._scripts.merge(keys=[ks.bucket(b), ks.delta(b), ks.index, ks.dirty],
-                                         args=args)
-                if int(rc) == MERGED:
-                    break
+                    merged.setdefault(f, BitMap64()).update(offs)
+                return True
+            self._rewrite(b, put)
         if by_bucket:
             self.redis.zadd(DUE_SUBSCRIPTIONS, {self._due_member: min(by_bucket)}, lt=True)
         return sum(len(o) for f in by_bucket.values() for o in f.values())
@@ -401,21 +391,35 @@ class SubscriptionIndex(_Index):
         happened (or is being written), as in Pulsar an ack after the redelivery does not
         undo it. A bucket left empty stays in the index until the drain claims it (an
         empty claim writes nothing)."""
-        ks = self.keys
         name = f"{source}:{partition}".encode()
+
+        def drop(merged: dict[bytes, BitMap64]) -> bool:
+            bm = merged.get(name)
+            if bm is None or offset not in bm:
+                return False
+            bm.discard(offset)
+            return True
+        return self._rewrite(bucket_start, drop)
+
+    def _rewrite(self, bucket_start: int,
+                 change: Callable[[dict[bytes, BitMap64]], bool]) -> bool:
+        """Read a live bucket (blobs ∪ pending deltas), let `change` edit it, and write it
+        back with merge-4.lua's compare-and-set, re-reading whenever a claim or another
+        writer changed it in between. False, with nothing written, when `change` says
+        there is nothing to change."""
+        ks = self.keys
         while True:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hgetall(ks.bucket(bucket_start))
             pipe.get(ks.delta(bucket_start))
             blobs, delta = pipe.execute()
-            # Fold any pending deltas in too (merge-4.lua drops them once it writes).
+            # Pending deltas are folded in too (merge-4.lua drops them once it writes).
             merged = {f: decode(b) for f, b in blobs.items()}
             if delta:
                 for fid, offs in unpack_deltas(delta).items():
                     merged.setdefault(str(fid).encode(), BitMap64()).update(offs)
-            if name not in merged or offset not in merged[name]:
+            if not change(merged):
                 return False
-            merged[name].discard(offset)
             args: list[Any] = [bucket_start, hashlib.sha1(delta or b"").hexdigest(),
                                bucket_digest(blobs)]
             for f, bm in merged.items():
