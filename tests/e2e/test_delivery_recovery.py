@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -60,13 +61,17 @@ def test_spark_driver_killed_mid_drain_loses_and_shows_nothing_twice(
     c = consumer(e2e, topic, "all")
     r = redis_adapter.connect(e2e.redis_url)
     claims_key = TopicIndex(r, topic).keys.claims
-    # All due within 1.5 s, a few seconds out: published and indexed before the first is due.
-    base = now_ms() + 6000
+    # All due within 1.5 s, a few seconds out: published and indexed before the first is
+    # due. From a tick boundary, so both buckets are large (2/3 and 1/3 of the messages).
+    base = (now_ms() // TICK_MS + 6) * TICK_MS
     at = [base + i * 1500 // CRASH_MESSAGES for i in range(CRASH_MESSAGES)]
     ids = publish_batch(e2e, topic, at)
     assert len(set(ids)) == CRASH_MESSAGES and now_ms() < base, "publishing took too long"
+    bucket_of = {mid: a - a % TICK_MS for mid, a in zip(ids, at, strict=True)}
+    in_bucket = Counter(bucket_of.values())
 
     received: dict[str, int] = {}
+    got: Counter[int] = Counter()  # messages received, by bucket
     repeats: list[str] = []
     stop = threading.Event()
 
@@ -77,15 +82,22 @@ def test_spark_driver_killed_mid_drain_loses_and_shows_nothing_twice(
                 continue
             if m.message_id in received:
                 repeats.append(m.message_id)
+            else:
+                got[bucket_of[m.message_id]] += 1
             received[m.message_id] = m.redelivery_count
+
+    def half_written() -> bool:
+        """A bucket is claimed and the application has some, not all, of its copies."""
+        claimed = (int(b) for b in r.zrange(claims_key, 0, -1))
+        return any(0 < got[b] < in_bucket[b] for b in claimed)
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     try:
-        # Kill the driver while it is writing a bucket: it holds a claim on the topic's
-        # index and the application has already received some of the copies.
+        # Kill the driver while it is writing a bucket: it holds the bucket's claim and
+        # the application has already received some of its copies.
         deadline = time.monotonic() + 30
-        while not (received and r.zcard(claims_key)):
+        while not half_written():
             assert time.monotonic() < deadline, "the drain never claimed and wrote a bucket"
             time.sleep(0.001)
         e2e.spark.kill()
