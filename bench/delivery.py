@@ -514,7 +514,7 @@ def main() -> None:
             "DWELL_SPARK_CHECKPOINT_DIR": str(tmp / "checkpoints"),
             "DWELL_SPARK_METRICS_PORT": str(metrics_port),
             "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
-            "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_BACKOFF_TRIGGER_MS": "1000",
+            "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_BACKOFF_TRIGGER_MS": "250",
             "DWELL_REDELIVERY_TICK_MS": "100", "DWELL_LOG_LEVEL": "info"}, cwd=ROOT / "spark")
         t0 = time.monotonic()
         wait_healthy(procs, tracker)

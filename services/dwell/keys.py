@@ -103,7 +103,8 @@ def subscriptions(topic: str) -> str:
 
 
 def sub_counts(topic: str, subscription: str) -> str:
-    """HASH messageId -> redelivery count, for one subscription."""
+    """HASH messageId -> redelivery count of its pending index entry, for one
+    subscription; -(count + 1) marks a dead letter (the drain sends it to the DLQ)."""
     return f"dwell:sub:{{{topic}}}:{subscription}:cnt"
 
 

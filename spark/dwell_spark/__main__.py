@@ -29,11 +29,25 @@ def session(settings: SparkSettings) -> SparkSession:
     b = (SparkSession.builder.appName("dwell")
          .master(settings.spark_master)
          .config("spark.ui.enabled", "false")
+         .config("spark.python.daemon.module", "dwell_spark.daemon")
          .config("spark.sql.shuffle.partitions", str(settings.state_partitions))
          # The drain hands its wanted ranges to the JVM as a pandas frame.
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.streaming.stateStore.providerClass",
-                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"))
+                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+         # A micro-batch writes RocksDB's changelog, not a zipped snapshot of the store.
+         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                 "true")
+         # Micro-batches only when there is input: the backoff's timers only clean up
+         # state (see dwell_spark.backoff), and the drain's source always has a row.
+         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
+    if "://" not in settings.spark_checkpoint_dir or settings.spark_checkpoint_dir.startswith(
+            "file:"):
+        # On a local disk Hadoop's FileContext rename forks `readlink` for every
+        # checkpoint file (several per micro-batch); FileSystem's rename does not.
+        b = b.config("spark.sql.streaming.checkpointFileManagerClass",
+                     "org.apache.spark.sql.execution.streaming.checkpointing."
+                     "FileSystemBasedCheckpointFileManager")
     if settings.spark_master.startswith("local"):
         # Local mode has nothing to reach from outside: keep the driver's RPC and block
         # manager ports on loopback, like every other local process of dwell.

@@ -10,9 +10,13 @@ latency does not add to the redelivery gaps as long as it stays below the delay.
 
 Dead letters (Pulsar's DeadLetterPolicy, after maxRedeliverCount redeliveries): a nack
 past the limit dead-letters at once (nothing can cancel a nack); an unacked delivery past
-the limit dead-letters when its ack timeout (plus backoff) runs out, by the state's
-processing-time timer (an ack before then cancels it), i.e. at the first micro-batch after
-the time its redelivery would have happened. Other timers only clean up state.
+the limit goes into the redelivery index like a redelivery (``dead``: its count stored
+as -(count + 1)), and the drain sends it to the DLQ instead of the retry topic once its
+ack timeout (plus backoff) has run out; an ack before then takes it out again. So the
+index does all the timing and the state's processing-time timers only clean up: the
+query runs no micro-batch without new events (``noDataMicroBatches`` off), and an idle
+app costs next to no CPU (0.10 of a core, against 0.6 when a batch ran every trigger to
+look for timeouts; local[2], measured).
 
 The subscription settings ride on each event (the SDK copies what it registered at the
 tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` absent: a
@@ -40,6 +44,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dwell import keys
+from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.backoff import (
     ExponentialRedeliveryBackoff,
@@ -51,7 +56,8 @@ from dwell.core.topics import TopicName, dlq_topic
 from dwell.tracker import subscriptions as registry
 from dwell.tracker.index import SubscriptionIndex
 
-from .drain import READY_AFTER_BATCHES, TopicCache, write_ranges
+from . import metrics
+from .drain import FETCH_MAX_WAIT_MS, TopicCache, write_ranges
 from .records import Range
 from .settings import SparkSettings
 
@@ -70,9 +76,10 @@ EVENT_SCHEMA = StructType([
     StructField("negativeAckRedeliveryBackoff", StringType()),
     StructField("maxRedeliverCount", LongType()),
 ])
-# The pending redelivery of one message: due at ``dueAt`` in the index bucket ``bucket``
-# (field and offset follow from the messageId), as redelivery ``redeliveryCount``; no
-# bucket: a dead letter due at ``dueAt`` unless acked first (the state's timer sends it).
+# The pending redelivery (or dead letter) of one message: due at ``dueAt`` in the index
+# bucket ``bucket`` (field and offset follow from the messageId), as redelivery
+# ``redeliveryCount``. No bucket: a dead letter the state's timer sends (state written
+# before dead letters went through the index; none is written now).
 STATE_SCHEMA = StructType([
     StructField("dueAt", LongType()),
     StructField("bucket", LongType()),
@@ -82,12 +89,12 @@ OUTPUT_SCHEMA = StructType([
     StructField("topic", StringType()),
     StructField("subscription", StringType()),
     StructField("messageId", StringType()),
-    StructField("action", StringType()),  # schedule | cancel | dlq | ack
+    StructField("action", StringType()),  # schedule | dead | cancel | dlq | ack
     StructField("at", LongType()),
-    StructField("bucket", LongType()),  # schedule, cancel: the index bucket
+    StructField("bucket", LongType()),  # schedule, dead, cancel: the index bucket
     StructField("redeliveryCount", LongType()),
 ])
-SCHEDULE, CANCEL, DLQ, ACK = "schedule", "cancel", "dlq", "ack"
+SCHEDULE, DEAD, CANCEL, DLQ, ACK = "schedule", "dead", "cancel", "dlq", "ack"
 # How long the state of a scheduled redelivery outlives its due time: an ack within it
 # still reaches the index entry (a no-op once the drain has claimed it). After it the
 # state goes; the redelivered copy's own events start a new one.
@@ -178,7 +185,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
         due, bucket, count = state.get
         state.remove()
         if _opt_int(bucket) is None:
-            # Unacked past maxRedeliverCount: dead-letter at its redelivery time.
+            # Unacked past maxRedeliverCount, from an older checkpoint: dead-letter now.
             emit(DLQ, int(due), None, int(count))
     else:
         cur = tuple(state.get) if state.exists else None
@@ -192,12 +199,13 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
                 emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
 
         def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> tuple | None:
+            bucket = at - at % tick_ms
             if max_r is not None and count >= max_r:
                 if dead_now:
                     emit(DLQ, at, None, count)
                     return None
-                return (at, None, count)
-            bucket = at - at % tick_ms
+                emit(DEAD, at, bucket, count)
+                return (at, bucket, count)
             emit(SCHEDULE, at, bucket, count + 1)
             return (at, bucket, count + 1)
 
@@ -226,9 +234,9 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
                 cur = schedule(at, count, _opt_int(ev.maxRedeliverCount), dead_now=True)
         if cur is not None:
             state.update(cur)
-            # A pending dead letter fires at its due time; a scheduled redelivery's state
-            # is only kept for acks that may still cancel it.
-            until = int(cur[0]) + (STATE_GRACE_MS if _opt_int(cur[1]) is not None else 0)
+            # Kept for acks that may still cancel the entry, then dropped (at the first
+            # micro-batch after that: batches run only when events come).
+            until = int(cur[0]) + STATE_GRACE_MS
             state.setTimeoutDuration(max(1, until - int(time.time() * 1000)))
         elif state.exists:
             state.remove()
@@ -255,10 +263,13 @@ class Scheduler:
                 idx.forget(row.messageId)
                 continue
             source, partition, offset = parse_message_id(row.messageId)
-            if row.action == SCHEDULE:
-                # Count first: the drain reads it when it emits the redelivery.
+            if row.action in (SCHEDULE, DEAD):
+                # Count first: the drain reads it when it emits the entry. A dead letter's
+                # is stored as -(count + 1), which tells the drain to send it to the DLQ
+                # (drain.redelivery_ranges).
+                count = int(row.redeliveryCount)
                 self.redis.hset(keys.sub_counts(row.topic, row.subscription), row.messageId,
-                                int(row.redeliveryCount))
+                                count if row.action == SCHEDULE else -count - 1)
                 idx.add([(source, partition, offset, int(row.at))], tick)
             elif row.action == CANCEL:
                 idx.remove(source, partition, offset, int(row.bucket))
@@ -279,6 +290,8 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
            .option("subscribe", names.ACKS)
            .option("startingOffsets", settings.acks_starting_offsets)
            .option("failOnDataLoss", "false")
+           # A micro-batch's read of one event took ~540 ms at Kafka's default, ~60 ms now.
+           .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
            .load())
     return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
             .select("e.*")
@@ -286,8 +299,36 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
                    & F.col("messageId").isNotNull() & F.col("ts").isNotNull()))
 
 
+# The app's own event on dwell.acks at start (an ack of nothing): the query says "backoff
+# ready" once a micro-batch has carried it through the state function, so the first
+# consumer events do not pay for starting the Python workers and the first plans
+# (seconds). Its decision is not applied.
+WARM_UP_TOPIC = "persistent://dwell/system/backoff-warm-up"
+WARM_UP_RESEND_S = 5.0
+
+
+def warm_up(bootstrap: str, done: threading.Event) -> None:
+    """Send the warm-up event until a batch has read it: one sent before the query has
+    fixed its starting offsets ("latest" on a new checkpoint) is never read."""
+    p = kafka.Producer(bootstrap, linger_ms=0)
+    try:
+        while not done.is_set():
+            body = {"event": ACK, "topic": WARM_UP_TOPIC, "subscription": "warm-up",
+                    "messageId": "dwell.delayed:0:0", "ts": int(time.time() * 1000)}
+            try:
+                p.send(names.ACKS, json.dumps(body).encode(),
+                       key=f"{WARM_UP_TOPIC}/warm-up".encode()).result(10)
+            except Exception:  # noqa: BLE001 - Kafka down for now: try again
+                log.warning("backoff warm-up event not sent; retrying", exc_info=True)
+            done.wait(WARM_UP_RESEND_S)
+    finally:
+        p.close()
+
+
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):  # noqa: ANN201
     scheduler = Scheduler(spark, settings, redis)
+    warmed = threading.Event()
+    metrics.expect_query("backoff")
     lookup = RegistryLookup(settings.redis_url)
     tick = settings.redelivery_tick_ms
 
@@ -295,16 +336,19 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
               state: GroupState) -> Iterator[pd.DataFrame]:
         return step(key, batches, state, lookup, tick)
 
-    def _batch(df: DataFrame, batch_id: int) -> None:
+    def _batch(df: DataFrame, _batch_id: int) -> None:
         rows = df.collect()
-        if batch_id == READY_AFTER_BATCHES:
+        if not warmed.is_set() and any(r.topic == WARM_UP_TOPIC for r in rows):
+            warmed.set()
+            metrics.mark_ready("backoff")
             log.info("backoff ready")
+        rows = [r for r in rows if r.topic != WARM_UP_TOPIC]
         if rows:
             scheduler.apply(rows)
             # Lead: how long before its due time the earliest redelivery reached the index
             # (negative: the batch came too late for it, and it goes at once).
             now = int(time.time() * 1000)
-            leads = [int(r.at) - now for r in rows if r.action == SCHEDULE]
+            leads = [int(r.at) - now for r in rows if r.action in (SCHEDULE, DEAD)]
             log.info("backoff: %d decisions; earliest scheduled redelivery due in %s ms",
                      len(rows), min(leads) if leads else "-")
 
@@ -312,9 +356,12 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
                  .groupBy("topic", "subscription", "messageId")
                  .applyInPandasWithState(_step, OUTPUT_SCHEMA, STATE_SCHEMA, "Update",
                                          GroupStateTimeout.ProcessingTimeTimeout))
-    return (decisions.writeStream.queryName("dwell-backoff")
-            .outputMode("update")
-            .foreachBatch(_batch)
-            .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
-            .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/backoff")
-            .start())
+    query = (decisions.writeStream.queryName("dwell-backoff")
+             .outputMode("update")
+             .foreachBatch(_batch)
+             .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
+             .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/backoff")
+             .start())
+    threading.Thread(target=warm_up, args=(settings.kafka_bootstrap, warmed),
+                     name="backoff-warm-up", daemon=True).start()
+    return query

@@ -25,7 +25,7 @@ from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id
-from dwell.core.topics import TopicName, retry_topic
+from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.tracker.index import (
     ClaimedBucket,
     SubscriptionIndex,
@@ -42,14 +42,15 @@ from .records import (
     CopyStats,
     Range,
     copy_ranges,
+    is_dead_letter,
     spans,
 )
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.drain")
-# The first micro-batches of a fresh query take seconds (planning, worker start); after
-# this many the trigger keeps its pace, and the app says so in its log.
-READY_AFTER_BATCHES = 2
+# kafka.fetch.max.wait.ms of Spark's Kafka source where it reads offset ranges it knows
+# exist: at Kafka's default (500 ms) a fetch for a few fresh records waited it out.
+FETCH_MAX_WAIT_MS = 10
 
 # Header names the JVM copy replaces or drops (the Python copy: records.output_record).
 _DROPPED = "'dwell-key', 'dwell-tick-time', 'dwell-origin', 'dwell-message-id'"
@@ -59,6 +60,8 @@ _DROPPED = "'dwell-key', 'dwell-tick-time', 'dwell-origin', 'dwell-message-id'"
 class Claim:
     index: TopicIndex | SubscriptionIndex
     bucket: ClaimedBucket
+    # messageIds of the bucket's dead letters, whose stored counts go once it is written.
+    dead_letters: tuple[str, ...] = ()
 
 
 class TopicCache:
@@ -162,6 +165,7 @@ def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
                    {t: {p: hi + 1 for p, (_, hi) in ps.items()} for t, ps in bounds.items()}))
                .option("includeHeaders", "true")
                .option("kafka.isolation.level", "read_committed")
+               .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
                .load())
     # records["offset"], not records.offset: DataFrame.offset is a method.
     joined = records.join(F.broadcast(wanted), (records["topic"] == wanted["w_source"])
@@ -247,7 +251,11 @@ def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
 
 
 def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[Range]:
-    target = retry_topic(TopicName.parse(index.topic), index.subscription)
+    """The claimed bucket's entries as ranges to the subscription's retry topic, with
+    their redelivery counts; entries whose count is stored as -(count + 1) go to its DLQ
+    with that count (dead letters, see dwell_spark.backoff)."""
+    topic = TopicName.parse(index.topic)
+    retry, dlq = retry_topic(topic, index.subscription), dlq_topic(topic, index.subscription)
     out = []
     for field, offsets in bucket.positions.items():
         source, _, part = str(field).rpartition(":")
@@ -255,8 +263,18 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[R
             offs = list(range(a, b + 1))
             raw = index.redis.hmget(keys.sub_counts(index.topic, index.subscription),
                                     [format_message_id(source, int(part), o) for o in offs])
-            counts = {o: max(1, int(c or 0)) for o, c in zip(offs, raw, strict=True)}
-            out.append(Range(target, source, int(part), a, b, index.subscription, counts))
+            stored = [int(c or 0) for c in raw]
+            # One range per run of entries with one target.
+            lo = 0
+            for hi in range(1, len(offs) + 1):
+                if hi < len(offs) and (stored[hi] < 0) == (stored[lo] < 0):
+                    continue
+                dead = stored[lo] < 0
+                counts = {o: (-c - 1 if dead else max(1, c))
+                          for o, c in zip(offs[lo:hi], stored[lo:hi], strict=True)}
+                out.append(Range(dlq if dead else retry, source, int(part), offs[lo],
+                                 offs[hi - 1], index.subscription, counts))
+                lo = hi
     return out
 
 
@@ -286,8 +304,11 @@ class Drainer:
             # Redeliveries are never early: only buckets whose last millisecond passed.
             cutoff = now_ms - s.redelivery_tick_ms + 1
             for b in sidx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, cutoff):
-                claims.append(Claim(sidx, b))
-                ranges += redelivery_ranges(sidx, b)
+                mine = redelivery_ranges(sidx, b)
+                dead = tuple(format_message_id(r.source, r.partition, o)
+                             for r in mine if is_dead_letter(r) for o in r.counts)
+                claims.append(Claim(sidx, b, dead))
+                ranges += mine
         return claims, ranges
 
     def lag_ms(self, now_ms: int) -> int:
@@ -316,6 +337,10 @@ class Drainer:
                 # Our lease expired and another drainer holds the bucket: it re-emits,
                 # the SDK drops the repeats.
                 log.warning("claim on bucket %s lost before completion", c.bucket.bucket_start)
+            elif c.dead_letters:
+                # No event follows a dead letter (a redelivery's count stays until its ack).
+                c.index.redis.hdel(keys.sub_counts(c.index.topic, c.index.subscription),
+                                   *c.dead_letters)
         log.info("drained %d records from %d buckets in %.0f ms (%s)", written, len(claims),
                  (time.monotonic() - started) * 1000, path)
         return written

@@ -118,6 +118,12 @@ def batch_done(name: str) -> bool:
         return _batches[name] == READY_AFTER_BATCHES
 
 
+def mark_ready(name: str) -> None:
+    """A query that says for itself when it is ready (the backoff: see backoff.warm_up)."""
+    with _batches_lock:
+        _batches[name] = max(_batches.get(name, 0), READY_AFTER_BATCHES)
+
+
 def ready() -> bool:
     with _batches_lock:
         return bool(_batches) and all(n >= READY_AFTER_BATCHES for n in _batches.values())

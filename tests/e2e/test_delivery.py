@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -98,6 +99,34 @@ def ack_timeout_scenario(e2e: Stack) -> dict[str, Any]:
         return {"mid": mid, "copies": copies, "after_ack": c.receive(quiet_s)}
     finally:
         c.close()
+
+
+def unacked_dead_letter_scenario(e2e: Stack) -> dict[str, Any]:
+    """maxRedeliverCount 1 and no ack: the original, one redelivery, then the DLQ once
+    the redelivery's own ack timeout (plus backoff) has run out."""
+    topic = make_topic(e2e, new_tenant())
+    dlq = dlq_topic(TopicName.parse(topic), "never")
+    kafka.ensure_topic(e2e.bootstrap, dlq, 4)
+    reader = kafka.Consumer(e2e.bootstrap, f"dlq-{uuid.uuid4().hex[:8]}", [dlq],
+                            auto_offset_reset="earliest")
+    c = consumer(e2e, topic, "never", ack_timeout_ms=ACK_TIMEOUT_MS,
+                 ack_timeout_redelivery_backoff=PIP130, max_redeliver_count=1)
+    try:
+        with Producer(topic, admission_url=e2e.admission) as p:
+            mid = p.send(b"unwanted")
+        copies = [receive_one(c, 20)]
+        copies.append(receive_one(c, (ACK_TIMEOUT_MS + PIP130.next(0)
+                                      + REDELIVERY_MARGIN_MS) / 1000 + 5))
+        deadline = time.monotonic() + (ACK_TIMEOUT_MS + PIP130.next(1)
+                                       + REDELIVERY_MARGIN_MS) / 1000 + 5
+        dead: list[kafka.Record] = []
+        while not dead and time.monotonic() < deadline:
+            dead = reader.poll(10, 0.05)
+        return {"mid": mid, "copies": copies, "dead": dead, "dead_at": now_ms(),
+                "after_dead": c.receive(1.0)}
+    finally:
+        c.close()
+        reader.close()
 
 
 def nack_scenario(e2e: Stack) -> dict[str, Any]:
@@ -263,6 +292,7 @@ def plain_kafka_scenario(e2e: Stack) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Stack], dict[str, Any]]] = {
     "delays": delays_scenario, "ack_timeout": ack_timeout_scenario, "nack": nack_scenario,
     "consumer_killed": consumer_killed_scenario, "plain_kafka": plain_kafka_scenario,
+    "unacked_dead_letter": unacked_dead_letter_scenario,
 }
 
 
@@ -335,6 +365,22 @@ def test_nack_backoff_gaps_then_dead_letter(runs) -> None:  # noqa: ANN001
     [dead] = res["dlq"]
     assert dead.value == b"job" and dead.header("dwell-message-id") == res["mid"]
     assert dead.header("dwell-redelivery-count") == str(MAX_REDELIVER)
+
+
+def test_unacked_past_max_redeliver_count_goes_to_the_dlq_on_schedule(runs) -> None:  # noqa: ANN001
+    res = runs["unacked_dead_letter"].result(timeout=120)
+    first, again = res["copies"]
+    assert (again.msg.message_id, again.msg.redelivery_count) == (res["mid"], 1)
+    assert len(res["dead"]) == 1, "nothing (or too much) on the DLQ"
+    [dead] = res["dead"]
+    assert dead.value == b"unwanted" and dead.header("dwell-message-id") == res["mid"]
+    assert dead.header("dwell-redelivery-count") == "1"
+    # Due ackTimeout + next(1) after the redelivery was received; read within a poll.
+    want = ACK_TIMEOUT_MS + PIP130.next(1)
+    got = res["dead_at"] - again.before
+    print(f"unacked past maxRedeliverCount: DLQ {got} ms after the redelivery (want {want})")
+    assert want <= got <= want + redelivery_margin_ms(want)
+    assert res["after_dead"] is None
 
 
 def test_backoff_schedule_survives_a_killed_consumer(runs) -> None:  # noqa: ANN001

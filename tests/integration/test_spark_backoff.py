@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "spark"))
 from dwell_spark.backoff import (  # noqa: E402
     CANCEL,
+    DEAD,
     EVENT_SCHEMA,
     SCHEDULE,
     STATE_SCHEMA,
@@ -122,3 +123,29 @@ def test_scheduled_redelivery_is_indexed_and_an_ack_cancels_it(redis_url: str,
     sched.apply(rows)
     assert idx.complete(claimed.bucket_start, claimed.lease_id)
     assert idx.buckets() == []
+
+
+def test_unacked_past_max_is_indexed_as_a_dead_letter(redis_url: str, unique: str) -> None:
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    sched = Scheduler(None, SparkSettings(redis_url=redis_url,  # type: ignore[arg-type]
+                                          redelivery_tick_ms=TICK_MS), r)
+    idx = SubscriptionIndex(r, topic, "s")
+    now = int(time.time() * 1000)
+    mid = format_message_id("dwell.delayed", 2, 40)
+    state = new_state(now)
+    rows = run_step(topic, {"event": "delivered", "topic": topic, "subscription": "s",
+                            "messageId": mid, "ts": now, "redeliveryCount": 3,
+                            "ackTimeoutMs": 2000, "maxRedeliverCount": 3}, state)
+    assert [(x.action, x.at, x.redeliveryCount) for x in rows] == [(DEAD, now + 2000, 3)]
+    sched.apply(rows)
+    bucket = (now + 2000) - (now + 2000) % TICK_MS
+    assert live(idx, bucket) == {"dwell.delayed:2": {40}}
+    # -(count + 1): the drain reads it as "to the DLQ, redelivery count 3".
+    assert r.hget(keys.sub_counts(topic, "s"), mid) == b"-4"
+    # An ack before the timeout cancels it like any redelivery.
+    rows = run_step(topic, {"event": "ack", "topic": topic, "subscription": "s",
+                            "messageId": mid, "ts": now + 5, "redeliveryCount": 3}, state)
+    sched.apply(rows)
+    assert live(idx, bucket) == {"dwell.delayed:2": set()}
+    assert r.hget(keys.sub_counts(topic, "s"), mid) is None

@@ -18,7 +18,7 @@ from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id
-from dwell.core.topics import TopicName, retry_topic
+from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.tracker.index import SubscriptionIndex, TopicIndex
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +128,42 @@ def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> No
     assert x.header("dwell-subscription") == "sub"
     assert x.header("dwell-message-id") == mid
     assert sidx.buckets() == []
+
+
+@pytest.mark.parametrize("local_max", [0, 2000], ids=["spark-job", "driver"])
+def test_dead_letters_in_a_redelivery_bucket_go_to_the_dlq(spark_env, unique: str,  # noqa: ANN001
+                                                            local_max: int) -> None:
+    """The backoff writes an unacked message past maxRedeliverCount into the index with
+    its count stored as -(count + 1): the drain sends it to the DLQ with that count,
+    the bucket's other entries to the retry topic, and forgets the dead letters' counts."""
+    spark, settings, r = spark_env
+    settings = settings.model_copy(update={"drain_local_max_records": local_max})
+    topic = f"persistent://{unique}/ns/x"
+    t = TopicName.parse(topic)
+    kafka.ensure_topic(settings.kafka_bootstrap, t.kafka_topic, 1)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    sent = [p.send(t.kafka_topic, f"m{i}".encode(), headers={"dwell-topic": topic}).result(10)
+            for i in range(4)]
+    p.close()
+    mids = [format_message_id(t.kafka_topic, part, off) for part, off in sent]
+    # m0 and m3 are redeliveries 1 and 2; m1 and m2 dead letters after 3 and 0 redeliveries.
+    r.hset(keys.sub_counts(topic, "sub"), mapping={mids[0]: 1, mids[1]: -4, mids[2]: -1,
+                                                   mids[3]: 2})
+    now = int(time.time() * 1000)
+    sidx = SubscriptionIndex(r, topic, "sub")
+    sidx.add([(t.kafka_topic, part, off, now - 500) for part, off in sent],
+             settings.redelivery_tick_ms)
+    assert Drainer(spark, settings, r).run_once(now) == 4
+    retry = read(settings.kafka_bootstrap, retry_topic(t, "sub"), 2)
+    dead = read(settings.kafka_bootstrap, dlq_topic(t, "sub"), 2)
+    assert sorted((x.value, x.header("dwell-redelivery-count")) for x in retry) == [
+        (b"m0", "1"), (b"m3", "2")]
+    assert sorted((x.value, x.header("dwell-redelivery-count")) for x in dead) == [
+        (b"m1", "3"), (b"m2", "0")]
+    assert {x.header("dwell-message-id") for x in dead} == {mids[1], mids[2]}
+    assert sidx.buckets() == []
+    # Redeliveries keep their counts until acked; dead letters' are gone.
+    assert r.hmget(keys.sub_counts(topic, "sub"), mids) == [b"1", None, None, b"2"]
 
 
 def test_bulk_producer_writes_everything_and_flush_raises_on_a_rejected_record(

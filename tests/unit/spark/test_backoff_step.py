@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
 from dwell_spark.backoff import (  # noqa: E402
     ACK,
     CANCEL,
+    DEAD,
     DLQ,
     EVENT_SCHEMA,
     SCHEDULE,
@@ -115,15 +116,22 @@ def test_nack_backoff_then_dead_letter_at_once() -> None:
         (SCHEDULE, 1000, 1), (SCHEDULE, 2000, 2), (DLQ, 4000, 2)]
 
 
-def test_unacked_past_max_dead_letters_at_its_timeout_unless_acked() -> None:
+def test_unacked_past_max_goes_into_the_index_as_a_dead_letter_unless_acked() -> None:
     s = group_state()
     assert run(s, events(sdk_event("delivered", 100, 2, ackTimeoutMs=2000,
-                                   maxRedeliverCount=2))) == []
-    assert s.get == (2100, None, 2)
-    assert run(group_state(s.get, timed_out=True)) == [(DLQ, 2100, None, 2)]
+                                   maxRedeliverCount=2))) == [(DEAD, 2100, 2100, 2)]
+    assert s.get == (2100, 2100, 2)
+    # The timer only drops the state; the drain sends the dead letter.
+    expired = group_state(s.get, timed_out=True)
+    assert run(expired) == [] and not expired.exists
     acked = group_state(s.get)
-    assert run(acked, events(sdk_event("ack", 200, 2))) == [(ACK, 200, None, 2)]
+    assert run(acked, events(sdk_event("ack", 200, 2))) == [(CANCEL, 2100, 2100, 2),
+                                                          (ACK, 200, None, 2)]
     assert not acked.exists
+
+
+def test_a_pending_dead_letter_from_an_older_checkpoint_still_fires_on_its_timer() -> None:
+    assert run(group_state((2100, None, 2), timed_out=True)) == [(DLQ, 2100, None, 2)]
 
 
 def test_events_without_settings_take_the_registry() -> None:
