@@ -330,8 +330,10 @@ class Drainer:
         if not claims:
             return 0
         path = path or choose_path(self.settings, ranges)
+        claimed = time.monotonic()
         written = copy(self.spark, self.settings, self.topics, ranges, path,
                        self.copier).written
+        copied = time.monotonic()
         for c in claims:
             if not c.index.complete(c.bucket.bucket_start, c.bucket.lease_id):
                 # Our lease expired and another drainer holds the bucket: it re-emits,
@@ -341,8 +343,10 @@ class Drainer:
                 # No event follows a dead letter (a redelivery's count stays until its ack).
                 c.index.redis.hdel(keys.sub_counts(c.index.topic, c.index.subscription),
                                    *c.dead_letters)
-        log.info("drained %d records from %d buckets in %.0f ms (%s)", written, len(claims),
-                 (time.monotonic() - started) * 1000, path)
+        done = time.monotonic()
+        log.info("drained %d records from %d buckets in %.0f ms (%s; claim %.0f, copy %.0f, "
+                 "complete %.0f ms)", written, len(claims), (done - started) * 1000, path,
+                 (claimed - started) * 1000, (copied - claimed) * 1000, (done - copied) * 1000)
         return written
 
 
