@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
@@ -83,13 +84,19 @@ def live(idx: SubscriptionIndex, bucket: int) -> dict[str, set[int]]:
     return {k: set(v) for k, v in idx.read_bucket(bucket).items()}
 
 
-def test_scheduled_redelivery_is_indexed_and_an_ack_cancels_it(redis_url: str,
-                                                              unique: str) -> None:
+def scheduler(redis_url: str, unique: str) -> tuple[Any, str, Scheduler, SubscriptionIndex]:
+    """Redis, a fresh topic, a driver-side Scheduler (no Spark session: it writes only to
+    Redis here) and the topic's redelivery index of subscription "s"."""
     r = redis_adapter.connect(redis_url)
     topic = f"persistent://{unique}/ns/x"
     sched = Scheduler(None, SparkSettings(redis_url=redis_url,  # type: ignore[arg-type]
                                           redelivery_tick_ms=TICK_MS), r)
-    idx = SubscriptionIndex(r, topic, "s")
+    return r, topic, sched, SubscriptionIndex(r, topic, "s")
+
+
+def test_scheduled_redelivery_is_indexed_and_an_ack_cancels_it(redis_url: str,
+                                                              unique: str) -> None:
+    r, topic, sched, idx = scheduler(redis_url, unique)
     now = int(time.time() * 1000)
     mids = [format_message_id("dwell.delayed", 3, o) for o in (10, 11)]
     base = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000,
@@ -126,11 +133,7 @@ def test_scheduled_redelivery_is_indexed_and_an_ack_cancels_it(redis_url: str,
 
 
 def test_unacked_past_max_is_indexed_as_a_dead_letter(redis_url: str, unique: str) -> None:
-    r = redis_adapter.connect(redis_url)
-    topic = f"persistent://{unique}/ns/x"
-    sched = Scheduler(None, SparkSettings(redis_url=redis_url,  # type: ignore[arg-type]
-                                          redelivery_tick_ms=TICK_MS), r)
-    idx = SubscriptionIndex(r, topic, "s")
+    r, topic, sched, idx = scheduler(redis_url, unique)
     now = int(time.time() * 1000)
     mid = format_message_id("dwell.delayed", 2, 40)
     state = new_state(now)
