@@ -611,7 +611,6 @@ def section_lateness(procs: Procs, st: devstack.Stack, redis_url: str, metrics_u
     print(f"  wrote {OUT / 'delivery-lateness.png'}")
 
 
-
 def section_backoff_stack(procs: Procs, svc: dict[str, str], tracker: str,
                           bootstrap: str) -> None:
     policy = f"http://127.0.0.1:{free_port()}"

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 import numpy as np
 import pandas as pd
@@ -218,19 +219,12 @@ def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
 
 def _spans(offsets: BitMap64, max_gap: int) -> Iterator[tuple[np.ndarray, int, int]]:
     """The sorted offsets as one array, and (start, end) slices of it whose neighbours are
-    at most ``max_gap`` apart (1: runs of consecutive offsets); numpy, since the
-    pure-Python coalesce cost 0.25 s per 100k offsets."""
+    at most ``max_gap`` apart; numpy, since the pure-Python coalesce cost 0.25 s per 100k
+    offsets."""
     a = np.frombuffer(offsets.to_array(), dtype=np.uint64).astype(np.int64)
     cuts = (np.flatnonzero(np.diff(a) > max_gap) + 1).tolist()
     for lo, hi in zip([0, *cuts], [*cuts, len(a)], strict=True):
         yield a, lo, hi
-
-
-def _runs(offsets: BitMap64) -> list[tuple[int, int]]:
-    """Inclusive (first, last) runs of consecutive offsets."""
-    if not offsets:
-        return []
-    return [(int(a[lo]), int(a[hi - 1])) for a, lo, hi in _spans(offsets, 1)]
 
 
 def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
@@ -253,28 +247,21 @@ def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
 def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[Range]:
     """The claimed bucket's entries as ranges to the subscription's retry topic, with
     their redelivery counts; entries whose count is stored as -(count + 1) go to its DLQ
-    with that count (dead letters, see dwell_spark.backoff)."""
+    with that count (dead letters, see dwell_spark.backoff). One range per run of
+    consecutive offsets with one target."""
     topic = TopicName.parse(index.topic)
     retry, dlq = retry_topic(topic, index.subscription), dlq_topic(topic, index.subscription)
     out = []
     for field, offsets in bucket.positions.items():
         source, _, part = str(field).rpartition(":")
-        for a, b in _runs(offsets):
-            offs = list(range(a, b + 1))
-            raw = index.redis.hmget(keys.sub_counts(index.topic, index.subscription),
-                                    [format_message_id(source, int(part), o) for o in offs])
-            stored = [int(c or 0) for c in raw]
-            # One range per run of entries with one target.
-            lo = 0
-            for hi in range(1, len(offs) + 1):
-                if hi < len(offs) and (stored[hi] < 0) == (stored[lo] < 0):
-                    continue
-                dead = stored[lo] < 0
-                counts = {o: (-c - 1 if dead else max(1, c))
-                          for o, c in zip(offs[lo:hi], stored[lo:hi], strict=True)}
-                out.append(Range(dlq if dead else retry, source, int(part), offs[lo],
-                                 offs[hi - 1], index.subscription, counts))
-                lo = hi
+        offs = [int(o) for o in offsets]
+        stored = index.stored_counts([format_message_id(source, int(part), o) for o in offs])
+        entries = enumerate(zip(offs, stored, strict=True))
+        # offset - position is constant along a run of consecutive offsets.
+        for (_, dead), run in groupby(entries, key=lambda e: (e[1][0] - e[0], e[1][1] < 0)):
+            counts = {o: (-c - 1 if dead else max(1, c)) for _, (o, c) in run}
+            out.append(Range(dlq if dead else retry, source, int(part), min(counts),
+                             max(counts), index.subscription, counts))
     return out
 
 
@@ -341,8 +328,7 @@ class Drainer:
                 log.warning("claim on bucket %s lost before completion", c.bucket.bucket_start)
             elif c.dead_letters:
                 # No event follows a dead letter (a redelivery's count stays until its ack).
-                c.index.redis.hdel(keys.sub_counts(c.index.topic, c.index.subscription),
-                                   *c.dead_letters)
+                c.index.forget(*c.dead_letters)
         done = time.monotonic()
         log.info("drained %d records from %d buckets in %.0f ms (%s; claim %.0f, copy %.0f, "
                  "complete %.0f ms)", written, len(claims), (done - started) * 1000, path,

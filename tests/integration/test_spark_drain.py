@@ -130,6 +130,30 @@ def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> No
     assert sidx.buckets() == []
 
 
+def test_a_redelivery_bucket_emptied_by_acks_drains_with_the_rest(spark_env,  # noqa: ANN001
+                                                                 unique: str) -> None:
+    """Acks leave a bucket's field empty (the entry is removed, the field stays): the
+    round still drains the other entries of the bucket and completes it."""
+    spark, settings, r = spark_env
+    topic = f"persistent://{unique}/ns/x"
+    t = TopicName.parse(topic)
+    kafka.ensure_topic(settings.kafka_bootstrap, t.kafka_topic, 2)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    kept = p.send(t.kafka_topic, b"kept", partition=0, headers={"dwell-topic": topic}).result(10)
+    acked = p.send(t.kafka_topic, b"acked", partition=1, headers={"dwell-topic": topic}).result(10)
+    p.close()
+    now = int(time.time() * 1000)
+    due = now - 500
+    sidx = SubscriptionIndex(r, topic, "sub")
+    sidx.add([(t.kafka_topic, *kept, due), (t.kafka_topic, *acked, due)],
+             settings.redelivery_tick_ms)
+    assert sidx.remove(t.kafka_topic, *acked, due - due % settings.redelivery_tick_ms)
+    assert Drainer(spark, settings, r).run_once(now) == 1
+    [x] = read(settings.kafka_bootstrap, retry_topic(t, "sub"), 1)
+    assert x.value == b"kept"
+    assert sidx.buckets() == []
+
+
 @pytest.mark.parametrize("local_max", [0, 2000], ids=["spark-job", "driver"])
 def test_dead_letters_in_a_redelivery_bucket_go_to_the_dlq(spark_env, unique: str,  # noqa: ANN001
                                                             local_max: int) -> None:

@@ -587,7 +587,6 @@ class BulkProducer(Producer):
         if err is not None:
             self._failures.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
 
-
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every record queued is written; KafkaUnavailable if one was not."""
         super().flush(timeout)

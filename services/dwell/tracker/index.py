@@ -444,9 +444,17 @@ class SubscriptionIndex(_Index):
         raw = self.redis.hget(keys.sub_counts(self.topic, self.subscription), message_id)
         return int(raw) if raw is not None else 0
 
-    def forget(self, message_id: str) -> None:
-        """Drop a message's redelivery count (acked, or dead-lettered)."""
-        self.redis.hdel(keys.sub_counts(self.topic, self.subscription), message_id)
+    def stored_counts(self, message_ids: Sequence[str]) -> list[int]:
+        """The stored redelivery counts of messages (0 when none), in one HMGET."""
+        if not message_ids:
+            return []
+        raw = self.redis.hmget(keys.sub_counts(self.topic, self.subscription), message_ids)
+        return [int(c or 0) for c in raw]
+
+    def forget(self, *message_ids: str) -> None:
+        """Drop messages' redelivery counts (acked, or dead-lettered)."""
+        if message_ids:
+            self.redis.hdel(keys.sub_counts(self.topic, self.subscription), *message_ids)
 
     def drop(self) -> None:
         """Delete the whole redelivery index (the subscription was deleted)."""
