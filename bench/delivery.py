@@ -10,7 +10,8 @@ Kafka. Every measured part runs as its own process, so no two share a GIL:
    fresh group starting at the end of dwell.delayed, `python -m dwell_spark` with the drain
    and backoff queries, later policy and admission). A publisher process writes 2,000 msg/s
    for --uniform-seconds to dwell.delayed (the records admission would write), deliverAt
-   uniform over [now, now + 10 min]; the tracker indexes them. Measured: drain lag
+   uniform over [now, now + 10 min]; the tracker indexes them and re-files each 20 s chunk
+   of buckets 40 s before it is due (dwell.tracker.restage). Measured: drain lag
    (dwell_drain_lag_ms scraped from the Spark app's /metrics every 0.5 s) and lateness of
    the messages that came due during the run. Messages due later are not waited for.
 3. Lateness at 5,000 msg/s, deliverAt = now + uniform 1-5 s, tickTime 1 s, for
@@ -496,12 +497,9 @@ def main() -> None:
             ok = True
             return
 
-        # The stack. The tracker's fresh group starts where dwell.delayed ends now.
+        # The stack. The tracker's fresh group starts where the delay logs end now.
         group = f"dwell-tracker-bench-{uuid.uuid4().hex[:8]}"
-        c = kafka.Consumer(st.kafka_bootstrap, group)
-        c.commit({(names.DELAYED, p): o
-                  for p, o in kafka.end_offsets(st.kafka_bootstrap, names.DELAYED).items()})
-        c.close()
+        kafka.start_group_at_end(st.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
         svc = st.service_env()
         tracker = f"http://127.0.0.1:{free_port()}"
         procs.start("tracker", ["-m", "dwell.tracker"], svc | {

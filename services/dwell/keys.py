@@ -127,7 +127,9 @@ class IndexKeys:
     - `<prefix>claims`    ZSET bucketStart -> lease expiry (ms), buckets handed to a drainer;
     - `<prefix>leases`    HASH bucketStart -> lease id;
     - `<prefix>clm:<b>`   LIST field, blob, field, blob, ... : a claimed bucket's blobs;
-    - `<prefix>clmd:<b>`  STRING: a claimed bucket's deltas.
+    - `<prefix>clmd:<b>`  STRING: a claimed bucket's deltas;
+    - `<prefix>restaged`  STRING: the last chunk of buckets the tracker re-filed (a topic
+      index only; dwell.tracker.restage).
     """
 
     __slots__ = ("prefix", "index", "bucket_prefix")
@@ -172,3 +174,7 @@ class IndexKeys:
 
     def claimed_delta(self, bucket_start: int) -> str:
         return f"{self.prefix}clmd:{bucket_start}"
+
+    @property
+    def restaged(self) -> str:
+        return f"{self.prefix}restaged"

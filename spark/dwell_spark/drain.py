@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.core.positions import format_message_id
+from dwell.core.positions import field_partition, format_message_id
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.tracker.index import (
     ClaimedBucket,
@@ -53,7 +53,8 @@ log = logging.getLogger("dwell.spark.drain")
 # exist: at Kafka's default (500 ms) a fetch for a few fresh records waited it out.
 FETCH_MAX_WAIT_MS = 10
 
-# Header names the JVM copy replaces or drops (the Python copy: records.output_record).
+# Header names the JVM copy replaces or drops (the Python copy: records.output_record); a
+# re-filed copy's dwell-origin and dwell-message-id (dwell.tracker.restage) are kept.
 _DROPPED = "'dwell-key', 'dwell-tick-time', 'dwell-origin', 'dwell-message-id'"
 
 
@@ -184,7 +185,10 @@ def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
         F.col("value"),
         F.expr(f"""concat(filter(coalesce(headers, array()), h -> h.key NOT IN ({_DROPPED})),
             array(named_struct('key', 'dwell-origin',
-                               'value', cast(concat(partition, ':', offset) AS BINARY)),
+                               'value', coalesce(
+                                   CASE WHEN topic = '{names.REFILED}'
+                                        THEN {header('dwell-origin')} END,
+                                   cast(concat(partition, ':', offset) AS BINARY))),
                   named_struct('key', 'dwell-message-id',
                                'value', coalesce({header('dwell-message-id')},
                                    cast(concat(topic, ':', partition, ':', offset)
@@ -228,18 +232,21 @@ def _spans(offsets: BitMap64, max_gap: int) -> Iterator[tuple[np.ndarray, int, i
 
 
 def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
-    """One Range per span of a bucket's offsets (records.MAX_GAP apart at most): a span
+    """One Range per span of a bucket's offsets (records.MAX_GAP apart at most), from
+    `dwell.delayed` or the re-file log (dwell.core.positions.field_partition): a span
     whose offsets are not all consecutive (topics sharing a partition of dwell.delayed
     interleave) carries its offsets, instead of becoming one Range per run."""
     target = TopicName.parse(topic).kafka_topic
     out = []
-    for p, offsets in bucket.positions.items():
+    for f, offsets in bucket.positions.items():
         if not offsets:
             continue
+        refiled, p = field_partition(int(f))
+        source = names.REFILED if refiled else names.DELAYED
         for a, lo, hi in _spans(offsets, MAX_GAP):
             first, last = int(a[lo]), int(a[hi - 1])
             dense = last - first + 1 == hi - lo
-            out.append(Range(target, names.DELAYED, int(p), first, last,
+            out.append(Range(target, source, p, first, last,
                              offsets=None if dense else BitMap64(a[lo:hi])))
     return out
 

@@ -36,10 +36,7 @@ READ_TIMEOUT_S = 30.0
 SEND_CHUNK = 2000
 MAX_GAP = 2000
 # Large fetches: a range is read in a few round trips instead of 1 MiB at a time.
-READER_CONFIG = {"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10,
-                 "fetch.queue.backoff.ms": 1, "max.partition.fetch.bytes": 16 << 20,
-                 "fetch.max.bytes": 64 << 20, "queued.max.messages.kbytes": 64 << 10,
-                 "enable.partition.eof": False}
+READER_CONFIG = kafka.SCAN_CONFIG
 # Lateness histogram bounds (ms) shared by every copy path and the Prometheus metric.
 LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 750, 1000, 1250, 1500, 2000, 3000,
                       5000, 10000, 30000, 60000)
@@ -150,7 +147,11 @@ def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord: 
     hs = msg.headers() or []
     d = dict(hs)  # the last value of a repeated name wins, as for every lookup below
     off = msg.offset()
-    if rng.source == names.DELAYED:
+    if rng.source == names.REFILED:
+        # A copy the tracker re-filed (dwell.tracker.restage): it carries the original's
+        # dwell-origin and dwell-message-id.
+        drop, key, origin = _DROP_READY, d.get("dwell-key"), []
+    elif rng.source == names.DELAYED:
         drop, key = _DROP_DELAYED, d.get("dwell-key")
         origin = [(_ORIGIN, b"%d:%d" % (rng.partition, off))]
     else:

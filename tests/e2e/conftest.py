@@ -75,6 +75,9 @@ def redelivery_margin_ms(delay_ms: int) -> int:
 
 # A claimed bucket whose drainer died comes back to the next drainer after this long.
 DRAIN_LEASE_MS = 5000
+# The tracker re-files a topic's buckets of varied delays this far ahead, 2 s at a time
+# (dwell.tracker.restage; 40 s / 20 s by default): delays of 7 s and more take that path.
+RESTAGE_LEAD_MS, RESTAGE_CHUNK_MS = 4000, 2000
 E2E_REDIS_DB = 7
 
 
@@ -171,18 +174,17 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:  
     redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{E2E_REDIS_DB}"
     redis_adapter.connect(redis_url).flushdb()
     group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
-    # The fresh group starts where dwell.delayed ends now, not at its beginning.
-    ends = kafka.end_offsets(stack.kafka_bootstrap, names.DELAYED)
-    c = kafka.Consumer(stack.kafka_bootstrap, group)
-    c.commit({(names.DELAYED, p): o for p, o in ends.items()})
-    c.close()
+    # The fresh group starts where the delay logs end now, not at their beginning.
+    kafka.start_group_at_end(stack.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
     policy = services.start("policy")
     # The suite publishes over HTTP only; no need to join the shared dwell.publish group.
     admission = services.start("admission", env={"DWELL_INGRESS_ENABLED": "false"})
     strict_admission = services.start("admission", env={
         "DWELL_INGRESS_ENABLED": "false", "DWELL_DELAYED_DELIVERY_DELIVER_AT_TIME_STRICT": "true"})
-    tracker = services.start("tracker", env={"DWELL_REDIS_URL": redis_url,
-                                             "DWELL_TRACKER_GROUP_ID": group})
+    tracker = services.start("tracker", env={
+        "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,
+        "DWELL_RESTAGE_LEAD_MS": str(RESTAGE_LEAD_MS),
+        "DWELL_RESTAGE_CHUNK_MS": str(RESTAGE_CHUNK_MS), "DWELL_RESTAGE_INTERVAL_MS": "200"})
     jars = ",".join(str(p) for p in devstack.spark_kafka_jars())
     log_dir = stack.state / "test-logs"
     env = dict(os.environ) | stack.service_env() | {

@@ -82,6 +82,32 @@ def delays_scenario(e2e: Stack) -> dict[str, Any]:
             c.close()
 
 
+def restaged_total(e2e: Stack) -> float:
+    text = httpx.get(f"{e2e.tracker}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("dwell_tracker_restaged_total "))
+
+
+def refiled_scenario(e2e: Stack) -> dict[str, Any]:
+    """Delays that vary (not in deliverAt order): the tracker re-files their buckets
+    before they are due (RESTAGE_LEAD_MS), and they still arrive once, on time, with the
+    ids the producer got."""
+    topic = make_topic(e2e, new_tenant())
+    c = consumer(e2e, topic, "refiled")
+    before = restaged_total(e2e)
+    delays = [14_000, 12_000, 9_000, 13_000, 11_000, 8_000]
+    try:
+        with Producer(topic, admission_url=e2e.admission) as p:
+            ids = {p.send(b"in-%d" % d, key=f"k{d}", deliver_after=d): d for d in delays}
+        got = receive_all({"refiled": c}, len(delays), timeout=40)["refiled"]
+        for r in got:
+            c.acknowledge(r.msg)
+        return {"ids": ids, "got": got, "extra": c.receive(1.5),
+                "restaged": restaged_total(e2e) - before}
+    finally:
+        c.close()
+
+
 def ack_timeout_scenario(e2e: Stack) -> dict[str, Any]:
     topic = make_topic(e2e, new_tenant())
     c = consumer(e2e, topic, "slow", ack_timeout_ms=ACK_TIMEOUT_MS,
@@ -292,7 +318,7 @@ def plain_kafka_scenario(e2e: Stack) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Stack], dict[str, Any]]] = {
     "delays": delays_scenario, "ack_timeout": ack_timeout_scenario, "nack": nack_scenario,
     "consumer_killed": consumer_killed_scenario, "plain_kafka": plain_kafka_scenario,
-    "unacked_dead_letter": unacked_dead_letter_scenario,
+    "unacked_dead_letter": unacked_dead_letter_scenario, "refiled": refiled_scenario,
 }
 
 
@@ -324,6 +350,23 @@ def test_delayed_messages_reach_each_subscription_once_on_time(runs) -> None:  #
     first = next(r.msg for r in res["got"]["billing"] if r.msg.value == b"in-2s")
     assert first.key == "k2" and first.properties == {"a": "1"}
     print(f"lateness ms (received - deliverAt) by delay: {dict(sorted(lateness.items()))}")
+
+
+def test_refiled_delays_arrive_once_on_time(runs) -> None:  # noqa: ANN001
+    res = runs["refiled"].result(timeout=120)
+    assert res["restaged"] >= len(res["ids"]), "the tracker re-filed them"
+    assert sorted(r.msg.message_id for r in res["got"]) == sorted(res["ids"])
+    assert res["extra"] is None, f"a duplicate: {res['extra']}"
+    lateness = {}
+    for r in res["got"]:
+        m = r.msg
+        assert m.deliver_at is not None and m.redelivery_count == 0
+        assert m.value == b"in-%d" % res["ids"][m.message_id]
+        assert r.after >= m.deliver_at - TICK_MS, r.after - m.deliver_at
+        assert r.before <= m.deliver_at + TICK_MS + 1000 + SPARK_MARGIN_MS, \
+            r.before - m.deliver_at
+        lateness[res["ids"][m.message_id]] = r.after - m.deliver_at
+    print(f"re-filed, lateness ms by delay: {dict(sorted(lateness.items()))}")
 
 
 def test_max_delay_rejection_is_typed(e2e: Stack, unique: str) -> None:

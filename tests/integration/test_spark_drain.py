@@ -17,7 +17,7 @@ from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
-from dwell.core.positions import format_message_id
+from dwell.core.positions import format_message_id, index_field
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.tracker.index import SubscriptionIndex, TopicIndex
 
@@ -102,6 +102,45 @@ def test_due_bucket_goes_to_ready_topic_with_headers(spark_env, unique: str,  # 
     # emits nothing.
     assert TopicIndex(r, topic).buckets() == [(now + 60_000) - (now + 60_000) % 1000]
     assert drainer.run_once(now) == 0
+
+
+@pytest.mark.parametrize("path", ["driver", "kafka-source", "tasks"])
+def test_a_bucket_in_both_delay_logs_drains_with_the_originals_ids(
+        spark_env, unique: str, path: str) -> None:  # noqa: ANN001
+    """Records the tracker re-filed (dwell.delayed.refiled, index fields from
+    REFILED_FIELD_BASE) are drained beside originals, each with the id and origin of the
+    record its producer wrote."""
+    spark, settings, r = spark_env
+    topic = f"persistent://{unique}/ns/x"
+    ready = TopicName.parse(topic).kafka_topic
+    kafka.ensure_topic(settings.kafka_bootstrap, ready, 2)
+    kafka.ensure_topic(settings.kafka_bootstrap, names.REFILED, 4)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    now = int(time.time() * 1000)
+    plain = [delayed_record(p, topic, f"o{i}".encode(), f"k{i}", now - 10) for i in range(3)]
+    originals = [delayed_record(p, topic, f"r{i}".encode(), f"k{i}", now - 10)
+                 for i in range(3)]
+    copies = []
+    for i, (part, off) in enumerate(originals):
+        copies.append(p.send(names.REFILED, f"r{i}".encode(), key=topic, headers={
+            "dwell-topic": topic, "dwell-deliver-at": str(now - 10), "dwell-tick-time": "1000",
+            "dwell-key": f"k{i}", "colour": "red", "dwell-origin": f"{part}:{off}",
+            "dwell-message-id": format_message_id(names.DELAYED, part, off)}).result(10))
+    p.close()
+    TopicIndex(r, topic).add([(part, off, now - 10, 1000) for part, off in plain]
+                             + [(index_field(part, True), off, now - 10, 1000)
+                                for part, off in copies])
+    assert Drainer(spark, settings, r).run_once(now, path=path) == 6
+    recs = {x.value: x for x in read(settings.kafka_bootstrap, ready, 6)}
+    assert sorted(recs) == [b"o0", b"o1", b"o2", b"r0", b"r1", b"r2"]
+    for i in range(3):
+        for value, (part, off) in ((b"o%d" % i, plain[i]), (b"r%d" % i, originals[i])):
+            x = recs[value]
+            assert x.key == f"k{i}".encode() and x.header("colour") == "red"
+            assert x.header("dwell-message-id") == format_message_id(names.DELAYED, part, off)
+            assert x.header("dwell-origin") == f"{part}:{off}"
+            assert x.header("dwell-key") is None and x.header("dwell-tick-time") is None
+    assert TopicIndex(r, topic).buckets() == []
 
 
 def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> None:  # noqa: ANN001

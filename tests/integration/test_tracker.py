@@ -14,7 +14,14 @@ import pytest
 from pyroaring import BitMap64
 
 from dwell import keys
-from dwell.adapters.kafka import Columns, Consumer, Producer, end_offsets, ensure_topic
+from dwell.adapters.kafka import (
+    Columns,
+    Consumer,
+    Producer,
+    end_offsets,
+    ensure_topic,
+    start_group_at_end,
+)
 from dwell.adapters.redis import connect
 from dwell.core import topics as names
 from dwell.tracker.index import SubscriptionIndex, TopicIndex, bucket_starts
@@ -427,10 +434,8 @@ def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstr
     env = _tracker_env(names.DELAYED)
     # dwell.delayed is shared with every other test and bench (millions of records): start
     # this tracker's group at its current end rather than re-reading all of it.
-    start = Consumer(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"])
-    start.commit({(names.DELAYED, p): o
-                  for p, o in end_offsets(kafka_bootstrap, names.DELAYED).items()})
-    start.close()
+    start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
+                       [names.DELAYED, names.REFILED])
     tracker = services.start("tracker", env=env)
     topic = f"persistent://{unique}/ns/x"
     with httpx.Client(base_url=admission.url, timeout=30) as http:

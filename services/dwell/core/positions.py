@@ -18,6 +18,23 @@ class Position:
     offset: int
 
 
+# A topic index's fields name partitions of the delay log: below this, of `dwell.delayed`;
+# from it on, partition (field - REFILED_FIELD_BASE) of `dwell.delayed.refiled`.
+REFILED_FIELD_BASE = 1 << 20
+
+
+def index_field(partition: int, refiled: bool) -> int:
+    """The index field of a partition of `dwell.delayed` (or, ``refiled``, of the re-file log)."""
+    if not 0 <= partition < REFILED_FIELD_BASE:
+        raise ValueError(f"partition {partition} out of range")
+    return partition + REFILED_FIELD_BASE if refiled else partition
+
+
+def field_partition(field: int) -> tuple[bool, int]:
+    """Inverse of :func:`index_field`: (refiled, partition)."""
+    return (True, field - REFILED_FIELD_BASE) if field >= REFILED_FIELD_BASE else (False, field)
+
+
 def format_message_id(kafka_topic: str, partition: int, offset: int) -> str:
     return f"{kafka_topic}:{partition}:{offset}"
 

@@ -32,6 +32,8 @@ POLICIES: Final = "dwell.policies"
 PUBLISH: Final = "dwell.publish"
 PUBLISH_RESULTS: Final = "dwell.publish.results"
 DELAYED: Final = "dwell.delayed"
+# The tracker's re-filed copies of long, varied delays (dwell.tracker.restage).
+REFILED: Final = "dwell.delayed.refiled"
 ACKS: Final = "dwell.acks"
 
 PERSISTENT: Final = "persistent"

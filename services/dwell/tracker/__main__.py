@@ -1,5 +1,5 @@
-"""`python -m dwell.tracker`: the ingest consumer, the stats refresher and the HTTP
-API in one process."""
+"""`python -m dwell.tracker`: the ingest consumer, the restage (re-filing of long,
+varied delays), the stats refresher and the HTTP API in one process."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from prometheus_client import REGISTRY
 
 from dwell.adapters.kafka import ensure_topic
 from dwell.adapters.redis import connect
+from dwell.core.positions import REFILED_FIELD_BASE
 from dwell.http import serve
 from dwell.tracker.app import build_app
 from dwell.tracker.ingest import IngestLoop
+from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import StatsCollector
 
@@ -29,6 +31,29 @@ def main() -> None:
                       compaction_max_buckets=settings.compaction_max_buckets,
                       compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes)
     threading.Thread(target=loop.run, name="tracker-ingest", daemon=True).start()
+    # The restage's copies, indexed under the delay log's name with fields of their own.
+    ensure_topic(settings.kafka_bootstrap, settings.refile_log, 4,
+                 settings.kafka_replication_factor)
+    refiled = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap,
+                         settings.refile_log, settings.tracker_group_id,
+                         source=settings.delayed_topic, field_base=REFILED_FIELD_BASE,
+                         batch_max=settings.ingest_batch_max,
+                         poll_timeout_ms=settings.ingest_poll_timeout_ms,
+                         compaction_interval_ms=settings.compaction_interval_ms,
+                         compaction_max_buckets=settings.compaction_max_buckets,
+                         compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes)
+    threading.Thread(target=refiled.run, name="tracker-ingest-refiled", daemon=True).start()
+    restager = None
+    if settings.restage_enabled:
+        restager = Restager(connect(settings.redis_url), settings.kafka_bootstrap,
+                            delayed_topic=settings.delayed_topic,
+                            refiled_topic=settings.refile_log,
+                            lead_ms=settings.restage_lead_ms,
+                            chunk_ms=settings.restage_chunk_ms,
+                            lease_ms=settings.restage_lease_ms,
+                            max_records=settings.restage_max_records)
+        threading.Thread(target=restager.run, args=(settings.restage_interval_ms,),
+                         name="tracker-restage", daemon=True).start()
     collector = StatsCollector(connect(settings.redis_url), settings.cluster,
                                strict=settings.delayed_delivery_deliver_at_time_strict,
                                lookahead=settings.delayed_delivery_fixed_delay_detection_lookahead,
@@ -36,10 +61,13 @@ def main() -> None:
     REGISTRY.register(collector)
     threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
     try:
-        serve(build_app(settings, r, loop), settings)
+        serve(build_app(settings, r, loop, refiled, restager), settings)
     finally:
         loop.stop()
+        refiled.stop()
         collector.stop()
+        if restager is not None:
+            restager.stop()
 
 
 if __name__ == "__main__":

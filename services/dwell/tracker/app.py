@@ -14,6 +14,7 @@ from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app
 from dwell.tracker import subscriptions
 from dwell.tracker.ingest import IngestLoop
+from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import topic_stats, topics
 
@@ -33,14 +34,19 @@ def _sub(name: str) -> str:
 
 
 def build_app(settings: TrackerSettings, r: redislib.Redis,
-              ingest: IngestLoop | None = None) -> FastAPI:
+              ingest: IngestLoop | None = None, refiled: IngestLoop | None = None,
+              restager: Restager | None = None) -> FastAPI:
     async def ready() -> dict[str, Any]:
         checks: dict[str, Any] = {"redis": bool(r.ping())}
-        if ingest is not None:
-            checks["ingest"] = ingest.running and ingest.error is None
-            if ingest.error:
-                checks["ingestError"] = ingest.error
-        checks["ready"] = all(v for k, v in checks.items() if k != "ingestError")
+        for name, loop in (("ingest", ingest), ("ingestRefiled", refiled)):
+            if loop is not None:
+                checks[name] = loop.running and loop.error is None
+                if loop.error:
+                    checks[f"{name}Error"] = loop.error
+        # A failing restage slows the drain down but loses nothing: reported, not unready.
+        if restager is not None and restager.error:
+            checks["restageError"] = restager.error
+        checks["ready"] = all(v for k, v in checks.items() if not k.endswith("Error"))
         return checks
 
     app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready)

@@ -211,15 +211,17 @@ class _Index:
     # -- draining
 
     def _claim(self, cutoff: int, now_ms: int, max_buckets: int,
-               lease_ms: int) -> list[ClaimedBucket]:
+               lease_ms: int, first: int | None = None) -> list[ClaimedBucket]:
         ks = self.keys
         lease = uuid.uuid4().hex
         expiry = now_ms + lease_ms
+        args: list[Any] = [cutoff, max_buckets, lease, expiry, now_ms, self._due_member,
+                           ks.bucket_prefix, ks.delta_prefix, ks.claimed_prefix,
+                           ks.claimed_delta_prefix]
+        if first is not None:
+            args.append(first)
         res = self._scripts.claim(
-            keys=[ks.index, ks.claims, ks.leases, ks.dirty, self._due_key],
-            args=[cutoff, max_buckets, lease, expiry, now_ms, self._due_member,
-                  ks.bucket_prefix, ks.delta_prefix, ks.claimed_prefix,
-                  ks.claimed_delta_prefix])
+            keys=[ks.index, ks.claims, ks.leases, ks.dirty, self._due_key], args=args)
         out = []
         for b, flat, delta in res:
             positions = self._merge(zip(flat[::2], flat[1::2], strict=True), delta)
@@ -316,6 +318,21 @@ class TopicIndex(_Index):
         tick = self.tick_time_ms() or 1
         return self._claim(bucket_due_cutoff(now_ms, tick, strict), now_ms, max_buckets,
                            lease_ms)
+
+    def claim_between(self, first: int, last: int, now_ms: int, max_buckets: int,
+                      lease_ms: int) -> list[ClaimedBucket]:
+        """Claim the buckets starting in ``[first, last]`` whether due or not (the
+        restage re-files future buckets); the same lease rules as `claim`."""
+        return self._claim(last, now_ms, max_buckets, lease_ms, first)
+
+    def restaged_chunk(self) -> int | None:
+        """The last chunk of buckets re-filed for this topic (dwell.tracker.restage)."""
+        raw = self.redis.get(self.keys.restaged)
+        return int(raw) if raw is not None else None
+
+    def mark_restaged(self, chunk: int) -> None:
+        """Record ``chunk`` as re-filed; never lowers the mark."""
+        self._scripts.advance(keys=[self.keys.restaged], args=[chunk])
 
 
 # Buckets per append-2.lua call: bounds both Lua's unpack() and how long one call holds Redis.

@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram
 
 from dwell import keys
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
+from dwell.core.topics import DELAYED as DELAYED_TOPIC
 from dwell.tracker.index import TopicIndex, append_positions
 
 log = logging.getLogger("dwell.tracker.ingest")
@@ -35,6 +36,9 @@ HEADERS: Final = (DELIVER_AT, TICK_TIME)
 HIGHEST_FIELD: Final = "highestDeliverAt"
 FIXED_FIELD: Final = "fixedDelay"
 SEEN_PREFIX: Final = "fdOffset:"  # + partition: last offset the detection has seen
+# The Kafka topic the positions point into (dwell.delayed; tests use their own): only a
+# restage reading that topic may move them.
+SOURCE_FIELD: Final = "delayedTopic"
 
 INGESTED = Counter("dwell_tracker_ingested_total", "Positions indexed from dwell.delayed")
 INVALID = Counter("dwell_tracker_invalid_records_total",
@@ -76,10 +80,16 @@ def _parse_ints_slow(raw: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Ingest:
-    """Batches of records -> Redis. `index_batch` is usable without Kafka (bench, tests)."""
+    """Batches of records -> Redis. `index_batch` is usable without Kafka (bench, tests).
+    ``source``: the delay log the positions belong to (its name goes in the topic's
+    stats); ``field_base``: added to partitions to make index fields (the re-file log's
+    records: dwell.core.positions.index_field)."""
 
-    def __init__(self, r: redislib.Redis) -> None:
+    def __init__(self, r: redislib.Redis, source: str = DELAYED_TOPIC,
+                 field_base: int = 0) -> None:
         self.redis = r
+        self.source = source
+        self.field_base = field_base
         self._fixed: dict[str, _FixedDelay] = {}
         self.dirty_topics: set[str] = set()
 
@@ -113,7 +123,8 @@ class Ingest:
         if st.fixed and bool((da < prev - tick).any()):
             st.fixed = False
         st.highest = max(start, int(da.max()))
-        mapping: dict[str, int] = {HIGHEST_FIELD: st.highest, FIXED_FIELD: int(st.fixed)}
+        mapping: dict[str, int | str] = {HIGHEST_FIELD: st.highest, FIXED_FIELD: int(st.fixed),
+                                         SOURCE_FIELD: self.source}
         for p in np.unique(parts).tolist():
             last = int(offs[parts == p].max())
             if last > st.seen.get(p, -1):
@@ -128,7 +139,7 @@ class Ingest:
         n = len(batch)
         if n == 0:
             return 0
-        parts = np.array(batch.partitions, dtype=np.int64)
+        parts = np.array(batch.partitions, dtype=np.int64) + self.field_base
         offs = np.array(batch.offsets, dtype=np.int64)
         da, tick, ok = _parse_ints(batch.headers[0], n), _parse_ints(batch.headers[1], n), None
         if da is None or tick is None:
@@ -200,10 +211,11 @@ class IngestLoop:
     for batches whose Redis write has completed."""
 
     def __init__(self, r: redislib.Redis, bootstrap: str, topic: str, group_id: str, *,
-                 batch_max: int = 50000, poll_timeout_ms: int = 100,
+                 source: str | None = None, field_base: int = 0, batch_max: int = 50000,
+                 poll_timeout_ms: int = 100,
                  compaction_interval_ms: int = 1000, compaction_max_buckets: int = 2000,
                  compaction_busy_min_delta_bytes: int = 4096, queue_depth: int = 2) -> None:
-        self.ingest = Ingest(r)
+        self.ingest = Ingest(r, source or topic, field_base)
         self.consumer = Consumer(bootstrap, group_id, **{
             "fetch.max.bytes": 104857600, "queued.max.messages.kbytes": 262144})
         self.consumer.subscribe([topic], on_revoke=self._on_revoke)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dwell.core import topics
 from dwell.settings import CommonSettings
@@ -12,6 +12,9 @@ class TrackerSettings(CommonSettings):
     http_port: int = Field(8083, ge=1, le=65535)
     # Where admission writes delayed messages, and the consumer group that indexes them.
     delayed_topic: str = topics.DELAYED
+    # Where the restage appends its copies; empty: dwell.delayed.refiled, or
+    # "<delayed_topic>.refiled" for another delayed topic.
+    refiled_topic: str = ""
     tracker_group_id: str = "dwell-tracker"
     # Larger batches mean fewer APPENDs per message (measured: the lever for random delays).
     ingest_batch_max: int = Field(50000, ge=1)
@@ -24,3 +27,26 @@ class TrackerSettings(CommonSettings):
     compaction_busy_min_delta_bytes: int = Field(4096, ge=0)
     # How often the Prometheus gauges are recomputed from Redis.
     stats_refresh_s: float = Field(10.0, gt=0)
+    # Restage (dwell.tracker.restage): re-file a chunk of future buckets of topics whose
+    # delays vary into dense runs of dwell.delayed, lead_ms before the chunk comes due.
+    # Memory: one chunk's records (payloads included) of the topics in a round.
+    restage_enabled: bool = True
+    restage_lead_ms: int = Field(40_000, ge=1000)
+    restage_chunk_ms: int = Field(20_000, ge=100)
+    restage_lease_ms: int = Field(120_000, ge=1000)
+    restage_max_records: int = Field(1_000_000, ge=1)
+    restage_interval_ms: int = Field(1000, ge=10)
+
+    @model_validator(mode="after")
+    def _restage_chunk_within_lead(self) -> TrackerSettings:
+        if self.restage_chunk_ms > self.restage_lead_ms:
+            raise ValueError("DWELL_RESTAGE_CHUNK_MS must not exceed DWELL_RESTAGE_LEAD_MS: "
+                             "a chunk is re-filed before its first bucket is due")
+        return self
+
+    @property
+    def refile_log(self) -> str:
+        if self.refiled_topic:
+            return self.refiled_topic
+        return topics.REFILED if self.delayed_topic == topics.DELAYED else (
+            f"{self.delayed_topic}.refiled")

@@ -2,7 +2,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dwell.core.positions import Position, coalesce, format_message_id, parse_message_id
+from dwell.core.positions import (
+    REFILED_FIELD_BASE,
+    Position,
+    coalesce,
+    field_partition,
+    format_message_id,
+    index_field,
+    parse_message_id,
+)
 
 
 def test_position_orders_like_ledger_entry() -> None:
@@ -16,6 +24,19 @@ def test_position_orders_like_ledger_entry() -> None:
 def test_message_id() -> None:
     assert format_message_id("acme.orders.x", 3, 42) == "acme.orders.x:3:42"
     assert parse_message_id("acme.orders.x:3:42") == ("acme.orders.x", 3, 42)
+
+
+@given(st.integers(0, REFILED_FIELD_BASE - 1), st.booleans())
+def test_index_fields_name_the_delay_log_and_the_refile_log_apart(part: int, refiled: bool) -> None:
+    field = index_field(part, refiled)
+    assert (field >= REFILED_FIELD_BASE) is refiled
+    assert field_partition(field) == (refiled, part)
+
+
+@pytest.mark.parametrize("part", [-1, REFILED_FIELD_BASE])
+def test_index_field_rejects_partitions_out_of_range(part: int) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        index_field(part, False)
 
 
 @pytest.mark.parametrize(

@@ -131,7 +131,8 @@ def test_from_kafka_rejects(kafka: str, fragment: str) -> None:
 
 
 def test_own_topics_are_not_ready_topics() -> None:
-    for name in (topics.POLICIES, topics.PUBLISH, topics.PUBLISH_RESULTS, topics.DELAYED):
+    for name in (topics.POLICIES, topics.PUBLISH, topics.PUBLISH_RESULTS, topics.DELAYED,
+                 topics.REFILED):
         with pytest.raises(InvalidTopicName):
             TopicName.from_kafka(name)
 

@@ -50,6 +50,18 @@ def test_copy_of_a_delayed_record_takes_its_key_and_gets_origin_and_message_id()
     assert due == [b"6000"]
 
 
+def test_a_refiled_record_keeps_its_original_message_id_and_origin() -> None:
+    # The tracker's restage copies a record to the re-file log with the original's id
+    # and origin.
+    rng = Range("persistent.t.ns.x", names.REFILED, 0, 0, 5)
+    hdrs = [("dwell-key", b"k"), ("dwell-tick-time", b"1000"), ("dwell-origin", b"9:9"),
+            ("dwell-message-id", b"dwell.delayed:9:9"), ("a", b"1")]
+    _, _, key, headers, _ = output_record(rng, Message(4, b"t", b"v", hdrs), [])
+    assert key == b"k"
+    assert headers == [("dwell-origin", b"9:9"), ("a", b"1"),
+                       ("dwell-message-id", b"dwell.delayed:9:9")]
+
+
 def test_a_carried_message_id_survives_and_a_forged_origin_does_not() -> None:
     rng = Range("persistent.t.ns.x", names.DELAYED, 0, 0, 5)
     hdrs = [("dwell-origin", b"9:9"), ("dwell-message-id", b"orig:1:2"), ("a", b"1")]

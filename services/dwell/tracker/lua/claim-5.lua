@@ -25,6 +25,8 @@
     ARGV[8] delta key prefix           live STRING
     ARGV[9] claimed key prefix         LIST field, blob, field, blob...
     ARGV[10] claimed delta key prefix  STRING
+    ARGV[11] smallest bucketStart to claim (optional, default -inf): the tracker's
+             restage claims a chunk of future buckets (ARGV 11 to ARGV 1)
     All dynamically named keys share KEYS[1]'s hash tag.
 
   Output:
@@ -37,7 +39,8 @@ for _, b in ipairs(expired) do
   redis.call("ZADD", KEYS[1], b, b)
 end
 
-local due = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, tonumber(ARGV[2]))
+local due = redis.call("ZRANGEBYSCORE", KEYS[1], ARGV[11] or "-inf", ARGV[1], "LIMIT", 0,
+                      tonumber(ARGV[2]))
 local out = {}
 for _, b in ipairs(due) do
   local live = ARGV[7] .. b

@@ -1,0 +1,228 @@
+"""Re-filing long-delay records ("restaging") so that a due bucket is dense in
+`dwell.delayed`.
+
+With delays that vary (uniform over 10 minutes, say) the records of one bucket lie
+scattered over everything published in those 10 minutes, and the drain would read the
+whole window to deliver one bucket. So `lead_ms` before a chunk of buckets
+``[k * chunk_ms, (k + 1) * chunk_ms)`` comes due, the tracker claims the chunk's buckets
+of every topic whose delays vary (the index's own Lua claim), reads their records in one
+pass and appends them to the re-file log `dwell.delayed.refiled`, bucket after bucket,
+with their original `dwell-message-id` and `dwell-origin`; then completes the claims. Its
+ingest indexes the copies in the same buckets (fields of their own,
+dwell.core.positions.index_field), now one dense run each. The copies go to a log of
+their own so that the next chunk's scan of `dwell.delayed` does not read them too. The drain reads
+those runs plus the records published after the chunk was re-filed (delays shorter than
+about `lead_ms + chunk_ms`), which lie within the last `lead_ms + chunk_ms` of the log.
+
+A topic whose delays are fixed (PIP-448 detection, `fixedDelay` in its stats) is left
+alone: its buckets are dense already; so is a topic indexed from another Kafka topic
+than ours (`delayedTopic` in its stats). A crash between the writes and the completions
+leaves the claims to expire: the original positions return to the index beside the
+copies, and the bucket is delivered twice (the SDK drops the repeat by
+`dwell-message-id`), as for a drain crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Final
+
+import redis as redislib
+from prometheus_client import Counter, Histogram
+
+from dwell import keys
+from dwell.adapters import kafka
+from dwell.core import topics as names
+from dwell.core.positions import field_partition, format_message_id
+from dwell.tracker.index import ClaimedBucket, TopicIndex
+from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
+
+log = logging.getLogger("dwell.tracker.restage")
+
+MESSAGE_ID: Final = "dwell-message-id"
+ORIGIN: Final = "dwell-origin"
+# Offsets closer than this are read through rather than sought (a seek costs a fetch
+# round trip, ~as much as reading a couple of thousand records; see dwell_spark.records).
+MAX_GAP: Final = 2000
+
+RESTAGED = Counter("dwell_tracker_restaged_total",
+                   "Delayed messages re-filed into dense runs of dwell.delayed")
+RESTAGE_SECONDS = Histogram("dwell_tracker_restage_seconds",
+                            "One restage round (claim, read, write, complete)",
+                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40))
+
+
+@dataclass
+class Round:
+    """What one restage round did."""
+
+    chunk: int | None = None
+    topics: int = 0
+    buckets: int = 0
+    records: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Restager:
+    """Re-files chunk after chunk of future buckets (see the module docstring)."""
+
+    def __init__(self, r: redislib.Redis, bootstrap: str, *, delayed_topic: str = names.DELAYED,
+                 refiled_topic: str = names.REFILED, lead_ms: int = 40_000,
+                 chunk_ms: int = 20_000, lease_ms: int = 120_000,
+                 max_records: int = 1_000_000) -> None:
+        if not 0 < chunk_ms <= lead_ms:
+            raise ValueError("restage needs 0 < chunk_ms <= lead_ms")
+        self.redis = r
+        self.bootstrap = bootstrap
+        self.topic = delayed_topic
+        self.refiled_topic = refiled_topic
+        self.lead_ms = lead_ms
+        self.chunk_ms = chunk_ms
+        self.lease_ms = lease_ms
+        self.max_records = max_records
+        self.stopping = threading.Event()
+        self.error: str | None = None
+        self._consumer: kafka.Consumer | None = None
+        self._producer: kafka.BulkProducer | None = None
+
+    def chunk_due(self, now_ms: int) -> int:
+        """The chunk whose first bucket is `lead_ms` away or nearer."""
+        return (now_ms + self.lead_ms) // self.chunk_ms
+
+    def _varied_topics(self) -> list[str]:
+        """Topics whose delays vary and whose positions point into our delayed topic."""
+        topics = sorted(t.decode() for t in self.redis.smembers(keys.TOPICS))
+        pipe = self.redis.pipeline(transaction=False)
+        for t in topics:
+            pipe.hmget(keys.stats(t), FIXED_FIELD, SOURCE_FIELD)
+        mine = self.topic.encode()
+        return [t for t, (fixed, source) in zip(topics, pipe.execute(), strict=True)
+                if fixed == b"0" and source == mine]
+
+    def run_once(self, now_ms: int | None = None) -> Round:
+        """Re-file the due chunk for the topics not done yet (up to `max_records`; the
+        rest go in the next round). A topic seen for the first time starts with the
+        chunk after: part of the due one may be too near to move."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        started = time.monotonic()
+        k = self.chunk_due(now)
+        first, last = k * self.chunk_ms, (k + 1) * self.chunk_ms - 1
+        claims: list[tuple[TopicIndex, ClaimedBucket]] = []
+        todo = 0
+        rnd = Round(chunk=k)
+        for topic in self._varied_topics():
+            idx = TopicIndex(self.redis, topic)
+            done = idx.restaged_chunk()
+            if done is None:
+                idx.mark_restaged(k)
+                continue
+            if done >= k:
+                continue
+            if todo >= self.max_records:
+                break
+            mine = idx.claim_between(first, last, now, 1_000_000, self.lease_ms)
+            claims += [(idx, b) for b in mine]
+            todo += sum(b.count() for b in mine)
+            rnd.topics += 1
+            if not mine:
+                idx.mark_restaged(k)
+        rnd.buckets = len(claims)
+        if not claims:
+            return rnd
+        claimed = time.monotonic()
+        rnd.records = self._refile(claims)
+        written = time.monotonic()
+        for idx, b in claims:
+            if not idx.complete(b.bucket_start, b.lease_id):
+                log.warning("restage claim on %s bucket %s lost before completion",
+                            idx.topic, b.bucket_start)
+        for idx in {id(i): i for i, _ in claims}.values():
+            idx.mark_restaged(k)
+        done_at = time.monotonic()
+        rnd.timings_ms = {"claim": (claimed - started) * 1000,
+                          "copy": (written - claimed) * 1000,
+                          "complete": (done_at - written) * 1000}
+        RESTAGED.inc(rnd.records)
+        RESTAGE_SECONDS.observe(done_at - started)
+        log.info("restaged %d records of %d buckets (%d topics) for [%d, %d] in %.0f ms "
+                 "(claim %.0f, copy %.0f, complete %.0f ms)", rnd.records, rnd.buckets,
+                 rnd.topics, first, last, (done_at - started) * 1000,
+                 *rnd.timings_ms.values())
+        return rnd
+
+    def _refile(self, claims: list[tuple[TopicIndex, ClaimedBucket]]) -> int:
+        """Read the claimed records in one pass per log, append them to the re-file log
+        in bucket order; returns once every copy is acknowledged (acks=all), else raises.
+        A claimed position may already be in the re-file log (a chunk claimed again)."""
+        bucket_of: dict[int, dict[int, int]] = {}  # field -> offset -> bucket
+        for _, b in claims:
+            for f, offsets in b.positions.items():
+                bucket_of.setdefault(int(f), {}).update(
+                    dict.fromkeys(offsets.to_array().tolist(), b.bucket_start))
+        if self._consumer is None or self._producer is None:
+            self._consumer = kafka.Consumer(self.bootstrap,
+                                            f"dwell-restage-{uuid.uuid4().hex}",
+                                            **kafka.SCAN_CONFIG)
+            self._producer = kafka.BulkProducer(self.bootstrap, linger_ms=5,
+                                                **{"batch.size": 1 << 20})
+        rows = []
+        try:
+            for refiled, log_topic in ((False, self.topic), (True, self.refiled_topic)):
+                fields = {field_partition(f)[1]: f for f in bucket_of
+                          if field_partition(f)[0] is refiled}
+                if not fields:
+                    continue
+                wanted = {p: sorted(bucket_of[f]) for p, f in fields.items()}
+                for msg in kafka.read_offsets(self._consumer, log_topic, wanted, MAX_GAP):
+                    f, off = fields[msg.partition()], msg.offset()
+                    rows.append((bucket_of[f][off], f, off, msg))
+            rows.sort(key=lambda row: row[:3])
+            out: list[kafka.OutRecord] = []
+            for _, f, off, msg in rows:
+                hs = [(k, b"" if v is None else v) for k, v in msg.headers() or []]
+                names_seen = {h[0] for h in hs}
+                # An original (a copy carries both already).
+                if MESSAGE_ID not in names_seen:
+                    hs.append((MESSAGE_ID, format_message_id(self.topic, f, off).encode()))
+                if ORIGIN not in names_seen:
+                    hs.append((ORIGIN, b"%d:%d" % (f, off)))
+                out.append((self.refiled_topic, msg.value(), msg.key(), hs, None))
+            self._producer.send_unreported(out)
+            self._producer.flush()
+        except BaseException:
+            self.close()
+            raise
+        missing = sum(len(o) for o in bucket_of.values()) - len(rows)
+        if missing:
+            log.warning("restage: %d claimed positions had no record (expired or aborted)",
+                        missing)
+        return len(rows)
+
+    def run(self, interval_ms: int = 1000) -> None:
+        """Rounds until `stop`; a failed round's claims come back after `lease_ms`."""
+        while not self.stopping.is_set():
+            try:
+                rnd = self.run_once()
+                self.error = None
+            except (redislib.RedisError, OSError, kafka.KafkaUnavailable) as exc:
+                self.error = str(exc)
+                log.warning("restage round failed, its claims come back after the lease: %s",
+                            exc)
+                rnd = Round()
+            if not rnd.buckets and not rnd.topics:
+                self.stopping.wait(interval_ms / 1000)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        consumer, producer = self._consumer, self._producer
+        self._consumer = self._producer = None
+        if consumer is not None:
+            consumer.close()
+        if producer is not None:
+            producer.close(1.0)

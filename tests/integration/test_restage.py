@@ -1,0 +1,275 @@
+"""The tracker's restage on real Redis and Kafka: a chunk of future buckets whose records
+lie scattered over the delay log is re-filed into one dense run per bucket, carrying the
+originals' payloads, headers, message ids and origins; nearer and later chunks and
+fixed-delay topics are left alone; a round that fails loses nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from dwell.adapters.kafka import Producer, ensure_topic, read_from
+from dwell.adapters.redis import connect
+from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
+from dwell.tracker.index import TopicIndex
+from dwell.tracker.ingest import FIXED_FIELD, IngestLoop
+from dwell.tracker.restage import Restager
+
+pytestmark = pytest.mark.integration
+TICK = 1000
+LEAD, CHUNK = 40_000, 20_000
+# A database of its own: a restager looks at every topic of its Redis.
+DB = 11
+
+
+@pytest.fixture()
+def redis_url(stack) -> str:  # noqa: ANN001
+    url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    connect(url).flushdb()
+    return url
+
+
+@pytest.fixture()
+def delayed_topic(kafka_bootstrap: str, unique: str) -> str:
+    name = f"test.restage.{unique}"
+    ensure_topic(kafka_bootstrap, name, 2)
+    ensure_topic(kafka_bootstrap, f"{name}.refiled", 2)
+    return name
+
+
+@pytest.fixture()
+def ingest(redis_url, kafka_bootstrap, delayed_topic, unique):  # noqa: ANN001, ANN201
+    """The tracker's two ingest loops: the delay log, and the re-file log's copies."""
+    loops = [IngestLoop(connect(redis_url), kafka_bootstrap, delayed_topic, f"trk-{unique}",
+                        poll_timeout_ms=20),
+             IngestLoop(connect(redis_url), kafka_bootstrap, f"{delayed_topic}.refiled",
+                        f"trk-{unique}", source=delayed_topic,
+                        field_base=REFILED_FIELD_BASE, poll_timeout_ms=20)]
+    threads = [threading.Thread(target=loop.run, daemon=True) for loop in loops]
+    for t in threads:
+        t.start()
+    yield loops
+    for loop in loops:
+        loop.stop()
+    for t in threads:
+        t.join(10)
+
+
+def restager(r, bootstrap: str, delayed_topic: str, **kw) -> Restager:  # noqa: ANN001, ANN003
+    return Restager(r, bootstrap, delayed_topic=delayed_topic,
+                    refiled_topic=f"{delayed_topic}.refiled",
+                    **{"lead_ms": LEAD, "chunk_ms": CHUNK, **kw})
+
+
+def _publish(bootstrap: str, delayed_topic: str, topic: str,
+             deliver_ats: list[int]) -> list[tuple[int, int, int]]:
+    """dwell.delayed records as admission writes them; returns (partition, offset, at)."""
+    p = Producer(bootstrap, linger_ms=20)
+    futs = [p.send(delayed_topic, b"payload-%d" % i, topic,
+                   {"dwell-deliver-at": str(d), "dwell-tick-time": str(TICK),
+                    "dwell-topic": topic, "dwell-key": f"k{i}", "colour": "red"})
+            for i, d in enumerate(deliver_ats)]
+    p.flush()
+    p.close()
+    return [(*f.result(), d) for f, d in zip(futs, deliver_ats, strict=True)]
+
+
+def _positions(r, topic: str) -> dict[int, dict[int, set[int]]]:  # noqa: ANN001
+    idx = TopicIndex(r, topic)
+    return {b: {p: set(bm) for p, bm in idx.read_bucket(b).items()} for b in idx.buckets()}
+
+
+def _count(r, topic: str) -> int:  # noqa: ANN001
+    return sum(len(o) for fields in _positions(r, topic).values() for o in fields.values())
+
+
+def _wait(pred, timeout: float, what: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:  # noqa: ANN001
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/restage-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    first = k * CHUNK
+    # Three buckets of the chunk, interleaved record by record with a bucket before it
+    # and one after it, so that each bucket is scattered over the log.
+    inside = [first + 1500, first + 7200, first + CHUNK - 1]
+    before, after = first - 500, first + CHUNK + 300
+    ats = [d for _ in range(40) for d in (*inside, before, after)]
+    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
+    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    assert r.hget(f"dwell:stats:{{{topic}}}", FIXED_FIELD) == b"0"
+
+    rs = restager(r, kafka_bootstrap, delayed_topic)
+    try:
+        # The first round only notes the topic (the due chunk may be too near to move).
+        assert rs.run_once(now - CHUNK).records == 0
+        assert TopicIndex(r, topic).restaged_chunk() == k - 1
+        rnd = rs.run_once(now)
+        assert (rnd.chunk, rnd.buckets, rnd.records) == (k, 3, 120)
+        assert TopicIndex(r, topic).restaged_chunk() == k
+        # Done once: the same chunk again, or an earlier round, moves nothing.
+        assert rs.run_once(now).records == 0
+        assert rs.run_once(now - CHUNK).records == 0
+    finally:
+        rs.close()
+
+    original = {(p, o): d for p, o, d in rows}
+    moved = {b - b % TICK for b in inside}
+    got = _wait(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
+                         == len(rows) else None)(_positions(r, topic)),
+                20, "the ingest of the copies")
+    for b, fields in got.items():
+        offsets = sorted(o for offs in fields.values() for o in offs)
+        assert len(fields) == 1, "a topic's records share one partition"
+        [field] = fields
+        if b in moved:
+            # One dense run each, in the re-file log.
+            assert field >= REFILED_FIELD_BASE
+            assert offsets == list(range(offsets[0], offsets[0] + 40)), b
+        else:
+            assert {(p, o) for p, offs in fields.items() for o in offs} == {
+                (p, o) for (p, o), d in original.items() if d - d % TICK == b}
+
+    copies = read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})
+    assert len(copies) == 120
+    # Bucket after bucket, each in the order the originals were written.
+    assert [int(c.header("dwell-deliver-at")) for c in copies] == sorted(
+        int(c.header("dwell-deliver-at")) for c in copies)
+    for c in copies:
+        p, _, o = (c.header("dwell-origin") or "").partition(":")
+        src = (int(p), int(o))
+        assert src in original and original[src] == int(c.header("dwell-deliver-at") or 0)
+        assert c.header("dwell-message-id") == format_message_id(delayed_topic, *src)
+        i = int(c.value.split(b"-")[1])
+        assert c.key == topic.encode() and c.header("dwell-key") == f"k{i}"
+        assert c.header("colour") == "red" and c.header("dwell-tick-time") == str(TICK)
+        assert ats[i] == int(c.header("dwell-deliver-at") or 0)
+
+
+def test_fixed_delay_topics_are_left_in_place(redis_url, kafka_bootstrap, delayed_topic,
+                                              unique, ingest) -> None:  # noqa: ANN001
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/fixed-{unique}"
+    now = int(time.time() * 1000)
+    k = (now + LEAD) // CHUNK
+    rows = _publish(kafka_bootstrap, delayed_topic, topic,
+                    [k * CHUNK + 100 + i for i in range(50)])
+    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    assert r.hget(f"dwell:stats:{{{topic}}}", FIXED_FIELD) == b"1"
+    before = _positions(r, topic)
+    rs = restager(r, kafka_bootstrap, delayed_topic)
+    try:
+        rs.run_once(now - CHUNK)
+        assert rs.run_once(now).records == 0
+    finally:
+        rs.close()
+    assert _positions(r, topic) == before
+    assert TopicIndex(r, topic).restaged_chunk() is None
+
+
+def test_a_restage_of_another_delayed_topic_leaves_the_topic_alone(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:  # noqa: ANN001
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/foreign-{unique}"
+    now = int(time.time() * 1000)
+    k = (now + LEAD) // CHUNK
+    rows = _publish(kafka_bootstrap, delayed_topic, topic,
+                    [k * CHUNK + d for _ in range(5) for d in (3000, 1000)])
+    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    assert r.hget(f"dwell:stats:{{{topic}}}", "delayedTopic") == delayed_topic.encode()
+    before = _positions(r, topic)
+    other = restager(r, kafka_bootstrap, f"{delayed_topic}.other")
+    try:
+        other.run_once(now - CHUNK)
+        assert other.run_once(now).records == 0
+    finally:
+        other.close()
+    assert _positions(r, topic) == before
+    assert TopicIndex(r, topic).restaged_chunk() is None
+
+
+def test_a_failed_round_loses_nothing(redis_url, kafka_bootstrap, delayed_topic, unique,
+                                      ingest) -> None:  # noqa: ANN001
+    """Kafka unreachable mid-round: the claims stay leased, then return to the index with
+    every original position, and the chunk is re-filed by the next round."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/fail-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    ats = [k * CHUNK + d for _ in range(10) for d in (3000, 1000, 2000)]
+    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
+    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    before = _positions(r, topic)
+    idx = TopicIndex(r, topic)
+    idx.mark_restaged(k - 1)
+    dead = restager(r, "127.0.0.1:1", delayed_topic, lease_ms=2000)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - whichever client error comes first
+            dead.run_once(now)
+    finally:
+        dead.close()
+    assert idx.restaged_chunk() == k - 1
+    assert _positions(r, topic) == {}, "claimed while the round ran"
+    rs = restager(r, kafka_bootstrap, delayed_topic)
+    try:
+        # After the lease the claims come back with every position, and are re-filed.
+        rnd = rs.run_once(now + 2000)
+        assert rnd.records == len(rows)
+    finally:
+        rs.close()
+    assert idx.restaged_chunk() == k
+    got = _wait(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
+                         == len(rows) else None)(_positions(r, topic)), 20, "the copies")
+    assert set(got) == set(before)
+
+
+def test_a_chunk_refiled_again_keeps_the_originals_ids(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:  # noqa: ANN001
+    """Copies in the re-file log can be claimed again (a mark that fell behind): they are
+    re-filed from there, still naming the original record."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/again-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    rows = _publish(kafka_bootstrap, delayed_topic, topic,
+                    [k * CHUNK + d for _ in range(10) for d in (4000, 2000)])
+    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    idx = TopicIndex(r, topic)
+    idx.mark_restaged(k - 1)
+    rs = restager(r, kafka_bootstrap, delayed_topic)
+    try:
+        assert rs.run_once(now).records == len(rows)
+        _wait(lambda: _count(r, topic) == len(rows), 20, "the first copies")
+        r.set(idx.keys.restaged, k - 1)
+        assert rs.run_once(now).records == len(rows)
+    finally:
+        rs.close()
+    got = _wait(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
+                         == len(rows) else None)(_positions(r, topic)), 20, "the copies")
+    copies = {(rec.partition, rec.offset): rec
+              for rec in read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})}
+    indexed = [(f - REFILED_FIELD_BASE, o) for fields in got.values()
+               for f, offs in fields.items() for o in offs]
+    assert len(copies) == 2 * len(rows) and all(f >= 0 for f, _ in indexed)
+    # The index points at the second copies; each names its original.
+    originals = {(p, o) for p, o, _ in rows}
+    named = set()
+    for pos in indexed:
+        p, _, o = (copies[pos].header("dwell-origin") or "").partition(":")
+        named.add((int(p), int(o)))
+        assert copies[pos].header("dwell-message-id") == format_message_id(
+            delayed_topic, int(p), int(o))
+    assert named == originals
+    assert min(o for _, o in indexed) >= len(rows), "the second copies"
