@@ -184,7 +184,8 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:  
     tracker = services.start("tracker", env={
         "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,
         "DWELL_RESTAGE_LEAD_MS": str(RESTAGE_LEAD_MS),
-        "DWELL_RESTAGE_CHUNK_MS": str(RESTAGE_CHUNK_MS), "DWELL_RESTAGE_INTERVAL_MS": "200"})
+        "DWELL_RESTAGE_CHUNK_MS": str(RESTAGE_CHUNK_MS), "DWELL_RESTAGE_LEASE_MS": "3000",
+        "DWELL_RESTAGE_INTERVAL_MS": "200"})
     jars = ",".join(str(p) for p in devstack.spark_kafka_jars())
     log_dir = stack.state / "test-logs"
     env = dict(os.environ) | stack.service_env() | {

@@ -72,7 +72,7 @@ class Restager:
 
     def __init__(self, r: redislib.Redis, bootstrap: str, *, delayed_topic: str = names.DELAYED,
                  refiled_topic: str = names.REFILED, lead_ms: int = 40_000,
-                 chunk_ms: int = 20_000, lease_ms: int = 120_000,
+                 chunk_ms: int = 20_000, lease_ms: int = 30_000,
                  max_records: int = 1_000_000) -> None:
         if not 0 < chunk_ms <= lead_ms:
             raise ValueError("restage needs 0 < chunk_ms <= lead_ms")

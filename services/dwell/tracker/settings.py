@@ -33,7 +33,9 @@ class TrackerSettings(CommonSettings):
     restage_enabled: bool = True
     restage_lead_ms: int = Field(40_000, ge=1000)
     restage_chunk_ms: int = Field(20_000, ge=100)
-    restage_lease_ms: int = Field(120_000, ge=1000)
+    # A crash mid-round leaves the chunk claimed this long: less than the lead, so that
+    # the claims are back before the chunk's first bucket is due.
+    restage_lease_ms: int = Field(30_000, ge=1000)
     restage_max_records: int = Field(1_000_000, ge=1)
     restage_interval_ms: int = Field(1000, ge=10)
 
@@ -42,6 +44,9 @@ class TrackerSettings(CommonSettings):
         if self.restage_chunk_ms > self.restage_lead_ms:
             raise ValueError("DWELL_RESTAGE_CHUNK_MS must not exceed DWELL_RESTAGE_LEAD_MS: "
                              "a chunk is re-filed before its first bucket is due")
+        if self.restage_lease_ms >= self.restage_lead_ms:
+            raise ValueError("DWELL_RESTAGE_LEASE_MS must be less than DWELL_RESTAGE_LEAD_MS: "
+                             "after a crash the claims must be back before the chunk is due")
         return self
 
     @property
