@@ -46,6 +46,18 @@ def kafka_bootstrap(stack: devstack.Stack) -> str:
     return stack.kafka_bootstrap
 
 
+def wait_for(pred, timeout: float, what: str, interval: float = 0.05):  # noqa: ANN001, ANN201
+    """Poll ``pred`` until it returns something truthy (returned), or fail after ``timeout``
+    seconds naming ``what``. Integration tests import it (`from conftest import wait_for`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 @pytest.fixture()
 def unique() -> str:
     """A short unique name, so tests never see each other's tenants and topics."""

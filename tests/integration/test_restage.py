@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import wait_for
 from dwell.adapters.kafka import Producer, ensure_topic, read_from
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
@@ -85,14 +86,6 @@ def _count(r, topic: str) -> int:  # noqa: ANN001
     return sum(len(o) for fields in _positions(r, topic).values() for o in fields.values())
 
 
-def _wait(pred, timeout: float, what: str):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
@@ -108,7 +101,7 @@ def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
     before, after = first - 500, first + CHUNK + 300
     ats = [d for _ in range(40) for d in (*inside, before, after)]
     rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
-    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
     assert r.hget(f"dwell:stats:{{{topic}}}", FIXED_FIELD) == b"0"
 
     rs = restager(r, kafka_bootstrap, delayed_topic)
@@ -127,7 +120,7 @@ def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
 
     original = {(p, o): d for p, o, d in rows}
     moved = {b - b % TICK for b in inside}
-    got = _wait(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
+    got = wait_for(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
                          == len(rows) else None)(_positions(r, topic)),
                 20, "the ingest of the copies")
     for b, fields in got.items():
@@ -158,6 +151,19 @@ def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
         assert ats[i] == int(c.header("dwell-deliver-at") or 0)
 
 
+def _assert_left_alone(rs: Restager, topic: str, now: int) -> None:
+    """Two rounds of ``rs`` (the first notes topics, the second re-files) move nothing of
+    ``topic`` and leave it unmarked."""
+    before = _positions(rs.redis, topic)
+    try:
+        rs.run_once(now - CHUNK)
+        assert rs.run_once(now).records == 0
+    finally:
+        rs.close()
+    assert _positions(rs.redis, topic) == before
+    assert TopicIndex(rs.redis, topic).restaged_chunk() is None
+
+
 def test_fixed_delay_topics_are_left_in_place(redis_url, kafka_bootstrap, delayed_topic,
                                               unique, ingest) -> None:  # noqa: ANN001
     r = connect(redis_url)
@@ -166,17 +172,9 @@ def test_fixed_delay_topics_are_left_in_place(redis_url, kafka_bootstrap, delaye
     k = (now + LEAD) // CHUNK
     rows = _publish(kafka_bootstrap, delayed_topic, topic,
                     [k * CHUNK + 100 + i for i in range(50)])
-    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest")
     assert r.hget(f"dwell:stats:{{{topic}}}", FIXED_FIELD) == b"1"
-    before = _positions(r, topic)
-    rs = restager(r, kafka_bootstrap, delayed_topic)
-    try:
-        rs.run_once(now - CHUNK)
-        assert rs.run_once(now).records == 0
-    finally:
-        rs.close()
-    assert _positions(r, topic) == before
-    assert TopicIndex(r, topic).restaged_chunk() is None
+    _assert_left_alone(restager(r, kafka_bootstrap, delayed_topic), topic, now)
 
 
 def test_a_restage_of_another_delayed_topic_leaves_the_topic_alone(
@@ -187,17 +185,9 @@ def test_a_restage_of_another_delayed_topic_leaves_the_topic_alone(
     k = (now + LEAD) // CHUNK
     rows = _publish(kafka_bootstrap, delayed_topic, topic,
                     [k * CHUNK + d for _ in range(5) for d in (3000, 1000)])
-    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest")
     assert r.hget(f"dwell:stats:{{{topic}}}", "delayedTopic") == delayed_topic.encode()
-    before = _positions(r, topic)
-    other = restager(r, kafka_bootstrap, f"{delayed_topic}.other")
-    try:
-        other.run_once(now - CHUNK)
-        assert other.run_once(now).records == 0
-    finally:
-        other.close()
-    assert _positions(r, topic) == before
-    assert TopicIndex(r, topic).restaged_chunk() is None
+    _assert_left_alone(restager(r, kafka_bootstrap, f"{delayed_topic}.other"), topic, now)
 
 
 def test_a_failed_round_loses_nothing(redis_url, kafka_bootstrap, delayed_topic, unique,
@@ -210,7 +200,7 @@ def test_a_failed_round_loses_nothing(redis_url, kafka_bootstrap, delayed_topic,
     k = (now + LEAD) // CHUNK
     ats = [k * CHUNK + d for _ in range(10) for d in (3000, 1000, 2000)]
     rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
-    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest")
     before = _positions(r, topic)
     idx = TopicIndex(r, topic)
     idx.mark_restaged(k - 1)
@@ -230,7 +220,7 @@ def test_a_failed_round_loses_nothing(redis_url, kafka_bootstrap, delayed_topic,
     finally:
         rs.close()
     assert idx.restaged_chunk() == k
-    got = _wait(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
+    got = wait_for(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
                          == len(rows) else None)(_positions(r, topic)), 20, "the copies")
     assert set(got) == set(before)
 
@@ -245,18 +235,18 @@ def test_a_chunk_refiled_again_keeps_the_originals_ids(
     k = (now + LEAD) // CHUNK
     rows = _publish(kafka_bootstrap, delayed_topic, topic,
                     [k * CHUNK + d for _ in range(10) for d in (4000, 2000)])
-    _wait(lambda: _count(r, topic) == len(rows), 20, "the ingest")
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest")
     idx = TopicIndex(r, topic)
     idx.mark_restaged(k - 1)
     rs = restager(r, kafka_bootstrap, delayed_topic)
     try:
         assert rs.run_once(now).records == len(rows)
-        _wait(lambda: _count(r, topic) == len(rows), 20, "the first copies")
+        wait_for(lambda: _count(r, topic) == len(rows), 20, "the first copies")
         r.set(idx.keys.restaged, k - 1)
         assert rs.run_once(now).records == len(rows)
     finally:
         rs.close()
-    got = _wait(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
+    got = wait_for(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
                          == len(rows) else None)(_positions(r, topic)), 20, "the copies")
     copies = {(rec.partition, rec.offset): rec
               for rec in read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})}

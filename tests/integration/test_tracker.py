@@ -13,6 +13,7 @@ import httpx
 import pytest
 from pyroaring import BitMap64
 
+from conftest import wait_for
 from dwell import keys
 from dwell.adapters.kafka import (
     Columns,
@@ -66,13 +67,7 @@ def _indexed(r, topic: str) -> dict[int, dict[int, set[int]]]:
 
 
 def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return wait_for(pred, timeout, what, interval=0.1)
 
 
 @pytest.fixture()

@@ -18,31 +18,29 @@ from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import StatsCollector
 
 
-def main() -> None:
-    settings = TrackerSettings()
-    r = connect(settings.redis_url)
-    ensure_topic(settings.kafka_bootstrap, settings.delayed_topic, 4,
-                 settings.kafka_replication_factor)
-    loop = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap,
-                      settings.delayed_topic, settings.tracker_group_id,
-                      batch_max=settings.ingest_batch_max,
+def start_ingest(settings: TrackerSettings, topic: str, thread: str,
+                 field_base: int = 0) -> IngestLoop:
+    """An ingest loop of the delay log ``topic`` (created if missing) on a thread of its own;
+    its positions are indexed as ``settings.delayed_topic``'s, fields from ``field_base``."""
+    ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor)
+    loop = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap, topic,
+                      settings.tracker_group_id, source=settings.delayed_topic,
+                      field_base=field_base, batch_max=settings.ingest_batch_max,
                       poll_timeout_ms=settings.ingest_poll_timeout_ms,
                       compaction_interval_ms=settings.compaction_interval_ms,
                       compaction_max_buckets=settings.compaction_max_buckets,
                       compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes)
-    threading.Thread(target=loop.run, name="tracker-ingest", daemon=True).start()
+    threading.Thread(target=loop.run, name=thread, daemon=True).start()
+    return loop
+
+
+def main() -> None:
+    settings = TrackerSettings()
+    r = connect(settings.redis_url)
+    loop = start_ingest(settings, settings.delayed_topic, "tracker-ingest")
     # The restage's copies, indexed under the delay log's name with fields of their own.
-    ensure_topic(settings.kafka_bootstrap, settings.refile_log, 4,
-                 settings.kafka_replication_factor)
-    refiled = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap,
-                         settings.refile_log, settings.tracker_group_id,
-                         source=settings.delayed_topic, field_base=REFILED_FIELD_BASE,
-                         batch_max=settings.ingest_batch_max,
-                         poll_timeout_ms=settings.ingest_poll_timeout_ms,
-                         compaction_interval_ms=settings.compaction_interval_ms,
-                         compaction_max_buckets=settings.compaction_max_buckets,
-                         compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes)
-    threading.Thread(target=refiled.run, name="tracker-ingest-refiled", daemon=True).start()
+    refiled = start_ingest(settings, settings.refile_log, "tracker-ingest-refiled",
+                           field_base=REFILED_FIELD_BASE)
     restager = None
     if settings.restage_enabled:
         restager = Restager(connect(settings.redis_url), settings.kafka_bootstrap,
