@@ -388,7 +388,8 @@ def ping(bootstrap: str, timeout: float = 2.0) -> bool:
 
 def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: int = 1,
                  config: Mapping[str, str] | None = None, timeout: float = 15.0) -> bool:
-    """Create a topic unless it exists; True when this call created it."""
+    """Create a topic unless it exists; True when this call created it. An existing topic
+    is taken as it is (its partition count is not checked against ``partitions``)."""
     client = admin(bootstrap)
     futures = client.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=replication,
@@ -405,7 +406,8 @@ def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: in
     while time.monotonic() < deadline:
         md = client.list_topics(name, timeout=timeout)
         t = md.topics.get(name)
-        if t is not None and t.error is None and len(t.partitions) >= partitions:
+        if t is not None and t.error is None and (
+                not created or len(t.partitions) >= partitions):
             return created
         time.sleep(0.05)
     raise KafkaUnavailable(f"topic {name} not visible after {timeout}s")

@@ -128,7 +128,7 @@ class Restager:
             claims += [(idx, b) for b in mine]
             todo += sum(b.count() for b in mine)
             rnd.topics += 1
-            if not mine:
+            if not mine and not self._claimed_elsewhere(idx, first, last):
                 idx.mark_restaged(k)
         rnd.buckets = len(claims)
         if not claims:
@@ -153,6 +153,12 @@ class Restager:
                  rnd.topics, first, last, (done_at - started) * 1000,
                  *rnd.timings_ms.values())
         return rnd
+
+    def _claimed_elsewhere(self, idx: TopicIndex, first: int, last: int) -> bool:
+        """Whether buckets of the chunk are held by another claim: a round of a tracker
+        that died (its lease brings them back) or of another replica (it marks the chunk
+        when done). Until then the chunk is not done."""
+        return any(first <= int(b) <= last for b in self.redis.zrange(idx.keys.claims, 0, -1))
 
     def _refile(self, claims: list[tuple[TopicIndex, ClaimedBucket]]) -> int:
         """Read the claimed records in one pass per log, append them to the re-file log
