@@ -92,18 +92,19 @@ def choose_path(settings: SparkSettings, ranges: Sequence[Range]) -> str:
     - ``driver``: up to ``drain_local_max_records`` records, copied by the lean Python
       loop on the driver: no Spark job to schedule (a job costs 0.3-1 s even for one
       record), so small rounds stay on time.
-    - ``kafka-source``: larger rounds of delayed messages whose ranges are dense (the
-      offsets read, first..last per partition, at most ``drain_dense_factor`` times the
-      records wanted): Spark's batch Kafka source reads first..last of each partition in
-      parallel tasks, a broadcast join keeps the indexed offsets, Spark's Kafka sink
-      writes; no Python touches a record.
-    - ``tasks``: larger rounds that are scattered (uniform delays) or redeliveries: the
-      same lean Python copy, with the (source, partition) runs spread over Spark tasks.
+    - ``kafka-source`` (only with ``drain_jvm_copy``): larger rounds of delayed messages
+      whose ranges are dense (the offsets read, first..last per partition, at most
+      ``drain_dense_factor`` times the records wanted): Spark's batch Kafka source reads
+      first..last of each partition in parallel tasks, a broadcast join keeps the indexed
+      offsets, Spark's Kafka sink writes; no Python touches a record.
+    - ``tasks``: every other larger round (scattered, redeliveries, or dense without
+      ``drain_jvm_copy``): the same lean Python copy, with the (source, partition) runs
+      spread over Spark tasks.
     """
     n = sum(r.size for r in ranges)
     if n <= settings.drain_local_max_records:
         return "driver"
-    if any(r.subscription is not None for r in ranges):
+    if not settings.drain_jvm_copy or any(r.subscription is not None for r in ranges):
         return "tasks"
     bounds: dict[tuple[str, int], tuple[int, int]] = {}
     for r in ranges:

@@ -22,12 +22,15 @@ class SparkSettings(CommonSettings):
     drain_lease_ms: int = Field(30000, ge=1000)
     # Which copy runs a round (dwell_spark.drain.choose_path, figures in bench/delivery.py):
     # rounds up to drain_local_max_records records are copied on the driver; larger ones
-    # run as a Spark job, through Spark's Kafka source and sink when dense (offsets read
-    # <= drain_dense_factor x records wanted), else as Python copies in Spark tasks.
-    # Measured on local[2] (2 cores shared with Kafka), 20k / 100k records: driver 68-72k /
-    # 79-87k msg/s, tasks 16k / 48-60k, kafka-source 8-10k / 26-34k: on one box the
-    # driver wins up to 100k records; Spark jobs pay off with executors on other machines.
+    # run as a Spark job: Python copies in Spark tasks, or, with drain_jvm_copy, through
+    # Spark's Kafka source and sink when dense (offsets read <= drain_dense_factor x
+    # records wanted). Measured on local[2] (2 cores shared with Kafka), 20k / 100k records:
+    # driver 68-72k / 79-87k msg/s, tasks 16k / 48-60k, kafka-source 8-10k / 26-34k (an
+    # earlier session); 200k records: driver 69-73k, tasks 64-71k, kafka-source 38-44k. On
+    # one box the driver wins up to 100k records and the JVM copy never does; it may pay
+    # off with executors on other machines.
     drain_local_max_records: int = Field(100000, ge=0)
+    drain_jvm_copy: bool = False
     drain_dense_factor: float = Field(2.0, ge=1.0)
 
     # Prometheus /metrics, /healthz, /readyz of the Spark app (127.0.0.1 unless http_host).

@@ -1,0 +1,42 @@
+"""Which copy path a drain round takes (dwell_spark.drain.choose_path), without Spark."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
+
+from pyroaring import BitMap64  # noqa: E402
+
+from dwell.core import topics as names  # noqa: E402
+from dwell_spark.drain import choose_path  # noqa: E402
+from dwell_spark.records import Range  # noqa: E402
+from dwell_spark.settings import SparkSettings  # noqa: E402
+
+DENSE = [Range("ready", names.DELAYED, 0, 0, 199_999)]
+SCATTERED = [Range("ready", names.DELAYED, 0, 0, 999_999,
+                   offsets=BitMap64(range(0, 1_000_000, 5)))]
+REDELIVERY = [Range("ready-s-RETRY", "ready", 0, 0, 199_999, "s", {})]
+
+
+def settings(**kw: object) -> SparkSettings:
+    return SparkSettings(**{"drain_local_max_records": 100_000, **kw})
+
+
+def test_rounds_up_to_the_local_limit_stay_on_the_driver() -> None:
+    small = [Range("ready", names.DELAYED, 0, 0, 99_999)]
+    assert choose_path(settings(), small) == "driver"
+    assert choose_path(settings(drain_jvm_copy=True), small) == "driver"
+
+
+def test_larger_rounds_run_as_python_copies_in_spark_tasks_by_default() -> None:
+    for ranges in (DENSE, SCATTERED, REDELIVERY):
+        assert choose_path(settings(), ranges) == "tasks"
+
+
+def test_the_jvm_copy_takes_dense_delayed_rounds_only_when_asked() -> None:
+    s = settings(drain_jvm_copy=True)
+    assert choose_path(s, DENSE) == "kafka-source"
+    assert choose_path(s, SCATTERED) == "tasks"
+    assert choose_path(s, REDELIVERY) == "tasks"
