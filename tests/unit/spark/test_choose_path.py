@@ -24,6 +24,10 @@ def settings(**kw: object) -> SparkSettings:
     return SparkSettings(**{"drain_local_max_records": 100_000, **kw})
 
 
+def test_by_default_the_driver_takes_rounds_up_to_50k_records() -> None:
+    assert SparkSettings().drain_local_max_records == 50_000
+
+
 def test_rounds_up_to_the_local_limit_stay_on_the_driver() -> None:
     small = [Range("ready", names.DELAYED, 0, 0, 99_999)]
     assert choose_path(settings(), small) == "driver"
