@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install run up down status test test-unit test-integration lint bench clean
+.PHONY: help install chart-tools run up down status test test-unit test-integration lint chart bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -24,7 +24,10 @@ down: ## stop exactly what `make up` started
 status: ## what runs where
 	$(DEVSTACK) status
 
-test: install ## every test suite, against real Redis and Kafka it starts (and stops) itself
+chart-tools: ## build helm (go install) and install promtool, for the chart's tests
+	$(DEVSTACK) install-chart-tools
+
+test: install chart-tools ## every test suite, against real Redis and Kafka it starts (and stops) itself
 	$(DEVSTACK) --profile test down
 	rm -rf .dwell/test
 	set -o pipefail; rc=0; \
@@ -34,9 +37,14 @@ test: install ## every test suite, against real Redis and Kafka it starts (and s
 test-unit: install ## the unit tests only (no servers)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-lint: install ## ruff on everything, mypy --strict on dwell.core
+lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, helm lint on the chart
 	$(PY) -m ruff check services spark tests bench scripts
 	$(PY) -m mypy --strict services/dwell/core
+	.dwell/cache/bin/helm lint charts/dwell --strict
+
+chart: install chart-tools ## the chart's checks: values schema, helm lint/template, Kubernetes schemas, rules
+	$(PY) scripts/chart_schema.py --check
+	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
 bench: install ## the benchmarks under bench/ (they start their own servers)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

@@ -124,6 +124,58 @@ def spark_kafka_jars() -> list[Path]:
     return sorted(dest.glob("*.jar"))
 
 
+# The chart's tools (tests/chart): Helm from its Go module (Debian has no helm package),
+# promtool from Debian's prometheus package. Only `make test` and `make chart` need them.
+HELM_VERSION = "v3.16.4"
+# The flags helm's own Makefile sets: its version, and the Kubernetes version `helm template`
+# assumes (a plain go install says v1.20, below the chart's kubeVersion; 1.31 is what helm
+# 3.16's release builds say).
+HELM_LDFLAGS = (f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION} "
+                "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 "
+                "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=31")
+TOOLS_BIN = CACHE / "bin"
+
+
+def helm_bin() -> Path:
+    """Helm HELM_VERSION, built once with `go install` into .dwell/cache/bin."""
+    helm = TOOLS_BIN / "helm"
+    stamp = TOOLS_BIN / ".helm-version"
+    if helm.exists() and _stamp_ok(stamp, HELM_LDFLAGS):
+        return helm
+    if not shutil.which("go"):
+        sys.exit("dwell: go is needed to build helm (go install helm.sh/helm/v3/cmd/helm)")
+    say(f"building helm {HELM_VERSION} with go install (once; ~3 min on 2 cores)")
+    TOOLS_BIN.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["go", "install", "-ldflags", HELM_LDFLAGS,
+                    f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"], check=True,
+                   env=dict(os.environ, GOBIN=str(TOOLS_BIN), CGO_ENABLED="0"))
+    stamp.write_text(HELM_LDFLAGS)
+    return helm
+
+
+def promtool_bin() -> Path:
+    """promtool, which checks the chart's alert rules (Debian's prometheus package)."""
+    found = shutil.which("promtool")
+    if found:
+        return Path(found)
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        sys.exit("dwell: promtool is missing; install Debian's prometheus package")
+    say("installing Debian's prometheus package for promtool (apt-get)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    # The package starts its own server where it can; dwell only wants the checker.
+    subprocess.run(["service", "prometheus", "stop"], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return Path("/usr/bin/promtool")
+
+
+def install_chart_tools() -> None:
+    helm_bin()
+    promtool_bin()
+
+
 def install(with_python: bool = True) -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     redis_server_bin()
@@ -405,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                     choices=sorted(PROFILES))
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install", help="install what is missing (venv, redis-server, Kafka jars)")
+    sub.add_parser("install-chart-tools", help="build helm and install promtool (tests/chart)")
     up = sub.add_parser("up", help="start the stack in the background")
     up.add_argument("names", nargs="*", help="only these processes")
     down = sub.add_parser("down", help="stop what `up` started")
@@ -418,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "install":
         install()
+    elif args.cmd == "install-chart-tools":
+        install_chart_tools()
     elif args.cmd == "up":
         t0 = time.monotonic()
         install()

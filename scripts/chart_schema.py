@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Writes charts/dwell/values.schema.json: the chart's own keys, plus, for every `config:`
+map, the settings fields of that process (types, bounds, enums from the pydantic models),
+so that `helm install --set tracker.config.restage_lead=...` fails on the typo instead of
+starting with a default. tests/chart checks the file is what this script writes.
+
+    .venv/bin/python scripts/chart_schema.py          # rewrite the file
+    .venv/bin/python scripts/chart_schema.py --check  # exit 1 if it is stale
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = ROOT / "charts" / "dwell" / "values.schema.json"
+sys.path.insert(0, str(ROOT / "spark"))
+
+from dwell.admission.settings import AdmissionSettings  # noqa: E402
+from dwell.policy.settings import PolicySettings  # noqa: E402
+from dwell.settings import CommonSettings  # noqa: E402
+from dwell.tracker.settings import TrackerSettings  # noqa: E402
+from dwell_spark.settings import SparkSettings  # noqa: E402
+
+# Settings the chart sets itself from other values (addresses, ports, the Spark master):
+# not for a `config:` map.
+CHART_OWNED = frozenset({
+    "http_host", "http_port", "redis_url", "kafka_bootstrap", "kafka_replication_factor",
+    "spark_master", "spark_metrics_port", "spark_jars",
+})
+COMPONENT_SETTINGS = {"policy": PolicySettings, "admission": AdmissionSettings,
+                      "tracker": TrackerSettings, "spark": SparkSettings}
+
+
+def settings_schema(model: type[CommonSettings], own_only: bool) -> dict[str, Any]:
+    """A closed object schema of a settings class's fields (or of those it adds to
+    CommonSettings), each as pydantic describes it, titled with its env var."""
+    props = model.model_json_schema()["properties"]
+    common = set(CommonSettings.model_fields)
+    out: dict[str, Any] = {}
+    for name, prop in sorted(props.items()):
+        if name in CHART_OWNED or (own_only and name in common):
+            continue
+        prop = {k: v for k, v in prop.items() if k != "title"}
+        prop["description"] = f"DWELL_{name.upper()}"
+        out[name] = prop
+    return {"type": "object", "additionalProperties": False, "properties": out}
+
+
+def obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                           "properties": props}
+    if required:
+        out["required"] = required
+    return out
+
+
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+POS = {"type": "integer", "minimum": 1}
+MAP = {"type": "object"}
+LIST = {"type": "array"}
+QUANTITY = {"type": ["string", "integer"], "pattern": "^[0-9]+(\\.[0-9]+)?([EPTGMk]i?|[m])?$"}
+RESOURCES = {"type": "object", "additionalProperties": False,
+             "properties": {"requests": MAP, "limits": MAP, "claims": LIST}}
+IMAGE = obj({"registry": STR, "repository": {"type": "string", "minLength": 1}, "tag": STR,
+             "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}, ["repository"])
+PERSISTENCE = obj({"size": QUANTITY, "storageClass": STR})
+SCHEDULING = {"nodeSelector": MAP, "tolerations": LIST, "affinity": MAP,
+              "podAnnotations": MAP}
+
+
+def component(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return obj({"config": settings_schema(COMPONENT_SETTINGS[name], own_only=True),
+                "resources": RESOURCES, **SCHEDULING, **extra})
+
+
+def schema() -> dict[str, Any]:
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "dwell chart values (written by scripts/chart_schema.py)",
+        **obj({
+            "nameOverride": STR,
+            "fullnameOverride": STR,
+            "image": IMAGE,
+            "imagePullSecrets": LIST,
+            "config": settings_schema(CommonSettings, own_only=False),
+            "podSecurityContext": MAP,
+            "securityContext": MAP,
+            "redis": obj({
+                "enabled": BOOL,
+                "image": IMAGE,
+                "external": obj({"host": STR, "port": {"type": "integer", "minimum": 1,
+                                                       "maximum": 65535},
+                                 "db": {"type": "integer", "minimum": 0}}),
+                "auth": obj({"existingSecret": STR,
+                             "existingSecretPasswordKey": {"type": "string", "minLength": 1}}),
+                "persistence": PERSISTENCE,
+                "resources": RESOURCES,
+            }),
+            "kafka": obj({
+                "enabled": BOOL,
+                "image": IMAGE,
+                "external": obj({"bootstrap": STR}),
+                "replicationFactor": POS,
+                "clusterId": {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
+                "persistence": PERSISTENCE,
+                "resources": RESOURCES,
+            }),
+            "policy": component("policy", {"replicaCount": POS}),
+            "admission": component("admission", {
+                "replicaCount": POS,
+                "autoscaling": obj({"enabled": BOOL, "minReplicas": POS, "maxReplicas": POS,
+                                    "targetCPUUtilizationPercentage": {
+                                        "type": "integer", "minimum": 1, "maximum": 100}}),
+                "podDisruptionBudget": obj({"enabled": BOOL,
+                                            "maxUnavailable": {"type": ["integer", "string"]}}),
+            }),
+            "tracker": component("tracker", {"replicaCount": POS}),
+            "spark": component("spark", {
+                "image": IMAGE,
+                "master": {"type": "string", "pattern": "^(k8s://|local)"},
+                "executor": obj({"instances": POS, "cores": POS, "memory": STR}),
+                "driver": obj({"memory": STR}),
+                "sparkConf": {"type": "object",
+                              "additionalProperties": {"type": ["string", "number",
+                                                                "boolean"]}},
+                "checkpoints": obj({"existingClaim": STR, "size": QUANTITY,
+                                    "storageClass": STR,
+                                    "accessModes": {"type": "array", "minItems": 1, "items": {
+                                        "enum": ["ReadWriteMany", "ReadWriteOnce",
+                                                 "ReadWriteOncePod"]}}}),
+            }),
+            "metrics": obj({
+                "serviceMonitor": obj({"enabled": BOOL, "interval": STR, "labels": MAP}),
+                "prometheusRule": obj({"enabled": BOOL, "labels": MAP}),
+                "dashboards": obj({"enabled": BOOL, "labels": MAP}),
+            }),
+        }),
+    }
+
+
+def render() -> str:
+    return json.dumps(schema(), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not SCHEMA.exists() or SCHEMA.read_text() != text:
+            print(f"{SCHEMA.relative_to(ROOT)} is stale: run scripts/chart_schema.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    SCHEMA.write_text(text)
+    print(f"wrote {SCHEMA.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

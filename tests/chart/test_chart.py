@@ -1,0 +1,396 @@
+"""The Helm chart (charts/dwell), checked without a cluster: `helm lint --strict`, every
+rendered object against the Kubernetes schemas of the oldest and newest supported version
+(kubernetes-validate, offline, strict), values.schema.json refusing bad values, and the
+contracts between the chart and the code: each container's environment is accepted by
+that process's real settings class, the values' defaults equal the code's, ports are
+ARCHITECTURE.md's, and every pod runs non-root on a read-only root filesystem."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CHART = ROOT / "charts" / "dwell"
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "spark"))
+import chart_schema  # noqa: E402
+import devstack  # noqa: E402
+from dwell.settings import CommonSettings  # noqa: E402
+
+# Chart.yaml's kubeVersion is >=1.27; kubernetes-validate 1.37 knows up to 1.37.
+KUBE_VERSIONS = ("1.27.0", "1.37.0")
+# Custom resources of the Prometheus Operator: no schema in kubernetes-validate; checked
+# by their own tests below (the rules with promtool, the selector against the Services).
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+PORTS = {"policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
+EXTERNAL = ["--set", "redis.enabled=false", "--set", "redis.external.host=redis.example",
+            "--set", "redis.auth.existingSecret=dwell-redis",
+            "--set", "kafka.enabled=false",
+            "--set", "kafka.external.bootstrap=kafka-0.example:9092\\,kafka-1.example:9092",
+            "--set", "kafka.replicationFactor=3"]
+EVERYTHING = ["--set", "metrics.serviceMonitor.enabled=true",
+              "--set", "metrics.prometheusRule.enabled=true",
+              "--set", "metrics.dashboards.enabled=true",
+              "--set", "admission.autoscaling.enabled=true"]
+VARIANTS = {"defaults": [], "external": EXTERNAL, "everything": EVERYTHING}
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return str(devstack.helm_bin())
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, HELM_CACHE_HOME="/tmp/dwell-helm-cache"))
+
+
+def render(helm: str, *args: str, kube: str = "1.31.0") -> list[dict[str, Any]]:
+    got = run_helm(helm, "template", "rel", str(CHART), "--namespace", "ns",
+                   "--kube-version", kube, *args)
+    assert got.returncode == 0, got.stderr
+    return [doc for doc in yaml.safe_load_all(got.stdout) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def workloads(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            yield d
+
+
+def container_env(container: dict[str, Any], password: str = "s3cret") -> dict[str, str]:
+    """The container's env as the kubelet would give it: $(VAR) refers to earlier vars,
+    secrets read as `password`."""
+    env: dict[str, str] = {}
+    for e in container.get("env", []):
+        if "valueFrom" in e:
+            env[e["name"]] = password
+        else:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), e["value"])
+    return env
+
+
+# ---------------------------------------------------------------- lint and schemas
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_helm_lint_strict(helm: str, variant: str) -> None:
+    got = run_helm(helm, "lint", str(CHART), "--strict", "--kube-version", "1.31.0",
+                   *VARIANTS[variant])
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "0 chart(s) failed" in got.stdout
+
+
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_object_is_valid_kubernetes(helm: str, variant: str, kube: str) -> None:
+    docs = render(helm, *VARIANTS[variant], kube=kube)
+    checked = 0
+    for doc in docs:
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, kube, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} on {kube}: {exc.message} "
+                        f"at {'.'.join(map(str, exc.path))}")
+        checked += 1
+    assert checked >= 15
+
+
+def test_values_schema_is_what_the_settings_say() -> None:
+    """values.schema.json is generated from the settings classes: re-run the script."""
+    assert chart_schema.main(["--check"]) == 0, "run .venv/bin/python scripts/chart_schema.py"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--set", "tracker.config.restage_lead=5000"],
+     "tracker.config: Additional property restage_lead is not allowed"),
+    (["--set", "tracker.config.restage_lead_ms=5"],
+     "tracker.config.restage_lead_ms: Must be greater than or equal to 1000"),
+    (["--set", "config.env=prod"], "config.env"),
+    (["--set", "admission.replicaCount=0"], "admission.replicaCount"),
+    (["--set", "spark.master=yarn"], "spark.master"),
+    (["--set", "kafka.clusterId=short"], "kafka.clusterId"),
+    (["--set", "config.redis_url=redis://x"],
+     "config: Additional property redis_url is not allowed"),
+    (["--set", "unknownTop=1"], "Additional property unknownTop is not allowed"),
+    (["--set", "redis.enabled=false"], "redis.external.host is required"),
+    (["--set", "kafka.enabled=false"], "kafka.external.bootstrap is required"),
+])
+def test_bad_values_are_refused_naming_the_field(helm: str, args: list[str], says: str) -> None:
+    got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", "1.31.0", *args)
+    assert got.returncode != 0
+    assert says in got.stderr, got.stderr
+
+
+# ---------------------------------------------------------------- chart <-> code
+
+
+def _settings_classes() -> dict[str, type[CommonSettings]]:
+    return chart_schema.COMPONENT_SETTINGS
+
+
+def test_values_defaults_equal_the_code_defaults() -> None:
+    """A value in values.yaml that differs from the code's default would change dwell's
+    behaviour on Kubernetes only: each must be the same (env is the one exception)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    differ: list[str] = []
+    for key, value in values["config"].items():
+        default = CommonSettings.model_fields[key].default
+        if key != "env" and value != default:
+            differ.append(f"config.{key}: {value!r} != {default!r}")
+    assert values["config"]["env"] == "production"
+    for component, model in _settings_classes().items():
+        for key, value in values[component]["config"].items():
+            default = model.model_fields[key].default
+            if value != default:
+                differ.append(f"{component}.config.{key}: {value!r} != {default!r}")
+    assert not differ
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) -> None:
+    """Instantiate the real settings class of each container from its rendered env: a
+    bad value, a validator (restage chunk > lead) or production without a Redis password
+    fails here, not in a crash-looping pod."""
+    docs = render(helm, *VARIANTS[variant])
+    seen = set()
+    for w in workloads(docs):
+        component = w["metadata"]["labels"]["app.kubernetes.io/component"]
+        if component not in PORTS:
+            continue
+        (container,) = w["spec"]["template"]["spec"]["containers"]
+        env = container_env(container)
+        saved = dict(os.environ)
+        try:
+            os.environ.update(env)
+            settings = _settings_classes()[component]()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        assert settings.env == "production"
+        assert ":s3cret@" in settings.redis_url
+        assert settings.http_host == "0.0.0.0"
+        port = settings.spark_metrics_port if component == "spark" else settings.http_port
+        assert port == PORTS[component]
+        assert {"name": "http", "containerPort": port} in container["ports"]
+        if variant == "external":
+            assert settings.kafka_bootstrap == "kafka-0.example:9092,kafka-1.example:9092"
+            assert settings.kafka_replication_factor == 3
+            assert settings.redis_url == "redis://:s3cret@redis.example:6379/0"
+        seen.add(component)
+    assert seen == set(PORTS)
+
+
+def test_config_values_reach_the_processes(helm: str) -> None:
+    docs = render(helm, "--set", "config.delayed_delivery_tick_time_ms=250",
+                  "--set", "tracker.config.restage_max_records=2000000",
+                  "--set", "spark.config.spark_checkpoint_dir=s3a://bucket/dwell")
+    envs = {w["metadata"]["labels"]["app.kubernetes.io/component"]:
+            container_env(w["spec"]["template"]["spec"]["containers"][0])
+            for w in workloads(docs)}
+    assert all(envs[c]["DWELL_DELAYED_DELIVERY_TICK_TIME_MS"] == "250" for c in PORTS)
+    assert envs["tracker"]["DWELL_RESTAGE_MAX_RECORDS"] == "2000000"
+    assert "DWELL_RESTAGE_MAX_RECORDS" not in envs["admission"]
+    # Set once: the config value replaces the chart's volume path, not a second entry.
+    spark_env = [e["name"] for e in by_kind(docs, "Deployment")["rel-dwell-spark"]["spec"]
+                 ["template"]["spec"]["containers"][0]["env"]]
+    assert spark_env.count("DWELL_SPARK_CHECKPOINT_DIR") == 1
+    assert envs["spark"]["DWELL_SPARK_CHECKPOINT_DIR"] == "s3a://bucket/dwell"
+
+
+# ---------------------------------------------------------------- security
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, variant: str
+                                                                ) -> None:
+    docs = render(helm, *VARIANTS[variant])
+    pods = [(w["metadata"]["name"], w["spec"]["template"]["spec"]) for w in workloads(docs)]
+    pods += [(p["metadata"]["name"], p["spec"]) for p in docs if p["kind"] == "Pod"]
+    for name, spec in pods:
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["runAsUser"] != 0, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"]["drop"] == ["ALL"], name
+            # The in-chart Kafka's image writes its config at start; nothing else may.
+            assert sc["readOnlyRootFilesystem"] is (not name.endswith("-kafka")), name
+            assert not c["image"].endswith(":latest"), name
+            if "resources" in c:
+                assert c["resources"]["limits"]["memory"], name
+        # Only the Spark driver talks to the API server (it creates its executors).
+        assert spec["automountServiceAccountToken"] is name.endswith("-spark"), name
+    text = yaml.safe_dump_all(docs)
+    assert "password" not in text.lower().replace("redis-password", "").replace(
+        "redis_password", ""), "a password-like value in the manifests"
+    secrets = by_kind(docs, "Secret")
+    if variant == "external":
+        assert not secrets  # the user's existingSecret
+    else:
+        (secret,) = secrets.values()
+        assert len(secret["data"]["redis-password"]) >= 40  # 32 random chars, base64
+
+
+def test_existing_secret_is_used_as_given(helm: str) -> None:
+    docs = render(helm, "--set", "redis.auth.existingSecret=mine",
+                  "--set", "redis.auth.existingSecretPasswordKey=pw")
+    assert not by_kind(docs, "Secret")
+    for w in workloads(docs):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            for e in c.get("env", []):
+                if e["name"] == "REDIS_PASSWORD":
+                    assert e["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "pw"}
+
+
+# ---------------------------------------------------------------- Spark on Kubernetes
+
+
+def test_spark_driver_runs_spark_submit_on_kubernetes(helm: str) -> None:
+    docs = render(helm, "--set", "spark.executor.instances=3",
+                  "--set", "spark.sparkConf.spark\\.kubernetes\\.executor\\.request\\.cores=500m")
+    deploy = by_kind(docs, "Deployment")["rel-dwell-spark"]
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+    pod = deploy["spec"]["template"]["spec"]
+    (driver,) = pod["containers"]
+    args = driver["args"]
+    env = container_env(driver)
+    assert args[:6] == ["spark-submit", "--master", "$(DWELL_SPARK_MASTER)",
+                        "--deploy-mode", "client", "--name"]
+    assert env["DWELL_SPARK_MASTER"] == "k8s://https://kubernetes.default.svc"
+    confs = dict(a.split("=", 1) for a in args[args.index("--driver-memory") + 2:-1]
+                 if a != "--conf")
+    assert confs["spark.kubernetes.container.image"] == driver["image"]
+    assert driver["image"] == "ghcr.io/dwell-dev/dwell-spark:0.1.0"
+    assert confs["spark.kubernetes.namespace"] == "ns"
+    assert confs["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+    assert confs["spark.executor.instances"] == "3"
+    assert confs["spark.kubernetes.executor.request.cores"] == "500m"
+    # Executors reach the driver through its headless Service, on the ports it opens.
+    svc = by_kind(docs, "Service")["rel-dwell-spark"]
+    assert confs["spark.driver.host"] == "rel-dwell-spark.ns.svc"
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"]["spark-role"] == "driver"
+    assert deploy["spec"]["template"]["metadata"]["labels"]["spark-role"] == "driver"
+    ports = {p["name"]: p["containerPort"] for p in driver["ports"]}
+    assert ports["driver-rpc"] == int(confs["spark.driver.port"])
+    assert ports["blockmanager"] == int(confs["spark.driver.blockManager.port"])
+    # The script spark-submit runs is the repo's spark/launch.py (the image copies spark/).
+    assert args[-1] == "/opt/dwell/spark/launch.py"
+    assert (ROOT / "spark" / "launch.py").exists()
+    # The service account may create and delete the executor pods.
+    assert pod["serviceAccountName"] == "rel-dwell-spark"
+    (rule,) = by_kind(docs, "Role")["rel-dwell-spark"]["rules"]
+    assert {"pods"} <= set(rule["resources"]) and {"create", "delete", "watch"} <= set(
+        rule["verbs"])
+    binding = by_kind(docs, "RoleBinding")["rel-dwell-spark"]
+    assert binding["subjects"][0]["name"] == "rel-dwell-spark"
+    # Checkpoints on a volume that outlives the pod, mounted by the executors too (their
+    # state store tasks write there): ReadWriteMany.
+    mounts = {m["name"]: m["mountPath"] for m in driver["volumeMounts"]}
+    assert env["DWELL_SPARK_CHECKPOINT_DIR"] == mounts["checkpoints"]
+    pvc = by_kind(docs, "PersistentVolumeClaim")["rel-dwell-spark-checkpoints"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    prefix = "spark.kubernetes.executor.volumes.persistentVolumeClaim.checkpoints."
+    assert confs[prefix + "mount.path"] == mounts["checkpoints"]
+    assert confs[prefix + "options.claimName"] == "rel-dwell-spark-checkpoints"
+    # Executors get the pod template: non-root, read-only root, a writable /tmp.
+    template_path = confs["spark.kubernetes.executor.podTemplateFile"]
+    assert Path(template_path).parent.as_posix() == mounts["executor-template"]
+    template = yaml.safe_load(by_kind(docs, "ConfigMap")["rel-dwell-spark-executor"]["data"][
+        Path(template_path).name])
+    kubernetes_validate.validate(template | {"metadata": {"name": "x"}}, "1.27.0", strict=True)
+    (executor,) = template["spec"]["containers"]
+    assert executor["name"] == confs["spark.kubernetes.executor.podTemplateContainerName"]
+    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert executor["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in executor["volumeMounts"]
+
+
+def test_spark_checkpoints_in_object_storage_need_no_volume(helm: str) -> None:
+    docs = render(helm, "--set", "spark.config.spark_checkpoint_dir=s3a://bucket/dwell")
+    assert "rel-dwell-spark-checkpoints" not in by_kind(docs, "PersistentVolumeClaim")
+    driver = by_kind(docs, "Deployment")["rel-dwell-spark"]["spec"]["template"]["spec"]
+    assert "checkpoints" not in [v["name"] for v in driver["volumes"]]
+    assert not [a for a in driver["containers"][0]["args"] if "persistentVolumeClaim" in a]
+
+
+def test_admission_is_a_statefulset_for_stable_transactional_ids(helm: str) -> None:
+    docs = render(helm)
+    sts = by_kind(docs, "StatefulSet")["rel-dwell-admission"]
+    assert sts["spec"]["replicas"] == 2
+    assert "DWELL_INGRESS_TRANSACTIONAL_ID" not in container_env(
+        sts["spec"]["template"]["spec"]["containers"][0])  # derived from the pod name
+    hpa = render(helm, *EVERYTHING)
+    assert "replicas" not in by_kind(hpa, "StatefulSet")["rel-dwell-admission"]["spec"]
+    assert by_kind(hpa, "HorizontalPodAutoscaler")["rel-dwell-admission"]["spec"][
+        "scaleTargetRef"]["kind"] == "StatefulSet"
+
+
+# ---------------------------------------------------------------- monitoring
+
+
+def test_service_monitor_selects_each_process_once(helm: str) -> None:
+    docs = render(helm, *EVERYTHING)
+    (sm,) = by_kind(docs, "ServiceMonitor").values()
+    sel = sm["spec"]["selector"]
+
+    def selected(labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in sel["matchLabels"].items()):
+            return False
+        for e in sel["matchExpressions"]:
+            if e["operator"] == "In" and labels.get(e["key"]) not in e["values"]:
+                return False
+            if e["operator"] == "DoesNotExist" and e["key"] in labels:
+                return False
+        return True
+
+    scraped = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s
+               for s in by_kind(docs, "Service").values() if selected(s["metadata"]["labels"])}
+    assert set(scraped) == set(PORTS)
+    assert len([s for s in by_kind(docs, "Service").values()
+                if selected(s["metadata"]["labels"])]) == len(PORTS)
+    (endpoint,) = sm["spec"]["endpoints"]
+    for component, svc in scraped.items():
+        port = {p["name"]: p["port"] for p in svc["spec"]["ports"]}[endpoint["port"]]
+        assert port == PORTS[component]
+
+
+def test_prometheus_rule_is_the_checked_rules_file(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, *EVERYTHING)
+    (rule,) = by_kind(docs, "PrometheusRule").values()
+    rules_file = CHART / "files" / "rules" / "dwell.rules.yaml"
+    assert rule["spec"] == yaml.safe_load(rules_file.read_text())
+    out = tmp_path / "rendered.rules.yaml"
+    out.write_text(yaml.safe_dump(rule["spec"]))
+    got = subprocess.run([str(devstack.promtool_bin()), "check", "rules", str(out)],
+                         capture_output=True, text=True)
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_dashboards_configmap_carries_every_dashboard(helm: str) -> None:
+    docs = render(helm, *EVERYTHING)
+    cm = by_kind(docs, "ConfigMap")["rel-dwell-dashboards"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    files = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    assert files and sorted(cm["data"]) == [f.name for f in files]
+    for f in files:
+        assert cm["data"][f.name] == f.read_text()
+    assert "rel-dwell-dashboards" not in by_kind(render(helm), "ConfigMap")  # off by default
