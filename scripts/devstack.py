@@ -78,17 +78,23 @@ def redis_server_bin() -> str:
         "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
     if found:
         return found
+    # Debian starts its own redis on 6379 after install; ours must own that port.
+    _apt_install("redis-server", "redis-server")
+    return "/usr/bin/redis-server"
+
+
+def _apt_install(package: str, what: str) -> None:
+    """Install a Debian package (as root, with apt-get) for `what`, and stop the server
+    the package may have started: dwell runs only its own processes."""
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        sys.exit("dwell: redis-server is missing; install Debian's redis-server package")
-    say("installing Debian's redis-server (apt-get)")
+        sys.exit(f"dwell: {what} is missing; install Debian's {package} package")
+    say(f"installing Debian's {package} for {what} (apt-get)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "redis-server"],
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
                    check=True, env=env, stdout=subprocess.DEVNULL)
-    # Debian starts its own redis on 6379 after install; ours must own that port.
-    subprocess.run(["service", "redis-server", "stop"], check=False,
+    subprocess.run(["service", package, "stop"], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return "/usr/bin/redis-server"
 
 
 def _mvn_copy(pom: Path, dest: Path) -> None:
@@ -158,16 +164,8 @@ def promtool_bin() -> Path:
     found = shutil.which("promtool")
     if found:
         return Path(found)
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        sys.exit("dwell: promtool is missing; install Debian's prometheus package")
-    say("installing Debian's prometheus package for promtool (apt-get)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
     # The package starts its own server where it can; dwell only wants the checker.
-    subprocess.run(["service", "prometheus", "stop"], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _apt_install("prometheus", "promtool")
     return Path("/usr/bin/promtool")
 
 

@@ -141,10 +141,6 @@ def test_bad_values_are_refused_naming_the_field(helm: str, args: list[str], say
 # ---------------------------------------------------------------- chart <-> code
 
 
-def _settings_classes() -> dict[str, type[CommonSettings]]:
-    return chart_schema.COMPONENT_SETTINGS
-
-
 def test_values_defaults_equal_the_code_defaults() -> None:
     """A value in values.yaml that differs from the code's default would change dwell's
     behaviour on Kubernetes only: each must be the same (env is the one exception)."""
@@ -155,7 +151,7 @@ def test_values_defaults_equal_the_code_defaults() -> None:
         if key != "env" and value != default:
             differ.append(f"config.{key}: {value!r} != {default!r}")
     assert values["config"]["env"] == "production"
-    for component, model in _settings_classes().items():
+    for component, model in chart_schema.COMPONENT_SETTINGS.items():
         for key, value in values[component]["config"].items():
             default = model.model_fields[key].default
             if value != default:
@@ -179,7 +175,7 @@ def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) 
         saved = dict(os.environ)
         try:
             os.environ.update(env)
-            settings = _settings_classes()[component]()
+            settings = chart_schema.COMPONENT_SETTINGS[component]()
         finally:
             os.environ.clear()
             os.environ.update(saved)

@@ -229,3 +229,17 @@ spec:
       port: {{ .port }}
       targetPort: http
 {{- end -}}
+
+{{/* The `data` volume claim of the in-chart Redis and Kafka: dwell.dataVolumeClaim .Values.x.persistence */}}
+{{- define "dwell.dataVolumeClaim" -}}
+- metadata:
+    name: data
+  spec:
+    accessModes: [ReadWriteOnce]
+    {{- with .storageClass }}
+    storageClassName: {{ . }}
+    {{- end }}
+    resources:
+      requests:
+        storage: {{ .size }}
+{{- end -}}
