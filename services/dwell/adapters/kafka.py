@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -81,7 +81,8 @@ def _encode_headers(headers: Headers | None) -> list[tuple[str, bytes]] | None:
 class Producer:
     """An idempotent, acks=all producer whose sends return futures of
     (partition, offset). A background thread serves delivery callbacks (unless
-    `poll_in_background` is False: then only `flush` serves them)."""
+    `poll_in_background` is False: then `poll` and `flush` serve them, on the calling
+    thread)."""
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 5, poll_in_background: bool = True,
                  **extra: Any) -> None:
@@ -135,29 +136,46 @@ class Producer:
 
     def send_many(self, records: Sequence[OutRecord]) -> Future[list[tuple[int, int]]]:
         """Send a batch; one future of every (partition, offset) in order, or the first
-        error. Cheaper than `send` per record: no Future per message (admission's hot path).
+        error. Cheaper than `send` per record: no Future per message.
         Headers here are already encoded: a list of (name, bytes)."""
         fut: Future[list[tuple[int, int]]] = Future()
+
+        def settle(out: list[tuple[int, int]] | None, exc: Exception | None) -> None:
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(out)  # type: ignore[arg-type]
+
+        self.send_many_then(records, settle)
+        return fut
+
+    def send_many_then(self, records: Sequence[OutRecord],
+                       settle: Callable[[list[tuple[int, int]] | None, Exception | None], None]
+                       ) -> None:
+        """Send a batch and call `settle(offsets, None)` once every record is acknowledged,
+        or `settle(None, error)` at the first failure; exactly once, from the thread that
+        serves delivery reports (the poll thread, `flush`, or `poll`'s caller)."""
         n = len(records)
         out: list[tuple[int, int]] = [(0, 0)] * n
         if n == 0:
-            fut.set_result(out)
-            return fut
+            settle(out, None)
+            return
         left = n
 
         # Called once per record, from C: as few Python operations as will do (a positional
         # partial, a closure counter) since this runs ~100k times a second under load.
         def _done(i: int, err: KafkaError | None, msg: Message) -> None:
             nonlocal left
-            # Delivery callbacks run on one thread at a time (poll or flush).
+            if left <= 0:
+                return  # already settled (a failure)
             if err is not None:
-                if not fut.done():
-                    fut.set_exception(KafkaUnavailable(f"{msg.topic()}: {err.str()}"))
+                left = 0
+                settle(None, KafkaUnavailable(f"{msg.topic()}: {err.str()}"))
                 return
             out[i] = (msg.partition(), msg.offset())
             left -= 1
-            if not left and not fut.done():
-                fut.set_result(out)
+            if not left:
+                settle(out, None)
 
         produce = self._p.produce
         partial = functools.partial
@@ -172,8 +190,19 @@ class Producer:
                                 headers=headers, timestamp=ts)
                     break
                 except BufferError:
-                    time.sleep(0.005)
-        return fut
+                    if self._poller is None:
+                        self._p.poll(0.005)  # serve the reports that free the queue
+                    else:
+                        time.sleep(0.005)
+
+    @property
+    def polls_in_background(self) -> bool:
+        return self._poller is not None
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery reports on this thread (a producer made with
+        `poll_in_background=False`); the number served."""
+        return int(self._p.poll(timeout))
 
     def send_unreported(self, records: Sequence[OutRecord]) -> None:
         """Queue records without a delivery report each, for callers that learn of

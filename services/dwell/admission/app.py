@@ -42,6 +42,7 @@ class Admission:
                                        replay_timeout_s=settings.policy_replay_timeout_s)
         self.producer = kafka.Producer(settings.kafka_bootstrap,
                                        linger_ms=settings.producer_linger_ms,
+                                       poll_in_background=False,
                                        **{"message.timeout.ms": settings.publish_timeout_ms})
         self.publisher = Publisher(settings, self.cache, self.producer)
         self.ingress = Ingress(settings, self.publisher) if settings.ingress_enabled else None

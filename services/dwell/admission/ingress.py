@@ -173,7 +173,7 @@ class Ingress:
                     pub.ensure_ready_topic(topic.kafka_topic)
                 futures.append(pub.send(plan, producer))
                 planned.append((r, plan, req.producerName, [], request_id,
-                                [m.get("sequenceId") for m in req.messages]))
+                                [m.sequenceId for m in req.messages]))
                 pub.count(plan, "kafka")
             except PublishError as exc:
                 if exc.status == 503:

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Iterator
 
+import msgspec
 import orjson
 import pydantic
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dwell.adapters import kafka
 from dwell.admission.cache import PolicyCache
 from dwell.admission.publish import (
+    IngressRequest,
     Publisher,
     PublishError,
     PublishRequest,
@@ -42,7 +47,8 @@ def publisher() -> Iterator[Publisher]:
         "fixedDeliveryDelayInMillis": 60000}}), {})
     cache.apply("ns:acme/off", orjson.dumps({"version": 4, "policy": {"active": False}}), {})
     cache.ready.set()
-    producer = kafka.Producer(DEAD_KAFKA, **{"message.timeout.ms": 1000})
+    producer = kafka.Producer(DEAD_KAFKA, poll_in_background=False,
+                              **{"message.timeout.ms": 1000})
     yield Publisher(settings, cache, producer, clock=lambda: NOW_MS / 1000)
     producer.close(0.1)
 
@@ -148,7 +154,7 @@ def test_kafka_unavailable_is_503(publisher: Publisher) -> None:
     assert err.value.status == 503
 
 
-# Bodies the lean validator must hand to pydantic (or accept exactly as pydantic does).
+# Bodies msgspec must hand to pydantic (or accept exactly as pydantic does).
 EDGE_BODIES = [
     body({"payload": "x", "sequenceId": True}),
     body({"payload": "x", "sequenceId": 1.0}),
@@ -173,20 +179,57 @@ EDGE_BODIES = [
 ]
 
 
-@pytest.mark.parametrize("raw", EDGE_BODIES)
-def test_lean_parse_agrees_with_the_pydantic_model(raw: bytes) -> None:
-    """parse_request's fast path must accept nothing the model refuses, and yield the
-    same values and the same 400 text otherwise."""
+def assert_parse_agrees_with_the_model(raw: bytes, model: type[PublishRequest]) -> None:
+    """parse_request's fast path (msgspec) must accept nothing the model refuses, and
+    yield the same values and the same 400 text otherwise."""
     try:
-        want = PublishRequest.model_validate_json(raw)
+        want = model.model_validate_json(raw)
     except pydantic.ValidationError as exc:
         with pytest.raises(PublishError) as err:
-            parse_request(raw, PublishRequest)
+            parse_request(raw, model)
         assert err.value.status == 400 and err.value.reason == describe(exc)
         return
-    got = parse_request(raw, PublishRequest)
-    assert (got.producerName, got.payloadEncoding) == (want.producerName, want.payloadEncoding)
-    assert got.messages == [m.model_dump(exclude_unset=True) for m in want.messages]
+    got = parse_request(raw, model)
+    assert (got.producerName, got.payloadEncoding, got.topic) == (
+        want.producerName, want.payloadEncoding, getattr(want, "topic", None))
+    assert [msgspec.structs.asdict(m) for m in got.messages] == [m.model_dump()
+                                                                 for m in want.messages]
+
+
+@pytest.mark.parametrize("raw", EDGE_BODIES)
+def test_parse_agrees_with_the_pydantic_model(raw: bytes) -> None:
+    assert_parse_agrees_with_the_model(raw, PublishRequest)
+    assert_parse_agrees_with_the_model(raw, IngressRequest)
+
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.floats() | st.text(max_size=5)
+    | st.sampled_from(["base64", "utf-8", "", "hex"]),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner,
+                                                                 max_size=2),
+    max_leaves=4)
+_FIELD_VALUES = {
+    "payload": st.text(max_size=5), "payloadEncoding": st.sampled_from(["base64", "utf-8"]),
+    "key": st.text(max_size=3), "properties": st.dictionaries(st.text(max_size=3),
+                                                              st.text(max_size=3), max_size=2),
+    **{f: st.integers(0, 2**63 - 1) for f in ("eventTime", "sequenceId", "deliverAt",
+                                              "deliverAfterMs")}}
+# A message: mostly well-typed fields, sometimes a value of any JSON type or an extra field.
+_MESSAGE = st.dictionaries(
+    st.sampled_from([*_FIELD_VALUES, "colour"]), st.none(), max_size=8).flatmap(
+    lambda keys: st.fixed_dictionaries({k: st.one_of(_FIELD_VALUES.get(k, _ANY_JSON),
+                                                     _ANY_JSON) for k in keys}))
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages=st.lists(_MESSAGE, max_size=3),
+       top=st.dictionaries(st.sampled_from(["producerName", "payloadEncoding", "topic", "x"]),
+                           _ANY_JSON | st.text(max_size=3), max_size=2))
+def test_parse_agrees_with_the_pydantic_model_on_generated_bodies(
+        messages: list[dict[str, object]], top: dict[str, object]) -> None:
+    raw = json.dumps({"messages": messages, **top}).encode()  # orjson stops at 64 bits
+    assert_parse_agrees_with_the_model(raw, PublishRequest)
+    assert_parse_agrees_with_the_model(raw, IngressRequest)
 
 
 def test_decisions_are_shared_but_results_are_not(publisher: Publisher) -> None:
