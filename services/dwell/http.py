@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from dwell.settings import CommonSettings
 
@@ -35,6 +36,11 @@ class ApiError(Exception):
 
 def error(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"reason": reason}, status_code=status, headers=headers)
+
+
+def internal_error(exc: Exception) -> str:
+    """The reason a 500 gives: the exception's type, never its text or a stack trace."""
+    return f"internal error ({type(exc).__name__}); see the service log"
 
 
 def describe_validation(exc: RequestValidationError) -> str:
@@ -70,7 +76,7 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error(500, f"internal error ({type(exc).__name__}); see the service log")
+        return error(500, internal_error(exc))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -93,7 +99,7 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
     return app
 
 
-def serve(app: FastAPI | str, settings: CommonSettings) -> None:
+def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,

@@ -24,6 +24,7 @@ import asyncio
 import base64
 import binascii
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -80,9 +81,10 @@ class IngressRequest(PublishRequest):
     topic: str | None = None
 
 
-class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
     """A validated message: `MessageIn` as decoded on the hot path (see `parse_request`).
-    A field not sent reads as None."""
+    A field not sent reads as None. Not tracked by the cycle collector (`gc=False`): it
+    holds strings, integers and a dict of strings, so it cannot be part of a cycle."""
 
     payload: str
     payloadEncoding: Literal["base64", "utf-8"] | None = None
@@ -181,6 +183,9 @@ class Plan:
     results: list[dict[str, Any]]
     sends: list[kafka.OutRecord] = field(default_factory=list)
     index: list[int] = field(default_factory=list)  # result index of each send
+    # Each send's result as JSON up to its messageId's partition: the decision's fields,
+    # then `"messageId":"<kafkaTopic>:` (see `answer`).
+    heads: list[str] = field(default_factory=list)
     needs_ready_topic: bool = False
     immediate: int = 0
     delayed: int = 0
@@ -201,6 +206,12 @@ def _decode_payload(text: str, encoding: str | None) -> bytes | str:
 # A decision as plan() uses it: the result fields, the delay headers (None: rejected,
 # empty: immediate) and whether it counts as a fixed-delay override (0 or 1).
 _Decided = tuple[dict[str, Any], tuple[tuple[str, bytes], ...] | None, int]
+
+
+def _head(fields: dict[str, Any], kafka_topic: str) -> str:
+    """An accepted result's JSON up to its messageId's partition (Kafka topic names
+    need no JSON escaping)."""
+    return orjson.dumps(fields)[:-1].decode() + f',"messageId":"{kafka_topic}:'
 
 
 def _decide(decision: Decision, tick_b: bytes) -> _Decided:
@@ -233,8 +244,7 @@ class Publisher:
         self._labels: dict[str, tuple[Any, Any]] = {}
         self._bytes: dict[TopicName, tuple[bytes, str]] = {}
         self._counters: dict[tuple[str, str], Any] = {}
-        self._timeout_s = settings.publish_timeout_ms / 1000 + 1.0
-        self.deliveries = Deliveries(producer)
+        self.deliveries = Deliveries(producer, settings.publish_timeout_ms / 1000 + 1.0)
 
     # -- topics
 
@@ -296,7 +306,9 @@ class Publisher:
         # admit() is a pure function of these and (policy, persistent, now, strict), which
         # are fixed for the request: messages asking the same thing share one decision,
         # with its result fields and delay headers. Likewise the encoded properties.
-        decisions: dict[tuple[int | None, int | None, int], _Decided] = {}
+        # With each decision, its results' head (see `Plan.heads`).
+        decisions: dict[tuple[int | None, int | None, int], tuple[dict[str, Any],
+                        tuple[tuple[str, bytes], ...] | None, int, str]] = {}
         encoded_props: dict[tuple[tuple[str, str], ...], list[tuple[str, bytes]]] = {}
         last_props: dict[str, str] | None = None
         last_props_h: list[tuple[str, bytes]] | None = None
@@ -304,6 +316,7 @@ class Publisher:
         results = plan.results
         sends = plan.sends
         index = plan.index
+        heads = plan.heads
         delayed_topic = names.DELAYED
         overridden = delayed = 0
         # Request-level errors (payload size, reserved property names) raise from inside
@@ -349,11 +362,14 @@ class Publisher:
             asked = (deliver_at, deliver_after, publish_time)
             decided = decisions.get(asked)
             if decided is None:
-                decided = decisions[asked] = _decide(
+                proto, delay_h, counts_override = _decide(
                     admit(deliver_at=deliver_at, deliver_after_ms=deliver_after, policy=policy,
                           persistent=persistent, publish_time=publish_time, now=now,
                           strict=strict), tick_b)
-            proto, delay_h, counts_override = decided
+                head = "" if delay_h is None else _head(proto, delayed_topic if delay_h
+                                                        else ready)
+                decided = decisions[asked] = (proto, delay_h, counts_override, head)
+            proto, delay_h, counts_override, head = decided
             if delay_h is None:  # rejected
                 results.append(proto.copy())
                 plan.rejected += 1
@@ -378,6 +394,7 @@ class Publisher:
             else:
                 sends.append((ready, payload, key_b, headers, publish_time))
             index.append(i)
+            heads.append(head)
             # Shared by the messages with this decision until finish() gives each its own.
             results.append(proto)
 
@@ -430,23 +447,14 @@ class Publisher:
     @staticmethod
     def answer(plan: Plan, offsets: Sequence[tuple[int, int]]) -> bytes:
         """The HTTP answer: the bytes of `{"messagePublishResults": finish(plan, offsets)}`
-        as orjson writes them, without a dict per message. An accepted result is its
-        decision's JSON with the messageId spliced in before the closing brace; Kafka
-        topic names and integers need no JSON escaping."""
+        as orjson writes them, without a dict per message: an accepted result is its
+        head (`Plan.heads`) and `<partition>:<offset>"}`."""
         results = plan.results
-        parts = [""] * len(results)
-        heads: dict[int, str] = {}  # id of a decision's fields -> its JSON up to messageId
-        for i, out, (partition, offset) in zip(plan.index, plan.sends, offsets, strict=True):
-            fields = results[i]
-            head = heads.get(id(fields))
-            if head is None:
-                head = heads[id(fields)] = (orjson.dumps(fields)[:-1].decode()
-                                            + ',"messageId":"')
-            parts[i] = f'{head}{out[0]}:{partition}:{offset}"}}'
-        if len(plan.index) < len(results):  # refused messages: their results as they are
-            for i, part in enumerate(parts):
-                if not part:
-                    parts[i] = orjson.dumps(results[i]).decode()
+        parts = [f'{head}{partition}:{offset}"}}'
+                 for head, (partition, offset) in zip(plan.heads, offsets, strict=True)]
+        if len(parts) < len(results):  # refused messages: their results as they are
+            accepted = dict(zip(plan.index, parts, strict=True))
+            parts = [accepted.get(i) or orjson.dumps(r).decode() for i, r in enumerate(results)]
         return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
 
     def count(self, plan: Plan, path: str) -> None:
@@ -466,14 +474,11 @@ class Publisher:
         offsets: list[tuple[int, int]] = []
         if plan.sends:
             try:
-                if plan.needs_ready_topic and topic.kafka_topic not in self._ready_topics:
+                ready = self._topic_bytes(topic)[1]
+                if plan.needs_ready_topic and ready not in self._ready_topics:
                     await asyncio.get_running_loop().run_in_executor(
-                        None, self.ensure_ready_topic, topic.kafka_topic)
-                acked = self.deliveries.send(plan.sends)
-                # The producer's message.timeout.ms fails a send by itself; this bound
-                # only guards against a delivery report that never comes.
-                async with asyncio.timeout(self._timeout_s):
-                    offsets = await acked
+                        None, self.ensure_ready_topic, ready)
+                offsets = await self.deliveries.send(plan.sends)
             except (kafka.KafkaUnavailable, TimeoutError) as exc:
                 metrics.MESSAGES.labels("unavailable", "http").inc(len(plan.sends))
                 raise PublishError(503, f"Kafka unavailable: {exc}") from None
@@ -486,44 +491,58 @@ class Deliveries:
 
     A thread polling the producer contends with the loop for the GIL on every batch and
     hands each result over through `call_soon_threadsafe`; here the loop polls the
-    producer itself, every `interval_s` while a batch is unacknowledged (not at all
-    when idle), and settles asyncio futures directly. Measured with bench/admission.py's
-    requests: the same main thread did 1.8x the messages a second."""
+    producer itself, every `interval_s` while a batch is unsettled (not at all when
+    idle), and settles asyncio futures directly. Measured with bench/admission.py's
+    requests: the same main thread did 1.8x the messages a second.
 
-    def __init__(self, producer: kafka.Producer, interval_s: float = 0.001) -> None:
+    Each batch also gets a deadline, checked on the same tick (all batches share one
+    timeout, so the oldest is always first): the producer's message.timeout.ms fails a
+    send by itself, this only guards against a delivery report that never comes."""
+
+    def __init__(self, producer: kafka.Producer, timeout_s: float,
+                 interval_s: float = 0.001) -> None:
         if producer.polls_in_background:
             raise ValueError("Deliveries needs a producer made with poll_in_background=False")
         self.producer = producer
+        self.timeout_s = timeout_s
         self.interval_s = interval_s
-        self.pending = 0  # batches sent and not settled
+        # (deadline, future) of every batch sent and not yet dropped, oldest first.
+        self._waiting: deque[tuple[float, asyncio.Future[list[tuple[int, int]]]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ticking = False
 
     def send(self, records: Sequence[kafka.OutRecord]) -> asyncio.Future[list[tuple[int, int]]]:
-        """A future of every record's (partition, offset), or of the first failure."""
+        """A future of every record's (partition, offset), or of the first failure
+        (KafkaUnavailable, or TimeoutError after `timeout_s`)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[tuple[int, int]]] = loop.create_future()
 
         def settle(out: list[tuple[int, int]] | None, exc: Exception | None) -> None:
-            self.pending -= 1
-            if fut.done():  # cancelled: the request gave up waiting
+            if fut.done():  # timed out, or the request went away
                 return
             if exc is not None:
                 fut.set_exception(exc)
             else:
                 fut.set_result(out)  # type: ignore[arg-type]
 
-        self.pending += 1
         self.producer.send_many_then(records, settle)
-        if not self._ticking or loop is not self._loop:
-            self._loop, self._ticking = loop, True
+        if not self._waiting or loop is not self._loop:
+            self._loop = loop
             loop.call_later(self.interval_s, self._tick, loop)
+        self._waiting.append((loop.time() + self.timeout_s, fut))
         return fut
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         if loop is not self._loop:
             return  # a loop that is gone (tests run one loop after another)
         self.producer.poll(0)
-        self._ticking = self.pending > 0
-        if self._ticking:
+        waiting = self._waiting
+        now = loop.time()
+        while waiting:
+            deadline, fut = waiting[0]
+            if not fut.done():
+                if deadline > now:
+                    break
+                fut.set_exception(TimeoutError(f"no delivery report in {self.timeout_s:g} s"))
+            waiting.popleft()
+        if waiting:
             loop.call_later(self.interval_s, self._tick, loop)
