@@ -260,6 +260,48 @@ def test_request_errors(policy: httpx.Client, admission: httpx.Client, unique: s
     assert codes == [2, 2, 0]
 
 
+def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
+        policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
+        unique: str) -> None:
+    """`<t>/ns/a_b` and `<t>/ns_a/b` map to Kafka topics `<t>.ns.a_b` and `<t>.ns_a.b`,
+    which Kafka takes for the same name: the second is refused for good (409, not a
+    retriable 503), delayed messages included, and over the ingress it is one request's
+    error rather than a batch retried forever."""
+    make_namespace(policy, unique)
+    ok(policy.put(f"/admin/v2/namespaces/{unique}/ns_a"))
+    first = f"persistent://{unique}/ns/a_b"
+    wait_until_known(policy, admission, first, {"payload": "probe"})
+    second = f"persistent://{unique}/ns_a/b"
+    for message in ({"payload": "now"}, {"payload": "later", "deliverAfterMs": 60000}):
+        r = publish(admission, second, message)
+        assert r.status_code == 409, (r.status_code, r.text)
+        reason = r.json()["reason"]
+        assert f"{unique}.ns_a.b" in reason and "collides" in reason, reason
+    ok(publish(admission, first, {"payload": "still fine"}))
+
+    wait_ingress(admission)
+    producer_name = f"prod-{unique}"
+    ends = kafka.end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
+    p = kafka.Producer(kafka_bootstrap)
+    for topic, seq in ((second, 1), (first, 2)):
+        p.send(names.PUBLISH, orjson.dumps({"topic": topic, "producerName": producer_name,
+                                            "messages": [{"payload": "x", "sequenceId": seq}]}),
+               topic).result(15)
+    p.close()
+    got: dict[int, dict[str, Any]] = {}
+    c = kafka.Consumer(kafka_bootstrap, f"test-{uuid.uuid4().hex}")
+    c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        for rec in c.poll(500, 0.5):
+            if rec.key == producer_name.encode():
+                res = orjson.loads(rec.value)
+                got[res["sequenceId"]] = res
+    c.close()
+    assert got[1]["errorCode"] == 2 and "collides" in got[1]["error"], got
+    assert got[2]["errorCode"] == 0 and got[2]["messageId"].startswith(f"{unique}.ns.a_b:")
+
+
 def via_first(got: dict[tuple[str, int | None], dict[str, Any]]) -> str:
     """The request id of the 4-message request (the other one has a single result)."""
     ids = [rid for rid, _ in got]

@@ -47,6 +47,11 @@ class KafkaUnavailable(Exception):
     """Kafka could not be reached or did not acknowledge in time (retriable)."""
 
 
+class TopicRefused(Exception):
+    """Kafka refuses to create a topic of this name, for good: typically it collides with
+    an existing topic (Kafka treats '.' and '_' in topic names alike)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     topic: str
@@ -418,7 +423,8 @@ def ping(bootstrap: str, timeout: float = 2.0) -> bool:
 def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: int = 1,
                  config: Mapping[str, str] | None = None, timeout: float = 15.0) -> bool:
     """Create a topic unless it exists; True when this call created it. An existing topic
-    is taken as it is (its partition count is not checked against ``partitions``)."""
+    is taken as it is (its partition count is not checked against ``partitions``).
+    TopicRefused when Kafka refuses the name, KafkaUnavailable when it cannot answer."""
     client = admin(bootstrap)
     futures = client.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=replication,
@@ -427,7 +433,10 @@ def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: in
         futures[name].result(timeout)
         created = True
     except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+        code = exc.args[0].code()
+        if code == KafkaError.TOPIC_EXCEPTION:
+            raise TopicRefused(exc.args[0].str()) from exc
+        if code != KafkaError.TOPIC_ALREADY_EXISTS:
             raise KafkaUnavailable(f"cannot create topic {name}: {exc}") from exc
         created = False
     # Metadata for a new topic reaches every client a moment later.

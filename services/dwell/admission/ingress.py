@@ -170,7 +170,7 @@ class Ingress:
                                                   if r.key else ""))
                 plan = pub.plan(topic, req)
                 if plan.needs_ready_topic:
-                    pub.ensure_ready_topic(topic.kafka_topic)
+                    pub.ensure_ready_topic(topic)
                 futures.append(pub.send(plan, producer))
                 planned.append((r, plan, req.producerName, [], request_id,
                                 [m.sequenceId for m in req.messages]))

@@ -186,7 +186,7 @@ class Plan:
     # Each send's result as JSON up to its messageId's partition: the decision's fields,
     # then `"messageId":"<kafkaTopic>:` (see `answer`).
     heads: list[str] = field(default_factory=list)
-    needs_ready_topic: bool = False
+    needs_ready_topic: bool = False  # it has records to write (see `plan`)
     immediate: int = 0
     delayed: int = 0
     invalid: int = 0
@@ -264,16 +264,20 @@ class Publisher:
             raise PublishError(400 if domain in names.DOMAINS else 404, f"topic: {got}")
         return got
 
-    def ensure_ready_topic(self, kafka_topic: str) -> None:
-        """Create a ready topic on first use (blocking admin call, once per process)."""
+    def ensure_ready_topic(self, topic: TopicName) -> None:
+        """Create a topic's ready topic on first use (blocking admin call, once per
+        process); PublishError 409 when Kafka refuses its name."""
+        kafka_topic = topic.kafka_topic
         if kafka_topic not in self._ready_topics:
-            kafka.ensure_topic(self.settings.kafka_bootstrap, kafka_topic,
-                               self.settings.ready_topic_partitions,
-                               self.settings.kafka_replication_factor)
+            try:
+                kafka.ensure_topic(self.settings.kafka_bootstrap, kafka_topic,
+                                   self.settings.ready_topic_partitions,
+                                   self.settings.kafka_replication_factor)
+            except kafka.TopicRefused as exc:
+                raise PublishError(409, f"topic: {topic} maps to the Kafka topic {kafka_topic}"
+                                        f", which Kafka refuses ({exc}); Kafka treats '.' "
+                                        "and '_' in topic names alike") from None
             self._ready_topics.add(kafka_topic)
-
-    def ready_topic_known(self, kafka_topic: str) -> bool:
-        return kafka_topic in self._ready_topics
 
     # -- the rule
 
@@ -400,7 +404,9 @@ class Publisher:
 
         plan.delayed = delayed
         plan.immediate = len(sends) - delayed
-        plan.needs_ready_topic = plan.immediate > 0
+        # Delayed messages too: the drain will write them there, and a name Kafka
+        # refuses must be refused now rather than when they come due.
+        plan.needs_ready_topic = bool(sends)
         if plan.rejected or overridden:
             rejected_c, overridden_c = self._topic_counters(topic)
             if plan.rejected:
@@ -474,10 +480,9 @@ class Publisher:
         offsets: list[tuple[int, int]] = []
         if plan.sends:
             try:
-                ready = self._topic_bytes(topic)[1]
-                if plan.needs_ready_topic and ready not in self._ready_topics:
+                if plan.needs_ready_topic and self._topic_bytes(topic)[1] not in self._ready_topics:
                     await asyncio.get_running_loop().run_in_executor(
-                        None, self.ensure_ready_topic, ready)
+                        None, self.ensure_ready_topic, topic)
                 offsets = await self.deliveries.send(plan.sends)
             except (kafka.KafkaUnavailable, TimeoutError) as exc:
                 metrics.MESSAGES.labels("unavailable", "http").inc(len(plan.sends))
