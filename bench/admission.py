@@ -311,6 +311,11 @@ def main() -> None:
 
         print(f"admit(): {ADMIT_CALLS} decisions ...", flush=True)
         admit_rate = bench_admit()
+        # A round not counted: freshly started servers (Kafka's JIT above all) made the
+        # first round ~40% slower than the next, for HTTP and raw alike.
+        print("warm-up round (not counted) ...", flush=True)
+        run_async(bench_http(adm_url, path))
+        bench_raw(stack.kafka_bootstrap, topic, names.TopicName.parse(topic).kafka_topic)
         rounds: list[tuple[dict[str, float], float]] = []
         for n in range(ROUNDS):
             print(f"round {n + 1}/{ROUNDS}: HTTP, {HTTP_CONCURRENCY} concurrent clients x "
