@@ -260,6 +260,21 @@ def test_request_errors(policy: httpx.Client, admission: httpx.Client, unique: s
     assert codes == [2, 2, 0]
 
 
+def read_results(bootstrap: str, ends: dict[int, int], producer_name: str,
+                 want: int) -> list[dict[str, Any]]:
+    """The results on `dwell.publish.results` after `ends` keyed by `producer_name`, until
+    `want` of them came (or 30 s passed)."""
+    got: list[dict[str, Any]] = []
+    c = kafka.Consumer(bootstrap, f"test-{uuid.uuid4().hex}")
+    c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
+    deadline = time.monotonic() + 30
+    while len(got) < want and time.monotonic() < deadline:
+        got += [orjson.loads(r.value) for r in c.poll(500, 0.5)
+                if r.key == producer_name.encode()]
+    c.close()
+    return got
+
+
 def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
         policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
         unique: str) -> None:
@@ -288,16 +303,8 @@ def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
                                             "messages": [{"payload": "x", "sequenceId": seq}]}),
                topic).result(15)
     p.close()
-    got: dict[int, dict[str, Any]] = {}
-    c = kafka.Consumer(kafka_bootstrap, f"test-{uuid.uuid4().hex}")
-    c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
-    deadline = time.monotonic() + 30
-    while len(got) < 2 and time.monotonic() < deadline:
-        for rec in c.poll(500, 0.5):
-            if rec.key == producer_name.encode():
-                res = orjson.loads(rec.value)
-                got[res["sequenceId"]] = res
-    c.close()
+    got = {res["sequenceId"]: res
+           for res in read_results(kafka_bootstrap, ends, producer_name, 2)}
     assert got[1]["errorCode"] == 2 and "collides" in got[1]["error"], got
     assert got[2]["errorCode"] == 0 and got[2]["messageId"].startswith(f"{unique}.ns.a_b:")
 
@@ -343,16 +350,8 @@ def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
 
     # Any admission replica in the shared `dwell-admission` group may answer (other
     # suites run their own), so results are matched by request id, not by process.
-    got: dict[tuple[str, int | None], dict[str, Any]] = {}
-    c = kafka.Consumer(kafka_bootstrap, f"test-{uuid.uuid4().hex}")
-    c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
-    deadline = time.monotonic() + 30
-    while len(got) < 5 and time.monotonic() < deadline:
-        for r in c.poll(500, 0.5):
-            if r.key == producer_name.encode():
-                res = orjson.loads(r.value)
-                got[(res["requestId"], res["index"])] = res
-    c.close()
+    got = {(res["requestId"], res["index"]): res
+           for res in read_results(kafka_bootstrap, ends, producer_name, 5)}
     assert len(got) == 5, got
     ordered = sorted(got.values(), key=lambda m: (m["requestId"] != via_first(got),
                                                   m["index"] or 0))
