@@ -159,7 +159,8 @@ class Producer:
                        ) -> None:
         """Send a batch and call `settle(offsets, None)` once every record is acknowledged,
         or `settle(None, error)` at the first failure; exactly once, from the thread that
-        serves delivery reports (the poll thread, `flush`, or `poll`'s caller)."""
+        serves delivery reports (the poll thread, `flush`, or `poll`'s caller). Raises
+        KafkaUnavailable (and never settles) when the client refuses a record at once."""
         n = len(records)
         out: list[tuple[int, int]] = [(0, 0)] * n
         if n == 0:
@@ -199,6 +200,10 @@ class Producer:
                         self._p.poll(0.005)  # serve the reports that free the queue
                     else:
                         time.sleep(0.005)
+                except KafkaException as exc:  # e.g. the topic was deleted meanwhile
+                    # The records queued before this one may still land: the caller's
+                    # retry can duplicate them, as after any unacknowledged send.
+                    raise KafkaUnavailable(f"{topic}: {exc.args[0].str()}") from exc
 
     @property
     def polls_in_background(self) -> bool:
