@@ -169,7 +169,7 @@ class Ingress:
                 topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
                                                   if r.key else ""))
                 plan = pub.plan(topic, req)
-                if plan.needs_ready_topic:
+                if plan.sends:
                     pub.ensure_ready_topic(topic)
                 futures.append(pub.send(plan, producer))
                 planned.append((r, plan, req.producerName, [], request_id,

@@ -188,7 +188,6 @@ class Plan:
     # Each send's result as JSON up to its messageId's partition: the decision's fields,
     # then `"messageId":"<kafkaTopic>:` (see `answer`).
     heads: list[str] = field(default_factory=list)
-    needs_ready_topic: bool = False  # it has records to write (see `plan`)
     immediate: int = 0
     delayed: int = 0
     invalid: int = 0
@@ -208,6 +207,8 @@ def _decode_payload(text: str, encoding: str | None) -> bytes | str:
 # A decision as plan() uses it: the result fields, the delay headers (None: rejected,
 # empty: immediate) and whether it counts as a fixed-delay override (0 or 1).
 _Decided = tuple[dict[str, Any], tuple[tuple[str, bytes], ...] | None, int]
+# ... and, as plan() keeps it, with its accepted results' head (see `Plan.heads`).
+_Planned = tuple[dict[str, Any], tuple[tuple[str, bytes], ...] | None, int, str]
 
 
 def _head(fields: dict[str, Any], kafka_topic: str) -> str:
@@ -238,7 +239,6 @@ class Publisher:
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.cache = cache
-        self.producer = producer
         self.clock = clock
         self.strict = settings.delayed_delivery_deliver_at_time_strict
         self._topics: dict[tuple[str, str, str, str], TopicName | str] = {}
@@ -266,10 +266,16 @@ class Publisher:
             raise PublishError(400 if domain in names.DOMAINS else 404, f"topic: {got}")
         return got
 
+    def ready_topic_missing(self, topic: TopicName) -> bool:
+        """Whether `ensure_ready_topic` still has to create the topic's ready topic."""
+        return self._topic_bytes(topic)[1] not in self._ready_topics
+
     def ensure_ready_topic(self, topic: TopicName) -> None:
         """Create a topic's ready topic on first use (blocking admin call, once per
-        process); PublishError 409 when Kafka refuses its name."""
-        kafka_topic = topic.kafka_topic
+        process); PublishError 409 when Kafka refuses its name. Every plan with records
+        needs it, delayed ones too: the drain will write them there, and a name Kafka
+        refuses must be refused now rather than when they come due."""
+        kafka_topic = self._topic_bytes(topic)[1]
         if kafka_topic not in self._ready_topics:
             try:
                 kafka.ensure_topic(self.settings.kafka_bootstrap, kafka_topic,
@@ -312,9 +318,7 @@ class Publisher:
         # admit() is a pure function of these and (policy, persistent, now, strict), which
         # are fixed for the request: messages asking the same thing share one decision,
         # with its result fields and delay headers. Likewise the encoded properties.
-        # With each decision, its results' head (see `Plan.heads`).
-        decisions: dict[tuple[int | None, int | None, int], tuple[dict[str, Any],
-                        tuple[tuple[str, bytes], ...] | None, int, str]] = {}
+        decisions: dict[tuple[int | None, int | None, int], _Planned] = {}
         encoded_props: dict[tuple[tuple[str, str], ...], list[tuple[str, bytes]]] = {}
         last_props: dict[str, str] | None = None
         last_props_h: list[tuple[str, bytes]] | None = None
@@ -406,9 +410,6 @@ class Publisher:
 
         plan.delayed = delayed
         plan.immediate = len(sends) - delayed
-        # Delayed messages too: the drain will write them there, and a name Kafka
-        # refuses must be refused now rather than when they come due.
-        plan.needs_ready_topic = bool(sends)
         if plan.rejected or overridden:
             rejected_c, overridden_c = self._topic_counters(topic)
             if plan.rejected:
@@ -438,10 +439,11 @@ class Publisher:
 
     # -- writing
 
-    def send(self, plan: Plan, producer: kafka.Producer | None = None
-             ) -> Future[list[tuple[int, int]]]:
-        """Write a plan's records as one batch: a future of their (partition, offset)s."""
-        return (producer or self.producer).send_many(plan.sends)
+    @staticmethod
+    def send(plan: Plan, producer: kafka.Producer) -> Future[list[tuple[int, int]]]:
+        """Write a plan's records as one batch through `producer` (the ingress's; the HTTP
+        path sends through `deliveries`): a future of their (partition, offset)s."""
+        return producer.send_many(plan.sends)
 
     @staticmethod
     def finish(plan: Plan, offsets: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
@@ -482,7 +484,7 @@ class Publisher:
         offsets: list[tuple[int, int]] = []
         if plan.sends:
             try:
-                if plan.needs_ready_topic and self._topic_bytes(topic)[1] not in self._ready_topics:
+                if self.ready_topic_missing(topic):
                     await asyncio.get_running_loop().run_in_executor(
                         None, self.ensure_ready_topic, topic)
                 offsets = await self.deliveries.send(plan.sends)
