@@ -130,6 +130,16 @@ class SparkApp:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP the driver, its JVM and its Python workers: what they have done stays
+        as it is while a test looks (a kill takes a while, and the drain goes on)."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
