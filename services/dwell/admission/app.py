@@ -122,8 +122,9 @@ def build_app(settings: AdmissionSettings) -> PublishFastPath:
         status = 200
         try:
             tn = adm.publisher.topic(domain, tenant, namespace, topic)
-            req = parse_request(body, PublishRequest)
-            return 200, await adm.publisher.publish(tn, req), None
+            answer = adm.publisher.publish(tn, parse_request(body, PublishRequest))
+            del body  # nor the body: see Publisher.publish
+            return 200, await answer, None
         except PublishError as exc:
             status = exc.status
             headers = {"Retry-After": RETRY_AFTER_S} if exc.status == 503 else None
@@ -184,10 +185,12 @@ class PublishFastPath:
             if not message.get("more_body"):
                 break
         domain, tenant, namespace, topic = parts
+        # Only the handler holds the body (b"".join of one chunk is that chunk), and it
+        # lets it go once decoded: see Publisher.publish.
+        answer = self.handle(domain, tenant, namespace, topic, b"".join(chunks))
+        del chunks
         try:
-            status, content, extra = await self.handle(
-                domain, tenant, namespace, topic,
-                chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            status, content, extra = await answer
         except Exception as exc:  # the app's 500 handler, which this path bypasses
             log.exception("unhandled error on POST /topics/%s", "/".join(parts))
             status, extra = 500, None

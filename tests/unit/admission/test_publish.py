@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import weakref
 from collections.abc import Iterator
 
 import msgspec
@@ -22,7 +23,9 @@ from dwell.admission.publish import (
     IngressRequest,
     Publisher,
     PublishError,
+    Plan,
     PublishRequest,
+    Request,
     describe,
     parse_request,
 )
@@ -152,6 +155,44 @@ def test_kafka_unavailable_is_503(publisher: Publisher) -> None:
     with pytest.raises(PublishError) as err:
         asyncio.run(publisher.publish(t, parse_request(body({"payload": "a"}), PublishRequest)))
     assert err.value.status == 503
+
+
+class _Watched(list):  # type: ignore[type-arg]
+    """A list that a weak reference can watch (a plain list cannot)."""
+
+
+def test_a_publish_waiting_for_kafka_holds_neither_its_request_nor_its_records(
+        publisher: Publisher) -> None:
+    t = publisher.topic("persistent", "acme", "ns", "x")
+    publisher._ready_topics.add(t.kafka_topic)  # skip the admin call
+    watched: list[weakref.ref[list[object]]] = []
+    real_plan = publisher.plan
+
+    def plan(topic: names.TopicName, req: Request) -> Plan:
+        got = real_plan(topic, req)
+        got.sends = _Watched(got.sends)
+        watched.append(weakref.ref(got.sends))
+        return got
+
+    publisher.plan = plan  # type: ignore[method-assign]
+
+    def request() -> Request:
+        req = parse_request(body({"payload": "a", "key": "k"}, {"payload": "b"}),
+                            PublishRequest)
+        req.messages = _Watched(req.messages)
+        watched.append(weakref.ref(req.messages))
+        return req
+
+    async def publish_and_look() -> list[object]:
+        task = asyncio.ensure_future(publisher.publish(t, request()))
+        for _ in range(10):  # to the await of the acks (the producer's Kafka is closed)
+            await asyncio.sleep(0)
+        assert not task.done() and len(watched) == 2
+        alive = [ref() for ref in watched]
+        task.cancel()
+        return alive
+
+    assert asyncio.run(publish_and_look()) == [None, None]
 
 
 # Bodies msgspec must hand to pydantic (or accept exactly as pydantic does).
