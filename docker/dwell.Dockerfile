@@ -5,12 +5,39 @@
 # Runs as uid/gid 10001 on a read-only root filesystem; only /tmp (the chart's
 # emptyDir) is written.
 
+# dwell_native (native/), the Rust extension admission imports, built into a wheel. This
+# image has the Rust (PyO3 0.27 needs >= 1.74) and gcc (the linker) the build needs;
+# bookworm like the runtime, so the wheel links against the glibc the image has, and
+# Debian's python3 is 3.11 like the runtime's, so the wheel is cp311. Only the wheel
+# leaves this stage: no toolchain in the image.
+FROM rust:1.95.0-slim-bookworm AS native
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+# python3-venv: Debian's pip refuses to install into the system Python (PEP 668), so the
+# pinned maturin gets a venv of its own.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/maturin \
+ && /opt/maturin/bin/pip install --no-cache-dir maturin==1.16.0
+WORKDIR /src/native
+# The crate and nothing else (.dockerignore keeps a local native/target out).
+COPY native/Cargo.toml native/Cargo.lock native/pyproject.toml ./
+COPY native/src ./src
+# --locked: the crates Cargo.lock names, or fail. --interpreter python3: Debian's 3.11
+# (maturin's venv is not on PATH).
+RUN /opt/maturin/bin/maturin build --release --locked --interpreter python3 --out /wheels
+
 # A patch tag, not 3.11-slim: a rebuild gets the same interpreter as the one the tests ran
 # on, and a bump is a reviewed change. pyproject.toml requires Python 3.11.
 FROM python:3.11.14-slim-bookworm AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
+# Before the services' layers: a change under services/ does not reinstall it, and were
+# dwell-native a dependency of `pip install .`, pip would find it installed, not on PyPI.
+COPY --from=native /wheels /wheels
+RUN /opt/venv/bin/pip install --no-cache-dir /wheels/*.whl
 WORKDIR /src
 # Only what `pip install .` reads: the metadata (README.md is its long description) and
 # the one package under services/. Tests, docs, charts and Spark stay out of this image.

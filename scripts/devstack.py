@@ -73,6 +73,26 @@ def install_python(extras: str = "dev,spark") -> None:
     say(f"python packages ready in {time.monotonic() - t0:.0f}s")
 
 
+def install_native() -> None:
+    """Build and install dwell_native (native/, Rust) into .venv, once per source change:
+    pip runs maturin, which runs cargo (crates from crates.io, ~40 s the first time)."""
+    native = ROOT / "native"
+    files = sorted([native / "Cargo.toml", native / "Cargo.lock", native / "pyproject.toml",
+                    *(native / "src").rglob("*.rs")])
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    stamp = VENV / ".dwell-native-installed"
+    if _stamp_ok(stamp, digest):
+        return
+    if not shutil.which("cargo"):
+        sys.exit("dwell: cargo (Rust 1.74+) is needed to build native/ (dwell_native)")
+    t0 = time.monotonic()
+    say("pip install ./native (builds dwell_native with cargo)")
+    subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                    "./native"], check=True, cwd=ROOT)
+    stamp.write_text(digest)
+    say(f"dwell_native ready in {time.monotonic() - t0:.0f}s")
+
+
 def redis_server_bin() -> str:
     found = shutil.which("redis-server") or (
         "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
@@ -182,6 +202,7 @@ def install(with_python: bool = True) -> None:
     kafka_libs()
     if with_python:
         install_python()
+        install_native()
     spark_kafka_jars()
 
 

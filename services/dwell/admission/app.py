@@ -25,7 +25,7 @@ from dwell.http import create_app, internal_error
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
 from .ingress import Ingress
-from .publish import Publisher, PublishError, PublishRequest, parse_request
+from .publish import Publisher, PublishError
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission")
@@ -122,8 +122,8 @@ def build_app(settings: AdmissionSettings) -> PublishFastPath:
         status = 200
         try:
             tn = adm.publisher.topic(domain, tenant, namespace, topic)
-            answer = adm.publisher.publish(tn, parse_request(body, PublishRequest))
-            del body  # nor the body: see Publisher.publish
+            answer = adm.publisher.publish(tn, body)
+            del body  # see Publisher.publish
             return 200, await answer, None
         except PublishError as exc:
             status = exc.status

@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import dwell_native
 import msgspec
 import orjson
 import pydantic
@@ -292,10 +293,7 @@ class Publisher:
     def plan(self, topic: TopicName, req: Request) -> Plan:
         """Check a request and decide every message; raises PublishError for the request."""
         s = self.settings
-        if not self.cache.ready.is_set():
-            raise PublishError(503, "policies not loaded yet; retry shortly")
-        if not self.cache.namespace_known(topic.tenant, topic.namespace):
-            raise PublishError(404, f"Namespace {topic.namespace_name} does not exist")
+        self._check_publishable(topic)
         msgs = req.messages
         if not msgs:
             raise PublishError(400, "messages: must contain at least one message")
@@ -303,21 +301,18 @@ class Publisher:
             raise PublishError(400, f"messages: {len(msgs)} messages; the limit per request "
                                     f"is {s.max_messages_per_request}")
 
-        persistent = topic.persistent
-        policy = self.cache.effective(topic) if persistent else _NO_POLICY
         now = int(self.clock() * 1000)
         topic_b, ready = self._topic_bytes(topic)
-        tick_b = b"%d" % policy.tick_time_ms
+        decide = self._decider(topic, now)
         topic_h = ("dwell-topic", topic_b)
         producer_h = ("dwell-producer", (req.producerName or "").encode())
         # The dwell headers every message of the request gets when it has no eventTime.
         now_hs = [topic_h, ("dwell-publish-time", b"%d" % now), producer_h]
         default_encoding = req.payloadEncoding
         max_payload = s.max_payload_bytes
-        strict = self.strict
-        # admit() is a pure function of these and (policy, persistent, now, strict), which
-        # are fixed for the request: messages asking the same thing share one decision,
-        # with its result fields and delay headers. Likewise the encoded properties.
+        # admit() is a pure function of these and of what `decide` holds fixed for the
+        # request: messages asking the same thing share one decision, with its result
+        # fields and delay headers. Likewise the encoded properties.
         decisions: dict[tuple[int | None, int | None, int], _Planned] = {}
         encoded_props: dict[tuple[tuple[str, str], ...], list[tuple[str, bytes]]] = {}
         last_props: dict[str, str] | None = None
@@ -372,13 +367,7 @@ class Publisher:
             asked = (deliver_at, deliver_after, publish_time)
             decided = decisions.get(asked)
             if decided is None:
-                proto, delay_h, counts_override = _decide(
-                    admit(deliver_at=deliver_at, deliver_after_ms=deliver_after, policy=policy,
-                          persistent=persistent, publish_time=publish_time, now=now,
-                          strict=strict), tick_b)
-                head = "" if delay_h is None else _head(proto, delayed_topic if delay_h
-                                                        else ready)
-                decided = decisions[asked] = (proto, delay_h, counts_override, head)
+                decided = decisions[asked] = decide(*asked)
             proto, delay_h, counts_override, head = decided
             if delay_h is None:  # rejected
                 results.append(proto.copy())
@@ -410,13 +399,63 @@ class Publisher:
 
         plan.delayed = delayed
         plan.immediate = len(sends) - delayed
-        if plan.rejected or overridden:
+        self._count_policy_outcomes(topic, plan.rejected, overridden)
+        return plan
+
+    def plan_body(self, topic: TopicName, body: bytes) -> Plan:
+        """`plan(topic, parse_request(body))`, decided by `dwell_native.plan` straight
+        from the JSON when the request is the common case (every message published or
+        rejected by the rule); any other request, and every error, goes the Python way.
+        The same records, results and answer: tests/unit/admission/test_native.py."""
+        s = self.settings
+        if self.cache.ready.is_set() and self.cache.namespace_known(topic.tenant,
+                                                                     topic.namespace):
+            now = int(self.clock() * 1000)
+            topic_b, ready = self._topic_bytes(topic)
+            got = dwell_native.plan(body, self._decider(topic, now), topic_b, ready,
+                                    names.DELAYED, now, s.max_payload_bytes,
+                                    s.max_messages_per_request)
+            if got is not None:
+                results, sends, index, heads, delayed, rejected, overridden = got
+                self._count_policy_outcomes(topic, rejected, overridden)
+                return Plan(topic, results, sends, index, heads, immediate=len(sends) - delayed,
+                            delayed=delayed, rejected=rejected)
+        return self.plan(topic, parse_request(body, PublishRequest))
+
+    def _check_publishable(self, topic: TopicName) -> None:
+        if not self.cache.ready.is_set():
+            raise PublishError(503, "policies not loaded yet; retry shortly")
+        if not self.cache.namespace_known(topic.tenant, topic.namespace):
+            raise PublishError(404, f"Namespace {topic.namespace_name} does not exist")
+
+    def _decider(self, topic: TopicName, now: int) -> Callable[[int | None, int | None, int],
+                                                                 _Planned]:
+        """A request's decisions: `decide(deliver_at, deliver_after_ms, publish_time)`
+        applies admit() with the topic's policy at `now`, as `_Planned`."""
+        persistent = topic.persistent
+        policy = self.cache.effective(topic) if persistent else _NO_POLICY
+        tick_b = b"%d" % policy.tick_time_ms
+        ready = self._topic_bytes(topic)[1]
+        strict = self.strict
+
+        def decide(deliver_at: int | None, deliver_after: int | None,
+                   publish_time: int) -> _Planned:
+            proto, delay_h, counts_override = _decide(
+                admit(deliver_at=deliver_at, deliver_after_ms=deliver_after, policy=policy,
+                      persistent=persistent, publish_time=publish_time, now=now,
+                      strict=strict), tick_b)
+            head = "" if delay_h is None else _head(proto, names.DELAYED if delay_h else ready)
+            return proto, delay_h, counts_override, head
+
+        return decide
+
+    def _count_policy_outcomes(self, topic: TopicName, rejected: int, overridden: int) -> None:
+        if rejected or overridden:
             rejected_c, overridden_c = self._topic_counters(topic)
-            if plan.rejected:
-                rejected_c.inc(plan.rejected)
+            if rejected:
+                rejected_c.inc(rejected)
             if overridden:
                 overridden_c.inc(overridden)
-        return plan
 
     def _topic_bytes(self, topic: TopicName) -> tuple[bytes, str]:
         """The topic's name as header bytes and its ready topic, computed once per topic."""
@@ -458,13 +497,15 @@ class Publisher:
     def answer(plan: Plan, offsets: Sequence[tuple[int, int]]) -> bytes:
         """The HTTP answer: the bytes of `{"messagePublishResults": finish(plan, offsets)}`
         as orjson writes them, without a dict per message: an accepted result is its
-        head (`Plan.heads`) and `<partition>:<offset>"}`."""
+        head (`Plan.heads`) and `<partition>:<offset>"}` (spliced by dwell_native when
+        every message was accepted)."""
         results = plan.results
+        if len(plan.heads) == len(results):  # every message accepted
+            return dwell_native.answer(plan.heads, offsets)
         parts = [f'{head}{partition}:{offset}"}}'
                  for head, (partition, offset) in zip(plan.heads, offsets, strict=True)]
-        if len(parts) < len(results):  # refused messages: their results as they are
-            accepted = dict(zip(plan.index, parts, strict=True))
-            parts = [accepted.get(i) or orjson.dumps(r).decode() for i, r in enumerate(results)]
+        accepted = dict(zip(plan.index, parts, strict=True))
+        parts = [accepted.get(i) or orjson.dumps(r).decode() for i, r in enumerate(results)]
         return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
 
     def count(self, plan: Plan, path: str) -> None:
@@ -477,17 +518,17 @@ class Publisher:
                                                                                       path)
                 counter.inc(n)
 
-    async def publish(self, topic: TopicName, req: Request) -> bytes:
-        """The HTTP path: the JSON answer (see `answer`) once Kafka acknowledged every
-        accepted message.
+    async def publish(self, topic: TopicName, body: bytes) -> bytes:
+        """The HTTP path: the JSON answer (see `answer`) to a request's body once Kafka
+        acknowledged every accepted message.
 
-        Nothing the answer does not need waits for Kafka's acks with it: the request
-        goes once planned and the records once the producer has copied them, so that
-        the next requests reuse memory still in the CPU's caches. The caller must not
-        keep `req` either (admission's handler passes it straight in). Holding them
-        cost 64 concurrent clients ~30% of the throughput (bench/admission.py)."""
-        plan = self.plan(topic, req)
-        del req
+        Nothing the answer does not need waits for Kafka's acks with it: the body goes
+        once planned and the records once the producer has copied them, so that the next
+        requests reuse memory still in the CPU's caches. The caller must not keep `body`
+        either (admission's handler lets it go). Holding them cost 64 concurrent clients
+        ~30% of the throughput (bench/admission.py)."""
+        plan = self.plan_body(topic, body)
+        del body
         offsets: list[tuple[int, int]] = []
         sends = len(plan.sends)
         if sends:

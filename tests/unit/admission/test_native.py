@@ -1,0 +1,194 @@
+"""`dwell_native` against the Python it stands in for: on generated requests,
+`Publisher.plan_body` (native when it takes the request) must give exactly what
+`Publisher.plan(parse_request(body))` gives: the same records and headers, results,
+answer heads and counts, or the same PublishError; it must take the common request
+rather than hand everything back to Python; and the answer must be the JSON of the
+finished results."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+import dwell_native
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dwell.adapters import kafka
+from dwell.admission import publish
+from dwell.admission.cache import PolicyCache
+from dwell.admission.publish import Plan, Publisher, PublishError, PublishRequest, parse_request
+from dwell.admission.settings import AdmissionSettings
+from dwell.core.policy import MAX_LONG
+
+NOW_MS = 1_700_000_000_000
+TOPICS = ["persistent://acme/ns/x", "persistent://acme/fixed/x", "persistent://acme/off/x",
+          "non-persistent://acme/ns/x"]
+
+
+@pytest.fixture(scope="module")
+def publisher() -> Iterator[Publisher]:
+    settings = AdmissionSettings(kafka_bootstrap="127.0.0.1:1", max_payload_bytes=64,
+                                 max_messages_per_request=8)
+    cache = PolicyCache(settings.broker_defaults())
+    for scope in ("tenant:acme", "namespace:acme/ns", "namespace:acme/fixed",
+                  "namespace:acme/off"):
+        cache.apply(scope, orjson.dumps({"version": 1, "scope": scope}), {})
+    cache.apply("ns:acme/ns", orjson.dumps({"version": 2, "policy": {
+        "maxDeliveryDelayInMillis": 5000, "tickTime": 500}}), {})
+    cache.apply("ns:acme/fixed", orjson.dumps({"version": 3, "policy": {
+        "fixedDeliveryDelayInMillis": 60000}}), {})
+    cache.apply("ns:acme/off", orjson.dumps({"version": 4, "policy": {"active": False}}), {})
+    cache.ready.set()
+    producer = kafka.Producer("127.0.0.1:1", poll_in_background=False)
+    yield Publisher(settings, cache, producer, clock=lambda: NOW_MS / 1000)
+    producer.close(0.1)
+
+
+class Spy:
+    """Records what dwell_native.plan answered (None: handed back to Python)."""
+
+    def __init__(self) -> None:
+        self.answers: list[bool] = []
+        self.plan = dwell_native.plan
+
+    def __call__(self, *args: Any) -> Any:
+        got = self.plan(*args)
+        self.answers.append(got is not None)
+        return got
+
+
+@pytest.fixture()
+def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
+    spy = Spy()
+    monkeypatch.setattr(publish, "dwell_native", type("Native", (), {"plan": spy}))
+    return spy
+
+
+def outcome(fn: Any) -> tuple[str, Any]:
+    try:
+        plan: Plan = fn()
+    except PublishError as exc:
+        return "error", (exc.status, exc.reason)
+    return "plan", (plan.results, plan.sends, plan.index, plan.heads, plan.immediate,
+                    plan.delayed, plan.invalid, plan.rejected)
+
+
+def both(pub: Publisher, topic: str, raw: bytes) -> tuple[tuple[str, Any], tuple[str, Any]]:
+    t = pub.topic(*topic.replace("://", "/").split("/"))
+    native = outcome(lambda: pub.plan_body(t, raw))
+    python = outcome(lambda: pub.plan(t, parse_request(raw, PublishRequest)))
+    return native, python
+
+
+texts = st.text(max_size=12)
+# Mostly requests the native plan takes (clean), some that it must hand back (any).
+clean_times = st.one_of(st.none(), st.integers(0, 3),
+                        st.integers(NOW_MS - 10_000, NOW_MS + 90_000), st.just(MAX_LONG))
+any_times = st.one_of(clean_times, st.just(MAX_LONG + 1))
+clean_names = st.one_of(texts.filter(lambda n: not n.lower().startswith("dwell-")),
+                        st.sampled_from(["app", "dwellz", "dwell"]))
+any_names = st.one_of(texts, st.sampled_from(["dwell-x", "DWELL-Y", "Dwell-z", "\u212a"]))
+clean_payloads = st.one_of(
+    texts.map(lambda t: {"payload": t}),
+    texts.map(lambda t: {"payload": t, "payloadEncoding": "utf-8"}),
+    st.binary(max_size=64).map(lambda b: {"payload": base64.b64encode(b).decode(),
+                                          "payloadEncoding": "base64"}))
+any_payloads = st.one_of(
+    clean_payloads,
+    st.binary(min_size=65, max_size=70).map(lambda b: {"payload": base64.b64encode(b).decode(),
+                                                       "payloadEncoding": "base64"}),
+    st.sampled_from([{"payload": "!!", "payloadEncoding": "base64"},
+                     {"payload": "QR==", "payloadEncoding": "base64"},
+                     {"payload": "x", "payloadEncoding": "hex"},
+                     {"payload": "\u00e9\\\"", "payloadEncoding": None}]))
+
+
+@st.composite
+def messages(draw: st.DrawFn, clean: bool) -> dict[str, Any]:
+    times = clean_times if clean else any_times
+    names = clean_names if clean else any_names
+    m = dict(draw(clean_payloads if clean else any_payloads))
+    for field, values in (("key", st.one_of(st.none(), texts)),
+                          ("properties", st.one_of(st.none(), st.dictionaries(names, texts,
+                                                                              max_size=3))),
+                          ("eventTime", times), ("sequenceId", times),
+                          ("deliverAt", times), ("deliverAfterMs", times)):
+        if draw(st.booleans()):
+            m[field] = draw(values)
+    if clean and m.get("deliverAt") is not None and m.get("deliverAfterMs") is not None:
+        del m["deliverAt"]
+    return m
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    clean = draw(st.integers(0, 9)) < 7
+    body: dict[str, Any] = {"messages": draw(st.lists(
+        messages(clean), min_size=1 if clean else 0, max_size=8 if clean else 9))}
+    if draw(st.booleans()):
+        body["producerName"] = draw(st.one_of(st.none(), texts))
+    if draw(st.booleans()):
+        body["payloadEncoding"] = draw(st.sampled_from([None, "base64", "utf-8"]))
+    return orjson.dumps(body)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topic=st.sampled_from(TOPICS), raw=requests())
+def test_native_plan_is_the_python_plan(publisher: Publisher, topic: str, raw: bytes) -> None:
+    native, python = both(publisher, topic, raw)
+    assert native == python
+
+
+@settings(max_examples=200, deadline=None)
+@given(topic=st.sampled_from(TOPICS), raw=requests(),
+       offsets=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)),
+                        min_size=9, max_size=9))
+def test_the_answer_is_the_json_of_the_finished_results(
+        publisher: Publisher, topic: str, raw: bytes, offsets: list[tuple[int, int]]) -> None:
+    t = publisher.topic(*topic.replace("://", "/").split("/"))
+    try:
+        plan = publisher.plan_body(t, raw)
+    except PublishError:
+        return
+    got = offsets[:len(plan.sends)]
+    answer = publisher.answer(plan, got)
+    assert answer == orjson.dumps({"messagePublishResults": Publisher.finish(plan, got)})
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"messages": [{"payload": "a", "properties": {"p": "1", "p": "2"}}]}',
+    b'{"messages": [{"payload": "a"}], "messages": []}',
+    b'{"messages": [{"payload": "\\ud800"}]}',
+    b'{"messages": [{"payload": "a", "key": "\\u00e9", "sequenceId": 1.0}]}',
+    b'{"messages": [{"payload": "a", "properties": {"\\u212a": "k"}}]}',
+    b'{"messages": [{"payload": "a"}]} trailing',
+    b'{"messages": [{"payload": "a", "eventTime": -1}]}',
+    b'[{"payload": "a"}]',
+    b'{"messages": [{"payload": "a", "deliverAt": null, "deliverAfterMs": 5}]}',
+])
+def test_native_plan_is_the_python_plan_on_edge_bodies(publisher: Publisher, raw: bytes) -> None:
+    for topic in TOPICS:
+        native, python = both(publisher, topic, raw)
+        assert native == python
+
+
+def test_the_common_request_is_planned_natively(publisher: Publisher, spy: Spy) -> None:
+    raw = orjson.dumps({"producerName": "p", "messages": [
+        {"payload": "x" * 20, "key": f"k{i}", "sequenceId": i, "properties": {"app": "a"},
+         **({"deliverAfterMs": 3000} if i % 2 else {})} for i in range(8)]})
+    t = publisher.topic("persistent", "acme", "ns", "x")
+    plan = publisher.plan_body(t, raw)
+    assert spy.answers == [True]
+    assert (plan.immediate, plan.delayed, plan.rejected) == (4, 4, 0)
+    # a rejection (over the 5 s max) is the rule's answer, still native
+    rejected = publisher.plan_body(t, orjson.dumps({"messages": [{"payload": "x",
+                                                                  "deliverAfterMs": 9000}]}))
+    assert spy.answers == [True, True] and rejected.rejected == 1
+    # a message in error is handed back
+    with pytest.raises(PublishError):
+        publisher.plan_body(t, orjson.dumps({"messages": [{"payload": "x" * 65}]}))
+    assert spy.answers == [True, True, False]
