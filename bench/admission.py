@@ -4,12 +4,13 @@
 (b) HTTP publish, 100-message batches against one admission process: msgs/s, p50/p99,
     from 16 keep-alive connections of a lean client (raw HTTP/1.1, pre-encoded bodies:
     the client shares the 2 cores with admission and Kafka, so it must cost little);
+    and once from 64 connections;
 (c) the same requests through the Kafka ingress (`dwell.publish` → results);
 (d) the raw Kafka client producing the same messages (same topics, headers, acks=all, linger,
     same `send_many_then` call, delivery reports served on the sending thread and the
     garbage collector tuned as admission does) with no checks, so admission's overhead is
-    a ratio. (b) and (d) alternate for BENCH_ROUNDS rounds so both see the same
-    background load.
+    a ratio. (b) and (d) alternate for BENCH_ROUNDS rounds of BENCH_HTTP_SECONDS each
+    so both see the same background load.
 
 Starts the test-profile Redis and Kafka unless running (and stops only what it started,
 unless DWELL_TEST_KEEP_SERVERS=1),
@@ -62,7 +63,14 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 # acks: at 8, the clients' round trips bound the figure (~185k against ~200k at 16).
 HTTP_CONCURRENCY = int(os.environ.get("BENCH_HTTP_CONCURRENCY", "16"))
 INGRESS_REQUESTS = int(os.environ.get("BENCH_INGRESS_REQUESTS", "1000"))
-RAW_MESSAGES = int(os.environ.get("BENCH_RAW_MESSAGES", "200000"))
+# The raw producer sends for as long as a HTTP round lasts, cycling through this many
+# prepared records: a run of 200,000 records (~0.4 s) swung between 263k and 510k msg/s
+# from one round to the next on this shared machine.
+RAW_SECONDS = float(os.environ.get("BENCH_RAW_SECONDS", str(HTTP_SECONDS)))
+RAW_MESSAGES = int(os.environ.get("BENCH_RAW_MESSAGES", "100000"))
+# A second HTTP figure with many more clients: what admission keeps when the requests in
+# flight (and the memory they hold) grow.
+MANY_CLIENTS = int(os.environ.get("BENCH_HTTP_MANY_CLIENTS", "64"))
 ADMIT_CALLS = int(os.environ.get("BENCH_ADMIT_CALLS", "1000000"))
 TARGETS = {"admit_per_s": 500_000, "http_msgs_per_s": 20_000, "ratio_http_to_raw": 0.7}
 
@@ -73,11 +81,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(name: str, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes],
-                                                                       str]:
+def start_service(name: str, env: dict[str, str], log: Path,
+                  argv: list[str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m dwell.<name>` (or `argv`) on a free port, once its /readyz answers 200."""
     port = free_port()
     out = open(log, "ab")  # noqa: SIM115 - the child keeps writing to it
-    proc = subprocess.Popen([sys.executable, "-m", f"dwell.{name}"],
+    proc = subprocess.Popen(argv or [sys.executable, "-m", f"dwell.{name}"],
                             env=dict(os.environ) | env | {"DWELL_HTTP_PORT": str(port)},
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -158,18 +167,19 @@ async def _client(host: str, port: int, path: str, bodies: list[bytes], stop_at:
     return sent
 
 
-async def bench_http(url: str, topic_path: str) -> dict[str, float]:
+async def bench_http(url: str, topic_path: str,
+                     clients: int = HTTP_CONCURRENCY) -> dict[str, float]:
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
     bodies = [[orjson.dumps({"producerName": f"bench-{w}", "messages": messages(n)})
                for n in range(w * BODIES_PER_CLIENT, (w + 1) * BODIES_PER_CLIENT)]
-              for w in range(HTTP_CONCURRENCY)]
+              for w in range(clients)]
     # Warm-up: creates the ready topic, fills caches.
     await _client(host, int(port), topic_path, bodies[0][:1], float("inf"), [], limit=1)
     t0 = time.perf_counter()
     sent = await asyncio.gather(*(_client(host, int(port), topic_path, bodies[w],
                                           t0 + HTTP_SECONDS, latencies)
-                                  for w in range(HTTP_CONCURRENCY)))
+                                  for w in range(clients)))
     elapsed = time.perf_counter() - t0
     latencies.sort()
     return {"msgs_per_s": sum(sent) / elapsed, "requests": len(latencies),
@@ -211,32 +221,37 @@ def bench_ingress(bootstrap: str, topic: str) -> dict[str, float]:
 # ---------------------------------------------------------------- (d)
 
 
+def raw_batch(first_seq: int, topic: str, ready: str, now: int) -> list[kafka.OutRecord]:
+    """The records admission writes for one request of `messages()`, as plan() builds
+    them (half to the ready topic, half to the delay log)."""
+    value = PAYLOAD.encode()
+    topic_b = topic.encode()
+    batch: list[kafka.OutRecord] = []
+    for i in range(BATCH):
+        headers = [("app", b"bench"), ("dwell-topic", topic_b),
+                   ("dwell-publish-time", b"%d" % now), ("dwell-producer", b"raw"),
+                   ("dwell-sequence-id", b"%d" % (first_seq + i))]
+        if i % 2:
+            headers += [("dwell-deliver-at", b"%d" % (now + 3_600_000)),
+                        ("dwell-tick-time", b"1000"), ("dwell-key", b"k%d" % i)]
+            batch.append((names.DELAYED, value, topic_b, headers, now))
+        else:
+            batch.append((ready, value, b"k%d" % i, headers, now))
+    return batch
+
+
 def bench_raw(bootstrap: str, topic: str, ready: str) -> float:
     """The same records admission writes, through the same client calls, without checks:
     `send_many_then` per batch of 100 and delivery reports served on the sending thread,
     as admission serves them on its event loop (a thread polling for them instead made
-    this baseline ~20% slower: 228-278k against 273-327k msg/s)."""
+    this baseline ~20% slower: 228-278k against 273-327k msg/s). Sends for RAW_SECONDS,
+    then waits for every acknowledgement; the time includes that wait."""
     p = kafka.Producer(bootstrap, linger_ms=AdmissionSettings().producer_linger_ms,
                        poll_in_background=False)
     now = int(time.time() * 1000)
-    value = PAYLOAD.encode()
-    topic_b = topic.encode()
-    batches: list[list[kafka.OutRecord]] = []
-    for n in range(0, RAW_MESSAGES, BATCH):
-        batch: list[kafka.OutRecord] = []
-        for i in range(BATCH):
-            headers = [("app", b"bench"), ("dwell-topic", topic_b),
-                       ("dwell-publish-time", b"%d" % now), ("dwell-producer", b"raw"),
-                       ("dwell-sequence-id", b"%d" % (n + i))]
-            if i % 2:
-                headers += [("dwell-deliver-at", b"%d" % (now + 3_600_000)),
-                            ("dwell-tick-time", b"1000"), ("dwell-key", b"k%d" % i)]
-                batch.append((names.DELAYED, value, topic_b, headers, now))
-            else:
-                batch.append((ready, value, b"k%d" % i, headers, now))
-        batches.append(batch)
+    batches = [raw_batch(n, topic, ready, now) for n in range(0, RAW_MESSAGES, BATCH)]
     failures: list[Exception] = []
-    left = len(batches)
+    left = 0
 
     def settle(_: object, exc: Exception | None) -> None:
         nonlocal left
@@ -250,11 +265,16 @@ def bench_raw(bootstrap: str, topic: str, ready: str) -> float:
     gc.freeze()
     defaults = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
+    sent = 0
     try:
         t0 = time.perf_counter()
-        for batch in batches:
-            p.send_many_then(batch, settle)
-            p.poll(0)
+        stop_at = t0 + RAW_SECONDS
+        while time.perf_counter() < stop_at:
+            for batch in batches:
+                p.send_many_then(batch, settle)
+                left += 1
+                p.poll(0)
+            sent += len(batches)
         deadline = time.monotonic() + 60
         while left and time.monotonic() < deadline:
             p.poll(0.05)
@@ -265,7 +285,7 @@ def bench_raw(bootstrap: str, topic: str, ready: str) -> float:
     p.close()
     if left or failures:
         raise RuntimeError(f"raw: {left} batches unacknowledged, failures {failures[:1]}")
-    return len(batches) * BATCH / elapsed
+    return sent * BATCH / elapsed
 
 
 # ---------------------------------------------------------------- main
@@ -319,13 +339,15 @@ def main() -> None:
         rounds: list[tuple[dict[str, float], float]] = []
         for n in range(ROUNDS):
             print(f"round {n + 1}/{ROUNDS}: HTTP, {HTTP_CONCURRENCY} concurrent clients x "
-                  f"{HTTP_SECONDS:.0f} s; raw producer, {RAW_MESSAGES} messages ...", flush=True)
+                  f"{HTTP_SECONDS:.0f} s; raw producer x {RAW_SECONDS:.0f} s ...", flush=True)
             http_n = run_async(bench_http(adm_url, path))
             raw_n = bench_raw(stack.kafka_bootstrap, topic,
                               names.TopicName.parse(topic).kafka_topic)
             print(f"    HTTP {http_n['msgs_per_s']:,.0f} msgs/s, raw {raw_n:,.0f} msgs/s, "
                   f"ratio {http_n['msgs_per_s'] / raw_n:.3f}", flush=True)
             rounds.append((http_n, raw_n))
+        print(f"HTTP, {MANY_CLIENTS} concurrent clients x {HTTP_SECONDS:.0f} s ...", flush=True)
+        many = run_async(bench_http(adm_url, path, MANY_CLIENTS))
         print(f"Kafka ingress: {INGRESS_REQUESTS} requests ...", flush=True)
         ingress = bench_ingress(stack.kafka_bootstrap, topic)
     finally:
@@ -342,6 +364,8 @@ def main() -> None:
     result = {
         "admit_per_s": round(admit_rate),
         "http": {k: round(v, 2) for k, v in http.items()},
+        "http_many_clients": {"clients": MANY_CLIENTS} | {k: round(v, 2)
+                                                          for k, v in many.items()},
         "ingress": {k: round(v, 2) for k, v in ingress.items()},
         "raw_msgs_per_s": round(raw),
         "ratio_http_to_raw": round(ratio, 3),
@@ -358,6 +382,8 @@ def main() -> None:
           f"target >= 20,000   {mark(http['msgs_per_s'] >= 20_000)}   "
           f"p50 {http['p50_ms']:.1f} ms  p99 {http['p99_ms']:.1f} ms  "
           f"({http['requests']:.0f} requests of {BATCH})")
+    print(f"    at {MANY_CLIENTS} clients      {many['msgs_per_s']:>12,.0f} msgs/s        "
+          f"                        p50 {many['p50_ms']:.1f} ms  p99 {many['p99_ms']:.1f} ms")
     print(f"(c) Kafka ingress      {ingress['msgs_per_s']:>12,.0f} msgs/s")
     print(f"(d) raw Kafka producer {raw:>12,.0f} msgs/s")
     print(f"    (b) and (d): medians of {ROUNDS} alternating rounds; the ratio is the median "

@@ -51,7 +51,7 @@ struct Message<'a> {
     #[serde(default, borrow)]
     key: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "properties")]
-    properties: Option<Vec<(Cow<'a, str>, Cow<'a, str>)>>,
+    properties: Option<PropertyList<'a>>,
     #[serde(default, rename = "eventTime")]
     event_time: Option<u64>,
     #[serde(default, rename = "sequenceId")]
@@ -66,13 +66,14 @@ struct Message<'a> {
 #[derive(Deserialize)]
 struct Str<'a>(#[serde(borrow)] Cow<'a, str>);
 
+/// A message's properties, names and values as the body gives them.
+type PropertyList<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+
 /// `properties` in the order the body gives them (a Python dict keeps that order).
-fn properties<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Vec<(Cow<'de, str>, Cow<'de, str>)>>, D::Error> {
+fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PropertyList<'de>>, D::Error> {
     struct Props;
     impl<'de> Visitor<'de> for Props {
-        type Value = Option<Vec<(Cow<'de, str>, Cow<'de, str>)>>;
+        type Value = Option<PropertyList<'de>>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("an object of strings, or null")
         }
@@ -139,8 +140,19 @@ fn encoding(e: &Option<Cow<str>>) -> Result<Option<bool>, NotCommon> {
     }
 }
 
-fn decimal<'py>(py: Python<'py>, n: u64) -> Bound<'py, PyBytes> {
-    PyBytes::new(py, n.to_string().as_bytes())
+/// `b"%d" % n`, without a heap allocation on the way.
+fn decimal<'py>(py: Python<'py>, mut n: u64) -> Bound<'py, PyBytes> {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    PyBytes::new(py, &digits[at..])
 }
 
 fn header<'py>(
@@ -221,6 +233,7 @@ fn build<'py>(
     let producer = req.producer_name.as_deref().unwrap_or("");
     let producer_h = header(py, &h_producer, PyBytes::new(py, producer.as_bytes()))?;
     let now_time_h = header(py, &h_publish_time, decimal(py, now))?;
+    let now_int = now.into_pyobject(py)?.into_any();
 
     let results = PyList::empty(py);
     let sends = PyList::empty(py);
@@ -303,19 +316,21 @@ fn build<'py>(
             continue;
         };
         overridden += d.counts_override;
-        let headers = PyList::empty(py);
-        for h in props_h {
-            headers.append(h)?;
-        }
-        headers.append(&topic_h)?;
-        if publish_time == now {
-            headers.append(&now_time_h)?;
+        // The headers in the Python plan's order, gathered first so that the list is
+        // allocated once at its size.
+        let mut hs: Vec<Bound<PyTuple>> = Vec::with_capacity(props_h.len() + 7);
+        hs.extend(props_h.iter().cloned());
+        hs.push(topic_h.clone());
+        let (time_h, time) = if publish_time == now {
+            (now_time_h.clone(), now_int.clone())
         } else {
-            headers.append(header(py, &h_publish_time, decimal(py, publish_time))?)?;
-        }
-        headers.append(&producer_h)?;
+            (header(py, &h_publish_time, decimal(py, publish_time))?,
+             publish_time.into_pyobject(py)?.into_any())
+        };
+        hs.push(time_h);
+        hs.push(producer_h.clone());
         if let Some(seq) = sequence_id {
-            headers.append(header(py, &h_sequence, decimal(py, seq))?)?;
+            hs.push(header(py, &h_sequence, decimal(py, seq))?);
         }
         let payload = PyBytes::new(py, &payload);
         let key = m.key.as_deref().map(|k| PyBytes::new(py, k.as_bytes()));
@@ -324,21 +339,22 @@ fn build<'py>(
                 Some(k) => k.into_any(),
                 None => py.None().into_bound(py),
             };
+            let headers = PyList::new(py, hs)?;
             PyTuple::new(py, [
-                ready_topic.as_any(), payload.as_any(), &key, headers.as_any(),
-                &publish_time.into_pyobject(py)?.into_any(),
+                ready_topic.as_any(), payload.as_any(), &key, headers.as_any(), &time,
             ])?
         } else {
             for h in delay_headers.iter() {
-                headers.append(h)?;
+                hs.push(h.cast_into::<PyTuple>()?);
             }
             if let Some(k) = key {
-                headers.append(header(py, &h_key, k)?)?;
+                hs.push(header(py, &h_key, k)?);
             }
             delayed += 1;
+            let headers = PyList::new(py, hs)?;
             PyTuple::new(py, [
                 delayed_topic.as_any(), payload.as_any(), topic_bytes.as_any(),
-                headers.as_any(), &publish_time.into_pyobject(py)?.into_any(),
+                headers.as_any(), &time,
             ])?
         };
         sends.append(record)?;
