@@ -23,7 +23,7 @@ use base64::Engine;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 /// Java's Long.MAX_VALUE: the largest time or id a request may carry.
@@ -33,7 +33,7 @@ const RESERVED_PREFIX: &str = "dwell-";
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Body<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "messages")]
     messages: Vec<Message<'a>>,
     #[serde(default, borrow, rename = "producerName")]
     producer_name: Option<Cow<'a, str>>,
@@ -68,6 +68,26 @@ struct Str<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// A message's properties, names and values as the body gives them.
 type PropertyList<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+
+/// `messages` into a vector sized for a typical request at once (JSON says nothing of a
+/// list's length up front, and growing it copies every message parsed so far).
+fn messages<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Message<'de>>, D::Error> {
+    struct Messages;
+    impl<'de> Visitor<'de> for Messages {
+        type Value = Vec<Message<'de>>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of messages")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(128);
+            while let Some(m) = seq.next_element()? {
+                out.push(m);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Messages)
+}
 
 /// `properties` in the order the body gives them (a Python dict keeps that order).
 fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PropertyList<'de>>, D::Error> {
@@ -163,6 +183,40 @@ fn header<'py>(
     PyTuple::new(py, [name.as_any(), value.as_any()])
 }
 
+type Asked = (Option<u64>, Option<u64>, u64);
+
+/// A request's decisions by what was asked (deliverAt, deliverAfterMs, publish time):
+/// searched in order while there are a few, as in most requests, and through a map once
+/// there are many (delays that vary from message to message).
+struct Decisions<'py> {
+    seen: Vec<(Asked, Decided<'py>)>,
+    by_ask: HashMap<Asked, usize>,
+}
+
+impl<'py> Decisions<'py> {
+    const FEW: usize = 8;
+
+    fn find(&self, asked: &Asked) -> Option<usize> {
+        if self.seen.len() <= Self::FEW {
+            self.seen.iter().position(|(a, _)| a == asked)
+        } else {
+            self.by_ask.get(asked).copied()
+        }
+    }
+
+    fn add(&mut self, asked: Asked, decided: Decided<'py>) -> usize {
+        self.seen.push((asked, decided));
+        if self.seen.len() > Self::FEW {
+            if self.by_ask.is_empty() {
+                self.by_ask.extend(self.seen.iter().enumerate().map(|(i, (a, _))| (*a, i)));
+            } else {
+                self.by_ask.insert(asked, self.seen.len() - 1);
+            }
+        }
+        self.seen.len() - 1
+    }
+}
+
 /// One decision as `Publisher.plan` keeps it: the result fields, the delay headers
 /// (None: rejected; empty: immediate), whether it counts as an override, the head.
 struct Decided<'py> {
@@ -240,7 +294,7 @@ fn build<'py>(
     let index = PyList::empty(py);
     let heads = PyList::empty(py);
     let (mut delayed, mut rejected, mut overridden) = (0u64, 0u64, 0u64);
-    let mut decisions: HashMap<(Option<u64>, Option<u64>, u64), Decided> = HashMap::new();
+    let mut decisions = Decisions { seen: Vec::new(), by_ask: HashMap::new() };
     // The header tuples of the last properties seen: batches often repeat them.
     let mut last_props: Option<(&Props, Vec<Bound<PyTuple>>)> = None;
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -291,8 +345,8 @@ fn build<'py>(
             _ => now,
         };
         let asked = (deliver_at, deliver_after, publish_time);
-        let d = match decisions.get(&asked) {
-            Some(d) => d,
+        let at = match decisions.find(&asked) {
+            Some(at) => at,
             None => {
                 let got = decide.call1(asked)?;
                 let got = got.cast::<PyTuple>()?;
@@ -307,9 +361,10 @@ fn build<'py>(
                     counts_override: got.get_item(2)?.extract()?,
                     head: got.get_item(3)?,
                 };
-                decisions.entry(asked).or_insert(d)
+                decisions.add(asked, d)
             }
         };
+        let d = &decisions.seen[at].1;
         let Some(delay_headers) = &d.delay_headers else {
             results.append(d.result.copy()?)?;
             rejected += 1;

@@ -4,6 +4,7 @@ and never a stack trace, and the uvicorn runner."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -99,8 +100,10 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
     return app
 
 
-def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
+def serve(app: ASGIApp | str, settings: CommonSettings,
+          http: type[asyncio.Protocol] | str = "auto") -> None:
+    """Run `app` under uvicorn; `http` is its HTTP protocol (admission brings its own)."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
-                log_level=settings.log_level, access_log=False)
+                log_level=settings.log_level, access_log=False, http=http)

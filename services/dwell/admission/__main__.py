@@ -8,6 +8,7 @@ import gc
 from dwell.http import serve
 
 from .app import build_app
+from .protocol import publish_protocol
 from .settings import AdmissionSettings
 
 # The publish path allocates several containers per message that reference counting
@@ -25,7 +26,7 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    serve(app, settings)
+    serve(app, settings, http=publish_protocol(app.state.publish))
 
 
 if __name__ == "__main__":

@@ -9,18 +9,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.http import create_app, internal_error
+from dwell.http import create_app
 
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
@@ -91,9 +90,9 @@ class Admission:
         return out
 
 
-def build_app(settings: AdmissionSettings) -> PublishFastPath:
-    """The admission ASGI app: the publish fast path in front of the FastAPI app (which
-    it reaches as `.app`)."""
+def build_app(settings: AdmissionSettings) -> FastAPI:
+    """The admission app. `app.state.publish` is its publish handler, which
+    `protocol.publish_protocol` serves straight from uvicorn's HTTP parser."""
     adm = Admission(settings)
 
     async def ready() -> dict[str, Any]:
@@ -139,7 +138,10 @@ def build_app(settings: AdmissionSettings) -> PublishFastPath:
             counter.inc()
             latency.observe(time.perf_counter() - started)
 
-    # Documents the endpoint (OpenAPI) and serves it should the fast path be bypassed.
+    app.state.publish = handle
+
+    # Documents the endpoint (OpenAPI) and serves it under any ASGI server; under uvicorn
+    # `python -m dwell.admission` serves it through `protocol.PublishProtocol` instead.
     @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
     async def publish(domain: str, tenant: str, namespace: str, topic: str,
                       request: Request) -> Response:
@@ -147,57 +149,4 @@ def build_app(settings: AdmissionSettings) -> PublishFastPath:
                                                 await request.body())
         return Response(content, status, headers, media_type="application/json")
 
-    return PublishFastPath(app, handle)
-
-
-Handler = Callable[[str, str, str, str, bytes],
-                   Awaitable[tuple[int, bytes, dict[str, str] | None]]]
-
-
-class PublishFastPath:
-    """Serves `POST /topics/{domain}/{tenant}/{namespace}/{topic}` as bare ASGI, ahead of
-    FastAPI's middleware, routing and dependency solving: those cost ~60 us a request, as
-    much as validating its 100 messages. Same matching as the route (four non-empty
-    segments of the decoded path), same answers, and an unexpected exception answers 500
-    as the app's handler does; anything else goes on to FastAPI."""
-
-    def __init__(self, app: FastAPI, handle: Handler) -> None:
-        self.app = app
-        self.handle = handle
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            if path.startswith("/topics/"):
-                parts = path[8:].split("/")
-                if len(parts) == 4 and all(parts):
-                    await self._publish(parts, receive, send)
-                    return
-        await self.app(scope, receive, send)
-
-    async def _publish(self, parts: list[str], receive: Receive, send: Send) -> None:
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        domain, tenant, namespace, topic = parts
-        # Only the handler holds the body (b"".join of one chunk is that chunk), and it
-        # lets it go once decoded: see Publisher.publish.
-        answer = self.handle(domain, tenant, namespace, topic, b"".join(chunks))
-        del chunks
-        try:
-            status, content, extra = await answer
-        except Exception as exc:  # the app's 500 handler, which this path bypasses
-            log.exception("unhandled error on POST /topics/%s", "/".join(parts))
-            status, extra = 500, None
-            content = orjson.dumps({"reason": internal_error(exc)})
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", b"%d" % len(content))]
-        if extra:
-            headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": content})
+    return app

@@ -1,19 +1,14 @@
-"""The event-loop side of publishing: Deliveries' deadline and its producer mode, and the
-publish fast path's answer to an unexpected error. Real clients aimed at a closed port
-stand in for an unreachable Kafka."""
+"""The event-loop side of publishing: Deliveries' deadline and its producer mode. Real
+clients aimed at a closed port stand in for an unreachable Kafka."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-import httpx
-import orjson
 import pytest
-from fastapi import FastAPI
 
 from dwell.adapters import kafka
-from dwell.admission.app import PublishFastPath
 from dwell.admission.publish import Deliveries
 
 DEAD_KAFKA = "127.0.0.1:1"
@@ -61,21 +56,3 @@ def test_deliveries_needs_a_producer_polled_by_its_caller() -> None:
             Deliveries(producer, timeout_s=1)
     finally:
         producer.close(0.1)
-
-
-def test_the_fast_path_answers_an_unexpected_error_with_a_500_and_no_trace() -> None:
-    async def handle(*_: object) -> tuple[int, bytes, dict[str, str] | None]:
-        raise KeyError("secret detail")
-
-    app = PublishFastPath(FastAPI(), handle)
-
-    async def post() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://admission") as client:
-            return await client.post("/topics/persistent/a/b/c", content=b"{}")
-
-    got = asyncio.run(post())
-    assert got.status_code == 500
-    assert orjson.loads(got.content) == {
-        "reason": "internal error (KeyError); see the service log"}
-    assert b"secret" not in got.content
