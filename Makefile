@@ -37,9 +37,10 @@ test: install chart-tools ## every test suite, against real Redis and Kafka it s
 test-unit: install ## the unit tests only (no servers)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, helm lint on the chart
+lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, clippy on native/, helm lint on the chart
 	$(PY) -m ruff check services spark tests bench scripts
 	$(PY) -m mypy --strict services/dwell/core
+	cd native && PYO3_PYTHON=$(CURDIR)/$(PY) cargo clippy --release --locked -- -D warnings
 	.dwell/cache/bin/helm lint charts/dwell --strict
 
 chart: install chart-tools ## the chart's checks: values schema, helm lint/template, Kubernetes schemas, rules

@@ -58,7 +58,7 @@ PAYLOAD = "x" * 200
 HTTP_SECONDS = float(os.environ.get("BENCH_HTTP_SECONDS", "4"))  # per round
 # (b) and (d) alternate, so that both see the same background load on a shared machine;
 # the ratio reported is the median of the per-round ratios.
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 # Enough requests in flight to keep admission busy while each waits ~4 ms for Kafka's
 # acks: at 8, the clients' round trips bound the figure (~185k against ~200k at 16).
 HTTP_CONCURRENCY = int(os.environ.get("BENCH_HTTP_CONCURRENCY", "16"))
