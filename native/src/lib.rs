@@ -249,27 +249,35 @@ fn plan<'py>(
     let Ok(req) = sonic_rs::from_slice::<Body>(body) else {
         return Ok(None);
     };
-    match build(
-        py, &req, decide, topic_bytes, ready_topic, delayed_topic, now, max_payload_bytes,
-        max_messages,
-    )? {
+    let with = With {
+        decide, topic_bytes, ready_topic, delayed_topic, now, max_payload_bytes, max_messages,
+    };
+    match build(py, &req, with)? {
         Ok(planned) => Ok(Some(planned)),
         Err(NotCommon) => Ok(None),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build<'py>(
-    py: Python<'py>,
-    req: &Body,
-    decide: &Bound<'py, PyAny>,
-    topic_bytes: &Bound<'py, PyBytes>,
-    ready_topic: &Bound<'py, PyString>,
-    delayed_topic: &Bound<'py, PyString>,
+/// What `plan` was given besides the body.
+#[derive(Clone, Copy)]
+struct With<'a, 'py> {
+    decide: &'a Bound<'py, PyAny>,
+    topic_bytes: &'a Bound<'py, PyBytes>,
+    ready_topic: &'a Bound<'py, PyString>,
+    delayed_topic: &'a Bound<'py, PyString>,
     now: u64,
     max_payload_bytes: usize,
     max_messages: usize,
+}
+
+fn build<'py>(
+    py: Python<'py>,
+    req: &Body,
+    with: With<'_, 'py>,
 ) -> PyResult<Result<Bound<'py, PyTuple>, NotCommon>> {
+    let With {
+        decide, topic_bytes, ready_topic, delayed_topic, now, max_payload_bytes, max_messages,
+    } = with;
     let n = req.messages.len();
     if n == 0 || n > max_messages {
         return Ok(Err(NotCommon));
