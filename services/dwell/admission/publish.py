@@ -1,7 +1,9 @@
 """The publish path shared by HTTP and the Kafka ingress: parse a Pulsar REST producer
 request, apply `dwell.core.admit.admit` to each message with the topic's effective policy,
 and write accepted messages to the topic's ready topic (immediate) or to `dwell.delayed`
-(delayed), with the headers of docs/internals.md.
+(delayed), with the headers of docs/internals.md. On the HTTP path `dwell_native` (Rust,
+native/) plans the common request straight from its JSON; `Publisher.plan` here is the
+reference it is tested against and takes every other request.
 
 Request validation, decided here for both entry paths:
 
