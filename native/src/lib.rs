@@ -128,12 +128,8 @@ fn plain_properties(props: &Props) -> Result<(), NotCommon> {
     for (i, (name, _)) in props.iter().enumerate() {
         // Python lowercases the whole name first: a non-ASCII character in the first six
         // could lowercase into the prefix, so those go the Python way too.
-        let head: Vec<char> = name.chars().take(RESERVED_PREFIX.len()).collect();
-        if head.iter().any(|c| !c.is_ascii()) {
-            return Err(NotCommon);
-        }
-        let head: String = head.iter().map(|c| c.to_ascii_lowercase()).collect();
-        if head == RESERVED_PREFIX {
+        let head = &name.as_bytes()[..name.len().min(RESERVED_PREFIX.len())];
+        if !head.is_ascii() || head.eq_ignore_ascii_case(RESERVED_PREFIX.as_bytes()) {
             return Err(NotCommon);
         }
         if props[..i].iter().any(|(other, _)| other == name) {

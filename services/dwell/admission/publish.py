@@ -305,7 +305,7 @@ class Publisher:
 
         now = int(self.clock() * 1000)
         topic_b, ready = self._topic_bytes(topic)
-        decide = self._decider(topic, now)
+        decide = self._decider(topic, now, ready)
         topic_h = ("dwell-topic", topic_b)
         producer_h = ("dwell-producer", (req.producerName or "").encode())
         # The dwell headers every message of the request gets when it has no eventTime.
@@ -414,7 +414,7 @@ class Publisher:
                                                                      topic.namespace):
             now = int(self.clock() * 1000)
             topic_b, ready = self._topic_bytes(topic)
-            got = dwell_native.plan(body, self._decider(topic, now), topic_b, ready,
+            got = dwell_native.plan(body, self._decider(topic, now, ready), topic_b, ready,
                                     names.DELAYED, now, s.max_payload_bytes,
                                     s.max_messages_per_request)
             if got is not None:
@@ -430,14 +430,14 @@ class Publisher:
         if not self.cache.namespace_known(topic.tenant, topic.namespace):
             raise PublishError(404, f"Namespace {topic.namespace_name} does not exist")
 
-    def _decider(self, topic: TopicName, now: int) -> Callable[[int | None, int | None, int],
-                                                                 _Planned]:
+    def _decider(self, topic: TopicName, now: int,
+                 ready: str) -> Callable[[int | None, int | None, int], _Planned]:
         """A request's decisions: `decide(deliver_at, deliver_after_ms, publish_time)`
-        applies admit() with the topic's policy at `now`, as `_Planned`."""
+        applies admit() with the topic's policy at `now`, as `_Planned` (`ready`: the
+        topic's ready topic, for the heads of immediate results)."""
         persistent = topic.persistent
         policy = self.cache.effective(topic) if persistent else _NO_POLICY
         tick_b = b"%d" % policy.tick_time_ms
-        ready = self._topic_bytes(topic)[1]
         strict = self.strict
 
         def decide(deliver_at: int | None, deliver_after: int | None,
