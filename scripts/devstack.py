@@ -38,9 +38,12 @@ SPARK_DIR = ROOT / "spark"
 _DEV_PORTS = {"redis": 6379, "kafka": 9092, "kafka_controller": 9093,
               "policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
 _TEST_OFFSET = int(os.environ.get("DWELL_TEST_PORT_OFFSET", "10000"))
+# The fault suite (tests/faults) kills and wipes its servers: it runs its own, 500 above
+# the test profile, so the other suites' Redis and Kafka never see its faults.
 PROFILES: dict[str, dict[str, int]] = {
     "dev": _DEV_PORTS,
     "test": {name: port + _TEST_OFFSET for name, port in _DEV_PORTS.items()},
+    "faults": {name: port + _TEST_OFFSET + 500 for name, port in _DEV_PORTS.items()},
 }
 SERVICES = ("policy", "admission", "tracker")
 

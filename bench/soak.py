@@ -1,0 +1,128 @@
+"""The soak: the whole local stack under a steady mixed-delay load for a long while, with
+a random dwell process killed (-9) every minute and one Redis FLUSHALL half-way. Prints
+what the fault suite prints (accepted, delivered, lost, early, duplicates at the Kafka
+level and through the SDK) and each process's RSS at the start and at the end.
+
+    .venv/bin/python bench/soak.py                      # 10 min at 2,000 msg/s
+    .venv/bin/python bench/soak.py --minutes 2 --rate 500
+
+It runs devstack's `faults` profile (ports 10,500 above `make up`'s), its own servers,
+and stops them when done. Exit status 1 when anything accepted was lost, arrived early,
+or reached the SDK twice."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from workload import (  # noqa: E402
+    Checker,
+    FaultStack,
+    Generator,
+    SdkReader,
+    format_table,
+    now_ms,
+    outcome,
+    wait_delivered,
+)
+
+from dwell.adapters import kafka  # noqa: E402
+from dwell.core.topics import TopicName  # noqa: E402
+
+KILLABLE = ("policy", "admission", "tracker", "spark")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--rate", type=int, default=2000, help="messages a second")
+    ap.add_argument("--max-delay-ms", type=int, default=60_000)
+    ap.add_argument("--kill-every-s", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+
+    stack = FaultStack("faults")
+    stack.down()
+    try:
+        for name in ("redis", "kafka"):
+            stack.start(name)
+        kafka.ensure_dwell_topics(stack.kafka_bootstrap)
+        for name in KILLABLE:
+            stack.start(name)
+        tenant = "soak" + uuid.uuid4().hex[:6]
+        stack.make_namespace(tenant)
+        topics = [f"persistent://{tenant}/ns/t{i}" for i in range(4)]
+        admission = f"http://127.0.0.1:{stack.ports['admission']}"
+        time.sleep(2)  # the namespace reaches admission through the policy feed
+        checker = Checker(stack.kafka_bootstrap, [TopicName.parse(t).kafka_topic for t in topics])
+        sdk = SdkReader(topics[0], "soak", stack.service_env(), stack.log_dir)
+        # Requests of 100: one generator thread keeps up with 2,000 msg/s.
+        gen = Generator(admission, topics, rate=args.rate, max_delay_ms=args.max_delay_ms,
+                        batch=max(20, args.rate // 20), seed=args.seed)
+        checker.start()
+        sdk.start()
+        time.sleep(10)  # let the stack settle before the first figure
+        rss_start = stack.rss_kib()
+        gen.start()
+        t0, start_ms = time.monotonic(), now_ms()
+        end = t0 + args.minutes * 60
+        flushed = False
+        next_kill = t0 + args.kill_every_s
+        faults: list[str] = []
+        while time.monotonic() < end:
+            time.sleep(1)
+            elapsed = time.monotonic() - t0
+            if not flushed and elapsed >= args.minutes * 30:
+                redis.Redis.from_url(stack.redis_url).flushall()
+                faults.append(f"{elapsed:5.0f}s  redis FLUSHALL")
+                flushed = True
+            if time.monotonic() >= next_kill:
+                victim = rng.choice(KILLABLE)
+                stack.kill9(victim)
+                stack.start(victim)
+                faults.append(f"{elapsed:5.0f}s  kill -9 {victim} (back in "
+                              f"{time.monotonic() - t0 - elapsed:.0f}s)")
+                next_kill += args.kill_every_s
+            with gen.out.lock:
+                accepted = len(gen.out.deliver_at)
+            print(f"\r{elapsed:5.0f}s  accepted {accepted:,}  delivered "
+                  f"{checker.delivered(set(gen.out.deliver_at)):,}", end="", flush=True)
+        print()
+        gen.stop()
+        sdk_ids = {i for i, t in gen.out.topic_of.items() if t == topics[0]}
+        wait_delivered(gen.out, checker, 180, sdk, sdk_ids)
+        time.sleep(5)
+        rss_end = stack.rss_kib()
+        checker.stop()
+        sdk.stop()
+        row = outcome(f"soak {args.minutes:g} min, {args.rate} msg/s", gen.out, checker, sdk,
+                      start_ms)
+        print("\nfaults:")
+        for f in faults:
+            print("  " + f)
+        print()
+        print(format_table([row]))
+        print("\nRSS (MiB)         start      end   end/start")
+        for name in sorted(set(rss_start) | set(rss_end)):
+            a, b = rss_start.get(name, 0) / 1024, rss_end.get(name, 0) / 1024
+            ratio = f"{b / a:9.2f}" if a else "        -"
+            print(f"  {name:<17} {a:7.0f}  {b:7.0f}   {ratio}")
+        ok = (row.lost, row.early, row.sdk_duplicates) == (0, 0, 0)
+        print(f"\nlost {row.lost}, early {row.early}, SDK duplicates {row.sdk_duplicates}: "
+              + ("ok" if ok else "FAILED"))
+        return 0 if ok else 1
+    finally:
+        stack.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
