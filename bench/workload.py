@@ -73,7 +73,7 @@ class FaultStack(devstack.Stack):
         driver = self.pid("spark")
         assert driver, "the Spark app is not running"
         out = []
-        for pid in _group(driver):
+        for pid in _descendants(driver):
             argv = _cmdline(pid).split()
             # The JVM's command line names the daemon module too (a --conf): match argv[0].
             if argv and Path(argv[0].decode()).name.startswith("python") and any(
@@ -106,22 +106,29 @@ class FaultStack(devstack.Stack):
                 out[name] = _rss_kib(pid)
                 continue
             out["spark-driver(py)"] = _rss_kib(pid)
-            for child in _group(pid):
+            for child in _descendants(pid):
                 cmd = _cmdline(child)
                 key = "spark-jvm" if b"java" in cmd else "spark-workers(py)"
                 out[key] = out.get(key, 0) + _rss_kib(child)
         return out
 
 
-def _group(pgid: int) -> list[int]:
-    out = []
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (PySpark's worker daemon leaves the driver's process
+    group, so a group is not enough)."""
+    children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != pgid:
+        if proc.name.isdigit():
             try:
-                if os.getpgid(int(proc.name)) == pgid:
-                    out.append(int(proc.name))
-            except (OSError, ProcessLookupError):
+                ppid = int((proc / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
     return out
 
 
@@ -198,7 +205,9 @@ class Generator(threading.Thread):
     def run(self) -> None:
         interval = self.batch / self.rate
         next_at = time.monotonic()
-        with httpx.Client(base_url=self.admission, timeout=5) as client:
+        # Longer than admission's publish timeout (10 s): a request Kafka cannot take
+        # gets its 503 rather than no answer.
+        with httpx.Client(base_url=self.admission, timeout=15) as client:
             while not self.stopping.is_set():
                 topic = self.topics[self.seq // self.batch % len(self.topics)]
                 self.send(client, topic)
@@ -231,7 +240,8 @@ class Generator(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
-        self.join(30)
+        if self.is_alive():
+            self.join(30)
 
 
 # ---------------------------------------------------------------- checker

@@ -87,19 +87,25 @@ def fault_stack() -> Iterator[FaultStack]:
         s.down()
 
 
+# Every scenario's row, printed together at the end of the run.
+ROWS: list[Row] = []
+
+
 @pytest.fixture(scope="package")
-def fault_rows(request: pytest.FixtureRequest) -> Iterator[list[Row]]:
-    rows: list[Row] = []
-    yield rows
-    if rows:
-        table = format_table(rows)
-        (ROOT / ".dwell" / "faults").mkdir(parents=True, exist_ok=True)
-        (ROOT / ".dwell" / "faults" / "table.txt").write_text(table + "\n")
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("\nfault suite (lost, early and dup(SDK) must be 0):")
-            for line in table.splitlines():
-                reporter.write_line(line)
+def fault_rows() -> list[Row]:
+    return ROWS
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not ROWS:
+        return
+    table = format_table(ROWS)
+    out = ROOT / ".dwell" / "faults"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.txt").write_text(table + "\n")
+    terminalreporter.write_sep("-", "fault suite (lost, early>tick and dup(SDK) must be 0)")
+    for line in table.splitlines():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture()

@@ -18,6 +18,8 @@ import pytest
 import redis
 from workload import FaultStack, now_ms
 
+from conftest import wait_for
+
 from .conftest import Run, at_fault, rest_of_run
 
 pytestmark = pytest.mark.integration
@@ -45,8 +47,8 @@ def test_kill9_process(workload, process: str) -> None:  # noqa: ANN001
 def test_kill9_spark_python_worker(workload) -> None:  # noqa: ANN001
     run: Run = workload()
     at_fault(run)
-    workers = run.stack.spark_python_workers()
-    assert workers, "the Spark app runs no Python worker to kill"
+    # The backoff query's micro-batches run in Python workers, started when needed.
+    workers = wait_for(run.stack.spark_python_workers, 30, "a Spark Python worker")
     os.kill(workers[0], signal.SIGKILL)
     rest_of_run(run)
     _check(run.finish("kill -9 spark python worker"))

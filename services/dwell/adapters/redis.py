@@ -10,16 +10,28 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+# After a Redis restart every pooled connection is dead, and the first command on each
+# fails with "Connection closed by server": try once more on a fresh connection (and
+# twice more after that, within a second) before the error reaches a caller. Timeouts
+# are not retried: socket_timeout already bounds them.
+_RETRY = {"retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
+          "retry_on_error": [redis.ConnectionError]}
 
 
 def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10,
-                                health_check_interval=15)
+                                health_check_interval=15, **_RETRY)
 
 
 def connect_async(url: str) -> aredis.Redis:
     return aredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10,
-                                 health_check_interval=15)
+                                 health_check_interval=15, retry=AsyncRetry(
+                                     ExponentialBackoff(cap=0.5, base=0.05), 3),
+                                 retry_on_error=[redis.ConnectionError])
 
 
 class Scripts:
