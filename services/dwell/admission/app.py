@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.http import create_app
+from dwell.http import BodyLimit, create_app
 
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
@@ -109,6 +109,10 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 
     app.router.lifespan_context = lifespan
     app.state.admission = adm
+    # Every request but the publishes `protocol.PublishProtocol` serves itself (which
+    # holds them to the same limit).
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
+                       setting="max_request_bytes")
 
     # The metric children, looked up once rather than per request.
     latency = metrics.PUBLISH_LATENCY.labels("http")

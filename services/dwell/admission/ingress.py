@@ -165,6 +165,11 @@ class Ingress:
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
+                size = len(r.value or b"")
+                if size > self.settings.max_request_bytes:
+                    raise PublishError(413, f"request: {size} bytes; the limit is "
+                                            f"{self.settings.max_request_bytes} bytes "
+                                            "(max_request_bytes)")
                 req = parse_request(r.value or b"", IngressRequest)
                 topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
                                                   if r.key else ""))
