@@ -396,6 +396,18 @@ class Consumer:
     def assignment(self) -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in self._c.assignment()]
 
+    def positions(self) -> dict[tuple[str, int], int]:
+        """The next offset to hand to the application, per assigned partition (negative
+        when nothing was consumed yet)."""
+        return {(tp.topic, tp.partition): tp.offset
+                for tp in self._c.position(self._c.assignment())}
+
+    def end_offsets(self, topic: str, partitions: Iterable[int],
+                    timeout: float = 5.0) -> dict[int, int]:
+        """The high watermark (next offset to be written) of `partitions`, asked of the
+        broker now; KafkaUnavailable when it does not answer within `timeout`."""
+        return {p: _watermarks(self._c, topic, p, timeout)[1] for p in partitions}
+
     def close(self) -> None:
         self._c.close()
 

@@ -37,13 +37,16 @@ class Admission:
     def __init__(self, settings: AdmissionSettings) -> None:
         self.settings = settings
         self.cache = PolicyCache(settings.broker_defaults())
-        self.follower = PolicyFollower(self.cache, settings.kafka_bootstrap,
-                                       replay_timeout_s=settings.policy_replay_timeout_s)
+        self.follower = PolicyFollower(
+            self.cache, settings.kafka_bootstrap,
+            replay_timeout_s=settings.policy_replay_timeout_s,
+            catch_up_timeout_s=settings.policy_catch_up_timeout_ms / 1000)
         self.producer = kafka.Producer(settings.kafka_bootstrap,
                                        linger_ms=settings.producer_linger_ms,
                                        poll_in_background=False,
                                        **{"message.timeout.ms": settings.publish_timeout_ms})
-        self.publisher = Publisher(settings, self.cache, self.producer)
+        self.publisher = Publisher(settings, self.cache, self.producer,
+                                   catch_up=self.follower.catch_up)
         self.ingress = Ingress(settings, self.publisher) if settings.ingress_enabled else None
         self.topics_ready = threading.Event()
         self.startup_error: str | None = None

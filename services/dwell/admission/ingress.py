@@ -162,6 +162,9 @@ class Ingress:
         planned: list[tuple[kafka.Record, Plan | None, str | None, list[dict[str, Any]], str,
                             list[Any]]] = []
         futures: list[Future[list[tuple[int, int]]]] = []
+        # One catch-up serves the batch: it reads the feed's end after every record of
+        # the batch was written, so it covers the changes their producers had seen.
+        caught_up = False
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
@@ -173,6 +176,9 @@ class Ingress:
                 req = parse_request(r.value or b"", IngressRequest)
                 topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
                                                   if r.key else ""))
+                if not caught_up and pub.misses(topic):
+                    pub.caught_up_blocking()
+                    caught_up = True
                 plan = pub.plan(topic, req)
                 if plan.sends:
                     pub.ensure_ready_topic(topic)

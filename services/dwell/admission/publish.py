@@ -239,9 +239,12 @@ class Publisher:
     """Applies the publish rule and writes the records; one per process, both paths."""
 
     def __init__(self, settings: AdmissionSettings, cache: PolicyCache, producer: kafka.Producer,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 catch_up: Callable[[], Future[bool]] | None = None) -> None:
         self.settings = settings
         self.cache = cache
+        # The policy follower's catch_up (see cache.py): asked before a miss is answered.
+        self.catch_up = catch_up
         self.clock = clock
         self.strict = settings.delayed_delivery_deliver_at_time_strict
         self._topics: dict[tuple[str, str, str, str], TopicName | str] = {}
@@ -424,6 +427,31 @@ class Publisher:
                             delayed=delayed, rejected=rejected)
         return self.plan(topic, parse_request(body, PublishRequest))
 
+    def misses(self, topic: TopicName) -> bool:
+        """Whether the topic's namespace is unknown here, so that the policy feed must be
+        caught up with (`caught_up`) before the publish is answered 404."""
+        return (self.catch_up is not None and self.cache.ready.is_set()
+                and not self.cache.namespace_known(topic.tenant, topic.namespace))
+
+    def _not_caught_up(self) -> PublishError:
+        return PublishError(503, "policies: could not catch up with dwell.policies within "
+                                 f"{self.settings.policy_catch_up_timeout_ms} ms "
+                                 "(policy_catch_up_timeout_ms); retry shortly")
+
+    async def caught_up(self) -> None:
+        """Wait until the cache holds every policy change acknowledged before this call;
+        PublishError 503 when that cannot be done in time (the answer is not known)."""
+        assert self.catch_up is not None
+        if not await asyncio.wrap_future(self.catch_up()):
+            raise self._not_caught_up()
+
+    def caught_up_blocking(self) -> None:
+        """`caught_up` for a thread (the Kafka ingress)."""
+        assert self.catch_up is not None
+        timeout = self.settings.policy_catch_up_timeout_ms / 1000 + 1.0
+        if not self.catch_up().result(timeout):
+            raise self._not_caught_up()
+
     def _check_publishable(self, topic: TopicName) -> None:
         if not self.cache.ready.is_set():
             raise PublishError(503, "policies not loaded yet; retry shortly")
@@ -529,6 +557,8 @@ class Publisher:
         requests reuse memory still in the CPU's caches. The caller must not keep `body`
         either (admission's handler lets it go). Holding them cost 64 concurrent clients
         ~30% of the throughput (bench/admission.py)."""
+        if self.misses(topic):
+            await self.caught_up()
         plan = self.plan_body(topic, body)
         del body
         offsets: list[tuple[int, int]] = []

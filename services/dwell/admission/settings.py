@@ -33,6 +33,10 @@ class AdmissionSettings(CommonSettings):
 
     # Policy feed replay: give up (and stay unready, retrying) after this long.
     policy_replay_timeout_s: float = Field(60.0, gt=0)
+    # Read your writes: a publish to a namespace unknown here first waits, at most this
+    # long, until the policy feed is applied up to its current end; then 404, or 503
+    # when the feed could not be caught up with in time.
+    policy_catch_up_timeout_ms: int = Field(2000, ge=100)
 
     # Kafka ingress (consumer group on dwell.publish).
     ingress_enabled: bool = True
