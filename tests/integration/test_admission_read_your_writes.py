@@ -1,7 +1,9 @@
 """Read your writes across the policy service and admission (real processes, real Kafka
 and Redis): a namespace is publishable the moment its creation is acknowledged, over
 HTTP and over the Kafka ingress, and a miss is answered only once admission has caught
-up with the policy feed: a namespace that does not exist still gets its 404 at once."""
+up with the policy feed: a namespace that does not exist still gets its 404 at once.
+A lowered max delay is the one change a publish may miss (nothing it does asks the
+feed): how long it takes to be in force on every replica is measured and printed."""
 
 from __future__ import annotations
 
@@ -36,11 +38,18 @@ def policy(services: Any) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
-def admission(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("admission")
-    with httpx.Client(base_url=svc.url, timeout=30) as c:
-        yield c
-    svc.stop()
+def replicas(services: Any) -> Iterator[list[httpx.Client]]:
+    svcs = [services.start("admission") for _ in range(2)]
+    clients = [httpx.Client(base_url=svc.url, timeout=30) for svc in svcs]
+    yield clients
+    for c, svc in zip(clients, svcs, strict=True):
+        c.close()
+        svc.stop()
+
+
+@pytest.fixture(scope="module")
+def admission(replicas: list[httpx.Client]) -> httpx.Client:
+    return replicas[0]
 
 
 def ok(r: httpx.Response) -> httpx.Response:
@@ -112,3 +121,64 @@ def test_a_namespace_is_publishable_over_kafka_once_created(
     wrong = [g for g in got if g.get("error") != BOTH_SET]
     print(f"\ncreate-then-publish over Kafka: {len(wrong)} wrong of {INGRESS_TRIES}")
     assert not wrong, f"{len(wrong)} of {INGRESS_TRIES} wrong: {wrong[:3]}"
+
+
+RAISES = 200
+
+
+def test_a_raised_max_delay_is_in_force_once_acknowledged(
+        policy: httpx.Client, admission: httpx.Client, unique: str) -> None:
+    make_tenant(policy, unique)
+    ok(policy.put(f"/admin/v2/namespaces/{unique}/ns"))
+    path = f"/admin/v2/namespaces/{unique}/ns/delayedDelivery"
+    ok(policy.post(path, json={"active": True, "maxDeliveryDelayInMillis": 1000}))
+    topic = f"/topics/persistent/{unique}/ns/x"
+    wrong: list[tuple[int, str]] = []
+    for i in range(1, RAISES + 1):
+        limit = 1000 + 1000 * i  # each raise lets through what the one before refused
+        ok(policy.post(path, json={"active": True, "maxDeliveryDelayInMillis": limit}))
+        t = int(time.time() * 1000)
+        r = ok(admission.post(topic, json={"messages": [
+            {"payload": "p", "eventTime": t, "deliverAt": t + limit}]})).json()
+        result = r["messagePublishResults"][0]
+        if result["errorCode"] != 0:
+            wrong.append((i, result["error"]))
+    print(f"\nraise-max-delay-then-publish: {len(wrong)} wrongly refused of {RAISES}")
+    assert not wrong, f"{len(wrong)} of {RAISES} refused: {wrong[:3]}"
+
+
+LOWERINGS = 50
+IN_FORCE_BOUND_S = 1.0
+
+
+def test_a_lowered_max_delay_is_in_force_on_every_replica_within_the_bound(
+        policy: httpx.Client, replicas: list[httpx.Client], unique: str) -> None:
+    make_tenant(policy, unique)
+    ok(policy.put(f"/admin/v2/namespaces/{unique}/ns"))
+    path = f"/admin/v2/namespaces/{unique}/ns/delayedDelivery"
+    topic = f"/topics/persistent/{unique}/ns/x"
+    lags: list[float] = []
+    for _ in range(LOWERINGS):
+        ok(policy.post(path, json={"active": True, "maxDeliveryDelayInMillis": 60000}))
+        for r in replicas:  # in force at once: a refusal catches up first
+            t = int(time.time() * 1000)
+            probe = {"payload": "p", "eventTime": t, "deliverAt": t + 2000}
+            assert ok(r.post(topic, json={"messages": [probe]})).json()[
+                "messagePublishResults"][0]["errorCode"] == 0
+        ok(policy.post(path, json={"active": True, "maxDeliveryDelayInMillis": 1000}))
+        acked = time.perf_counter()
+        waiting = set(range(len(replicas)))
+        while waiting:
+            for i in list(waiting):
+                t = int(time.time() * 1000)
+                probe = {"payload": "p", "eventTime": t, "deliverAt": t + 2000}
+                res = ok(replicas[i].post(topic, json={"messages": [probe]})).json()
+                if res["messagePublishResults"][0]["errorCode"] != 0:
+                    waiting.discard(i)
+            assert time.perf_counter() - acked < 5.0, "max 1000 not in force after 5 s"
+        lags.append(time.perf_counter() - acked)
+    lags.sort()
+    p50, p99 = lags[len(lags) // 2], lags[min(len(lags) - 1, int(len(lags) * 0.99))]
+    print(f"\nlowered max delay in force on {len(replicas)} replicas, {LOWERINGS} tries: "
+          f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {lags[-1] * 1000:.1f} ms")
+    assert p99 < IN_FORCE_BOUND_S

@@ -180,6 +180,9 @@ class Ingress:
                     pub.caught_up_blocking()
                     caught_up = True
                 plan = pub.plan(topic, req)
+                if not caught_up and plan.rejected:
+                    plan = pub.replan_if_newer(plan, req)
+                    caught_up = True
                 if plan.sends:
                     pub.ensure_ready_topic(topic)
                 futures.append(pub.send(plan, producer))

@@ -195,6 +195,7 @@ class Plan:
     delayed: int = 0
     invalid: int = 0
     rejected: int = 0
+    overridden: int = 0  # accepted messages that count as fixed-delay overrides
 
 
 def _decode_payload(text: str, encoding: str | None) -> bytes | str:
@@ -404,7 +405,7 @@ class Publisher:
 
         plan.delayed = delayed
         plan.immediate = len(sends) - delayed
-        self._count_policy_outcomes(topic, plan.rejected, overridden)
+        plan.overridden = overridden
         return plan
 
     def plan_body(self, topic: TopicName, body: bytes) -> Plan:
@@ -422,9 +423,8 @@ class Publisher:
                                     s.max_messages_per_request)
             if got is not None:
                 results, sends, index, heads, delayed, rejected, overridden = got
-                self._count_policy_outcomes(topic, rejected, overridden)
                 return Plan(topic, results, sends, index, heads, immediate=len(sends) - delayed,
-                            delayed=delayed, rejected=rejected)
+                            delayed=delayed, rejected=rejected, overridden=overridden)
         return self.plan(topic, parse_request(body, PublishRequest))
 
     def misses(self, topic: TopicName) -> bool:
@@ -445,11 +445,27 @@ class Publisher:
         if not await asyncio.wrap_future(self.catch_up()):
             raise self._not_caught_up()
 
+    def replan_if_newer(self, plan: Plan, req: Request) -> Plan:
+        """`plan` again from `req` when the rule refused a message of it and the policy
+        feed, caught up with now, held newer policies (the Kafka ingress's counterpart of
+        what `publish` does)."""
+        if not plan.rejected or self.catch_up is None:
+            return plan
+        version = self.cache.version
+        if self._catch_up_blocking() and self.cache.version != version:
+            return self.plan(plan.topic, req)
+        return plan
+
+    def _catch_up_blocking(self) -> bool:
+        assert self.catch_up is not None
+        try:
+            return self.catch_up().result(self.settings.policy_catch_up_timeout_ms / 1000 + 1.0)
+        except TimeoutError:  # the catch-up thread's own deadline should come first
+            return False
+
     def caught_up_blocking(self) -> None:
         """`caught_up` for a thread (the Kafka ingress)."""
-        assert self.catch_up is not None
-        timeout = self.settings.policy_catch_up_timeout_ms / 1000 + 1.0
-        if not self.catch_up().result(timeout):
+        if not self._catch_up_blocking():
             raise self._not_caught_up()
 
     def _check_publishable(self, topic: TopicName) -> None:
@@ -539,6 +555,8 @@ class Publisher:
         return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
 
     def count(self, plan: Plan, path: str) -> None:
+        """Count a plan's messages by outcome, and its policy outcomes per topic."""
+        self._count_policy_outcomes(plan.topic, plan.rejected, plan.overridden)
         for outcome, n in (("immediate", plan.immediate), ("delayed", plan.delayed),
                            ("rejected", plan.rejected), ("invalid", plan.invalid)):
             if n:
@@ -560,6 +578,13 @@ class Publisher:
         if self.misses(topic):
             await self.caught_up()
         plan = self.plan_body(topic, body)
+        if plan.rejected and self.catch_up is not None:
+            # The rule refused a message: answer that from the policies in force now (a
+            # max delay may have been raised a moment ago). A catch-up that fails leaves
+            # the answer to the policies applied, as before the miss.
+            version = self.cache.version
+            if await asyncio.wrap_future(self.catch_up()) and self.cache.version != version:
+                plan = self.plan_body(topic, body)
         del body
         offsets: list[tuple[int, int]] = []
         sends = len(plan.sends)
