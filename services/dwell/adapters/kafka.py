@@ -90,13 +90,14 @@ class Producer:
     thread)."""
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 5, poll_in_background: bool = True,
-                 **extra: Any) -> None:
+                 compression_type: str = "none", **extra: Any) -> None:
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "enable.idempotence": True,
             "linger.ms": linger_ms,
-            "compression.type": "lz4",
+            # Settings' kafka_compression_type: "none" unless a deployment opts in.
+            "compression.type": compression_type,
             "message.timeout.ms": 30000,
             "queue.buffering.max.messages": 500000,
             "socket.connection.setup.timeout.ms": 5000,

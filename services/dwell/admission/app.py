@@ -44,6 +44,7 @@ class Admission:
         self.producer = kafka.Producer(settings.kafka_bootstrap,
                                        linger_ms=settings.producer_linger_ms,
                                        poll_in_background=False,
+                                       compression_type=settings.kafka_compression_type,
                                        **{"message.timeout.ms": settings.publish_timeout_ms})
         self.publisher = Publisher(settings, self.cache, self.producer,
                                    catch_up=self.follower.catch_up)

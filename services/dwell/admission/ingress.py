@@ -95,6 +95,7 @@ class Ingress:
         s = self.settings
         return kafka.TransactionalProducer(
             s.kafka_bootstrap, s.transactional_id(), linger_ms=s.producer_linger_ms,
+            compression_type=s.kafka_compression_type,
             **{"transaction.timeout.ms": s.ingress_transaction_timeout_ms,
                "message.timeout.ms": min(s.publish_timeout_ms,
                                          s.ingress_transaction_timeout_ms)})

@@ -135,7 +135,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
     store = PolicyStore(connect_async(settings.redis_url))
     feed = PolicyFeed(store, settings.kafka_bootstrap,
                       replication=settings.kafka_replication_factor,
-                      timeout_ms=settings.feed_timeout_ms)
+                      timeout_ms=settings.feed_timeout_ms,
+                      compression_type=settings.kafka_compression_type)
     broker = settings.broker_defaults()
 
     async def ready() -> dict[str, Any]:
