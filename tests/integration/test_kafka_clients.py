@@ -16,10 +16,10 @@ from typing import Any
 
 import confluent_kafka
 import httpx
+import kafka as kafka_python
 import orjson
 import pytest
 
-import kafka as kafka_python
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
