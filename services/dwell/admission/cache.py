@@ -182,6 +182,11 @@ class PolicyFollower:
                     done = self._wait_applied(reader, deadline)
                 except kafka.KafkaUnavailable as exc:
                     log.warning("policy catch-up: %s", exc)
+                except Exception:  # this thread must live on: the waiters get False
+                    log.exception("policy catch-up failed")
+                    if reader is not None:
+                        reader.close()
+                    reader = None
                 for fut in batch:
                     fut.set_result(done)
         finally:

@@ -180,9 +180,10 @@ class Ingress:
                 if not caught_up and pub.misses(topic):
                     pub.caught_up_blocking()
                     caught_up = True
+                version = pub.cache.version
                 plan = pub.plan(topic, req)
                 if not caught_up and plan.rejected:
-                    plan = pub.replan_if_newer(plan, req)
+                    plan = pub.replan_if_newer(plan, req, version)
                     caught_up = True
                 if plan.sends:
                     pub.ensure_ready_topic(topic)

@@ -438,20 +438,26 @@ class Publisher:
                                  f"{self.settings.policy_catch_up_timeout_ms} ms "
                                  "(policy_catch_up_timeout_ms); retry shortly")
 
+    async def _catch_up(self) -> bool:
+        assert self.catch_up is not None
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.catch_up()),
+                                          self.settings.policy_catch_up_timeout_ms / 1000 + 1)
+        except TimeoutError:  # the catch-up thread's own deadline should come first
+            return False
+
     async def caught_up(self) -> None:
         """Wait until the cache holds every policy change acknowledged before this call;
         PublishError 503 when that cannot be done in time (the answer is not known)."""
-        assert self.catch_up is not None
-        if not await asyncio.wrap_future(self.catch_up()):
+        if not await self._catch_up():
             raise self._not_caught_up()
 
-    def replan_if_newer(self, plan: Plan, req: Request) -> Plan:
+    def replan_if_newer(self, plan: Plan, req: Request, version: int) -> Plan:
         """`plan` again from `req` when the rule refused a message of it and the policy
-        feed, caught up with now, held newer policies (the Kafka ingress's counterpart of
-        what `publish` does)."""
+        feed, caught up with now, holds policies newer than `version` (the cache's when
+        `plan` was made): the Kafka ingress's counterpart of what `publish` does."""
         if not plan.rejected or self.catch_up is None:
             return plan
-        version = self.cache.version
         if self._catch_up_blocking() and self.cache.version != version:
             return self.plan(plan.topic, req)
         return plan
@@ -577,14 +583,14 @@ class Publisher:
         ~30% of the throughput (bench/admission.py)."""
         if self.misses(topic):
             await self.caught_up()
+        version = self.cache.version
         plan = self.plan_body(topic, body)
-        if plan.rejected and self.catch_up is not None:
-            # The rule refused a message: answer that from the policies in force now (a
-            # max delay may have been raised a moment ago). A catch-up that fails leaves
-            # the answer to the policies applied, as before the miss.
-            version = self.cache.version
-            if await asyncio.wrap_future(self.catch_up()) and self.cache.version != version:
-                plan = self.plan_body(topic, body)
+        # The rule refused a message: answer that from the policies in force now (a max
+        # delay may have been raised a moment ago). A catch-up that fails leaves the
+        # answer to the policies applied.
+        if (plan.rejected and self.catch_up is not None and await self._catch_up()
+                and self.cache.version != version):
+            plan = self.plan_body(topic, body)
         del body
         offsets: list[tuple[int, int]] = []
         sends = len(plan.sends)
