@@ -246,8 +246,10 @@ def bench_raw(bootstrap: str, topic: str, ready: str) -> float:
     as admission serves them on its event loop (a thread polling for them instead made
     this baseline ~20% slower: 228-278k against 273-327k msg/s). Sends for RAW_SECONDS,
     then waits for every acknowledgement; the time includes that wait."""
-    p = kafka.Producer(bootstrap, linger_ms=AdmissionSettings().producer_linger_ms,
-                       poll_in_background=False)
+    settings = AdmissionSettings()
+    p = kafka.Producer(bootstrap, linger_ms=settings.producer_linger_ms,
+                       poll_in_background=False,
+                       compression_type=settings.kafka_compression_type)
     now = int(time.time() * 1000)
     batches = [raw_batch(n, topic, ready, now) for n in range(0, RAW_MESSAGES, BATCH)]
     failures: list[Exception] = []

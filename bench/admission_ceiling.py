@@ -77,7 +77,7 @@ def serve() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*bench.GC_THRESHOLDS)
-    serve_http(app, settings, http=publish_protocol(handle))
+    serve_http(app, settings, http=publish_protocol(handle, settings.max_request_bytes))
 
 
 def main() -> None:

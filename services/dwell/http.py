@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dwell.settings import CommonSettings
 
@@ -57,6 +57,44 @@ def describe_validation(exc: RequestValidationError) -> str:
             return f"invalid JSON: {err.get('ctx', {}).get('error', msg)}"
         parts.append(f"{field or 'body'}: {msg}")
     return "; ".join(parts) or "invalid request"
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is answered 413 naming the limit,
+    at once when its Content-Length says so, else when the bytes read pass it (the app
+    reading the body then gets the 413 as an HTTPException, whatever reads it)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, setting: str) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.setting = setting
+
+    def reason(self, size: int | None) -> str:
+        got = f"{size} bytes" if size is not None else f"more than {self.max_bytes} bytes"
+        return f"request body: {got}; the limit is {self.max_bytes} bytes ({self.setting})"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await error(413, self.reason(int(value)), {"connection": "close"})(
+                    scope, receive, send)
+                return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise StarletteHTTPException(413, self.reason(None),
+                                                 {"connection": "close"})
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:

@@ -22,6 +22,10 @@ class CommonSettings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     kafka_bootstrap: str = "127.0.0.1:9092"
     kafka_replication_factor: int = Field(1, ge=1)
+    # Codec of every record dwell produces (librdkafka's compression.type). "none" by
+    # default: the topics users read must be readable by any Kafka client with its
+    # defaults, and a bare kafka-python cannot decode lz4, snappy or zstd.
+    kafka_compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
     cluster: str = "standalone"
     log_level: str = "info"
 

@@ -307,10 +307,10 @@ WARM_UP_TOPIC = "persistent://dwell/system/backoff-warm-up"
 WARM_UP_RESEND_S = 5.0
 
 
-def warm_up(bootstrap: str, done: threading.Event) -> None:
+def warm_up(bootstrap: str, done: threading.Event, compression_type: str = "none") -> None:
     """Send the warm-up event until a batch has read it: one sent before the query has
     fixed its starting offsets ("latest" on a new checkpoint) is never read."""
-    p = kafka.Producer(bootstrap, linger_ms=0)
+    p = kafka.Producer(bootstrap, linger_ms=0, compression_type=compression_type)
     try:
         while not done.is_set():
             body = {"event": ACK, "topic": WARM_UP_TOPIC, "subscription": "warm-up",
@@ -362,6 +362,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
              .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
              .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/backoff")
              .start())
-    threading.Thread(target=warm_up, args=(settings.kafka_bootstrap, warmed),
+    threading.Thread(target=warm_up, args=(settings.kafka_bootstrap, warmed,
+                                           settings.kafka_compression_type),
                      name="backoff-warm-up", daemon=True).start()
     return query

@@ -131,23 +131,24 @@ def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
         return CopyStats()
     topics.ensure([r.target for r in ranges])
     bootstrap = settings.kafka_bootstrap
+    codec = settings.kafka_compression_type
     path = path or choose_path(settings, ranges)
     if path == "driver":
-        stats = copier.copy(ranges) if copier else copy_ranges(bootstrap, ranges)
+        stats = copier.copy(ranges) if copier else copy_ranges(bootstrap, ranges, codec)
     elif path == "kafka-source":
-        stats = copy_with_kafka_source(spark, bootstrap, ranges)
+        stats = copy_with_kafka_source(spark, bootstrap, ranges, codec)
     else:
         groups = spans(ranges)
         slices = max(1, min(len(groups), spark.sparkContext.defaultParallelism * 2))
         parts = spark.sparkContext.parallelize(groups, slices).mapPartitions(
-            lambda it: [copy_ranges(bootstrap, [r for g in it for r in g])]).collect()
+            lambda it: [copy_ranges(bootstrap, [r for g in it for r in g], codec)]).collect()
         stats = functools.reduce(CopyStats.add, parts, CopyStats())
     metrics.record(stats)
     return stats
 
 
 def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
-                           ranges: Sequence[Range]) -> CopyStats:
+                           ranges: Sequence[Range], compression_type: str = "none") -> CopyStats:
     """The ``kafka-source`` path of :func:`choose_path` (delayed messages only)."""
     bounds: dict[str, dict[str, list[int]]] = {}
     for r in ranges:
@@ -208,7 +209,7 @@ def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
          .option("kafka.bootstrap.servers", bootstrap)
          .option("kafka.acks", "all")
          .option("kafka.enable.idempotence", "true")
-         .option("kafka.compression.type", "lz4")
+         .option("kafka.compression.type", compression_type)
          .option("kafka.linger.ms", "5")
          .option("kafka.batch.size", str(1 << 20))
          .save())
@@ -283,7 +284,7 @@ class Drainer:
         self.redis = redis
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
         self.strict = settings.delayed_delivery_deliver_at_time_strict
-        self.copier = Copier(settings.kafka_bootstrap)
+        self.copier = Copier(settings.kafka_bootstrap, settings.kafka_compression_type)
 
     def claim(self, now_ms: int) -> tuple[list[Claim], list[Range]]:
         s = self.settings

@@ -206,16 +206,18 @@ def _reader(bootstrap: str) -> kafka.Consumer:
     return kafka.Consumer(bootstrap, f"dwell-drain-{uuid.uuid4().hex}", **READER_CONFIG)
 
 
-def _writer(bootstrap: str) -> kafka.BulkProducer:
-    return kafka.BulkProducer(bootstrap, linger_ms=5, **{"batch.size": 1 << 20})
+def _writer(bootstrap: str, compression_type: str) -> kafka.BulkProducer:
+    return kafka.BulkProducer(bootstrap, linger_ms=5, compression_type=compression_type,
+                              **{"batch.size": 1 << 20})
 
 
-def copy_ranges(bootstrap: str, ranges: Sequence[Range]) -> CopyStats:
+def copy_ranges(bootstrap: str, ranges: Sequence[Range],
+                compression_type: str = "none") -> CopyStats:
     """Copy every record in ``ranges``; returns once every copy is acknowledged (acks=all)
     or raises KafkaUnavailable. One consumer and one producer per call (per task)."""
     if not ranges:
         return CopyStats()
-    consumer, producer = _reader(bootstrap), _writer(bootstrap)
+    consumer, producer = _reader(bootstrap), _writer(bootstrap, compression_type)
     try:
         return _copy(consumer, producer, ranges)
     finally:
@@ -229,15 +231,17 @@ class Copier:
     producer's id), which small rounds feel as lateness. After a failed round both are
     dropped and the next round starts afresh."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, compression_type: str = "none") -> None:
         self.bootstrap = bootstrap
+        self.compression_type = compression_type
         self._pair: tuple[kafka.Consumer, kafka.BulkProducer] | None = None
 
     def copy(self, ranges: Sequence[Range]) -> CopyStats:
         if not ranges:
             return CopyStats()
         if self._pair is None:
-            self._pair = (_reader(self.bootstrap), _writer(self.bootstrap))
+            self._pair = (_reader(self.bootstrap),
+                          _writer(self.bootstrap, self.compression_type))
         consumer, producer = self._pair
         try:
             stats = _copy(consumer, producer, ranges)

@@ -235,7 +235,10 @@ def test_bulk_producer_writes_everything_and_flush_raises_on_a_rejected_record(
     flush: here the broker refuses records over the topic's max.message.bytes."""
     small = f"bulk-small-{unique}"
     kafka.ensure_topic(kafka_bootstrap, small, 1, config={"max.message.bytes": "2000"})
-    p = kafka.BulkProducer(kafka_bootstrap, **{"message.timeout.ms": 10000})
+    # Batches under the topic's limit (records are uncompressed by default), so that
+    # only the oversized record is refused.
+    p = kafka.BulkProducer(kafka_bootstrap, **{"message.timeout.ms": 10000,
+                                               "batch.size": 1500})
     try:
         p.send_unreported([(small, b"x" * 100, None, [("h", b"1")], None)] * 50)
         p.flush(15)

@@ -90,13 +90,14 @@ class Producer:
     thread)."""
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 5, poll_in_background: bool = True,
-                 **extra: Any) -> None:
+                 compression_type: str = "none", **extra: Any) -> None:
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "enable.idempotence": True,
             "linger.ms": linger_ms,
-            "compression.type": "lz4",
+            # Settings' kafka_compression_type: "none" unless a deployment opts in.
+            "compression.type": compression_type,
             "message.timeout.ms": 30000,
             "queue.buffering.max.messages": 500000,
             "socket.connection.setup.timeout.ms": 5000,
@@ -395,6 +396,18 @@ class Consumer:
 
     def assignment(self) -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in self._c.assignment()]
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """The next offset to hand to the application, per assigned partition (negative
+        when nothing was consumed yet)."""
+        return {(tp.topic, tp.partition): tp.offset
+                for tp in self._c.position(self._c.assignment())}
+
+    def end_offsets(self, topic: str, partitions: Iterable[int],
+                    timeout: float = 5.0) -> dict[int, int]:
+        """The high watermark (next offset to be written) of `partitions`, asked of the
+        broker now; KafkaUnavailable when it does not answer within `timeout`."""
+        return {p: _watermarks(self._c, topic, p, timeout)[1] for p in partitions}
 
     def close(self) -> None:
         self._c.close()

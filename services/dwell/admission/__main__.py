@@ -26,7 +26,8 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    serve(app, settings, http=publish_protocol(app.state.publish))
+    serve(app, settings,
+          http=publish_protocol(app.state.publish, settings.max_request_bytes))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.http import create_app
+from dwell.http import BodyLimit, create_app
 
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
@@ -37,13 +37,17 @@ class Admission:
     def __init__(self, settings: AdmissionSettings) -> None:
         self.settings = settings
         self.cache = PolicyCache(settings.broker_defaults())
-        self.follower = PolicyFollower(self.cache, settings.kafka_bootstrap,
-                                       replay_timeout_s=settings.policy_replay_timeout_s)
+        self.follower = PolicyFollower(
+            self.cache, settings.kafka_bootstrap,
+            replay_timeout_s=settings.policy_replay_timeout_s,
+            catch_up_timeout_s=settings.policy_catch_up_timeout_ms / 1000)
         self.producer = kafka.Producer(settings.kafka_bootstrap,
                                        linger_ms=settings.producer_linger_ms,
                                        poll_in_background=False,
+                                       compression_type=settings.kafka_compression_type,
                                        **{"message.timeout.ms": settings.publish_timeout_ms})
-        self.publisher = Publisher(settings, self.cache, self.producer)
+        self.publisher = Publisher(settings, self.cache, self.producer,
+                                   catch_up=self.follower.catch_up)
         self.ingress = Ingress(settings, self.publisher) if settings.ingress_enabled else None
         self.topics_ready = threading.Event()
         self.startup_error: str | None = None
@@ -109,6 +113,10 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 
     app.router.lifespan_context = lifespan
     app.state.admission = adm
+    # Every request but the publishes `protocol.PublishProtocol` serves itself (which
+    # holds them to the same limit).
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
+                       setting="max_request_bytes")
 
     # The metric children, looked up once rather than per request.
     latency = metrics.PUBLISH_LATENCY.labels("http")

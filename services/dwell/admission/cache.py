@@ -7,6 +7,14 @@ it from memory and never touches Redis.
 replays the feed from the beginning without a consumer group commit, marks the cache
 ready once it has caught up with the end offsets seen at start, then keeps following it
 in a daemon thread.
+
+Read your writes: the policy service answers a change only once Kafka has it (acks=all),
+so a publish that misses (an unknown namespace) asks `PolicyFollower.catch_up` before
+it is answered 404: the feed's end offsets are read from the broker, and the answer
+waits until the follower has applied the feed up to them (bounded by
+`policy_catch_up_timeout_ms`). Misses that come while one catch-up is under way share
+the next one: its end offsets are read after they came, so they cover every change
+acknowledged before them.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 
 import orjson
 import pydantic
@@ -113,24 +122,99 @@ class PolicyCache:
 
 
 class PolicyFollower:
-    """Replays `dwell.policies` into a `PolicyCache`, then follows it (daemon thread)."""
+    """Replays `dwell.policies` into a `PolicyCache`, then follows it (daemon thread);
+    `catch_up` waits for it to apply what the feed holds now (a second daemon thread
+    serves those waits, so that the follower never stops to answer them)."""
 
     def __init__(self, cache: PolicyCache, bootstrap: str, *, replay_timeout_s: float = 60.0,
-                 topic: str = names.POLICIES) -> None:
+                 catch_up_timeout_s: float = 2.0, topic: str = names.POLICIES) -> None:
         self.cache = cache
         self.bootstrap = bootstrap
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
+        self.catch_up_timeout_s = catch_up_timeout_s
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="policy-follower", daemon=True)
+        # partition -> next offset of the feed whose records the cache has applied
+        self._applied: dict[int, int] = {}
+        self._progress = threading.Condition()
+        self._waiters: list[Future[bool]] = []  # misses waiting for the next catch-up
+        self._catcher = threading.Thread(target=self._serve_catch_ups,
+                                         name="policy-catch-up", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._catcher.start()
 
     def stop(self) -> None:
         self._stop.set()
+        with self._progress:
+            self._progress.notify_all()
         self._thread.join(timeout=5)
+        self._catcher.join(timeout=5)
+
+    def catch_up(self) -> Future[bool]:
+        """A future of whether the cache has applied every record on the feed as of this
+        call (False when that could not be learned or done in `catch_up_timeout_s`)."""
+        fut: Future[bool] = Future()
+        with self._progress:
+            self._waiters.append(fut)
+            self._progress.notify_all()
+        return fut
+
+    def _serve_catch_ups(self) -> None:
+        reader: kafka.Consumer | None = None
+        try:
+            while not self._stop.is_set():
+                with self._progress:
+                    while not self._waiters and not self._stop.is_set():
+                        self._progress.wait(1.0)
+                    batch, self._waiters = self._waiters, []
+                if not batch:
+                    continue
+                deadline = time.monotonic() + self.catch_up_timeout_s
+                done = False
+                try:
+                    if reader is None:
+                        # A group id is required by the client; nothing is committed.
+                        reader = kafka.Consumer(self.bootstrap, "dwell-admission-catch-up")
+                    done = self._wait_applied(reader, deadline)
+                except kafka.KafkaUnavailable as exc:
+                    log.warning("policy catch-up: %s", exc)
+                except Exception:  # this thread must live on: the waiters get False
+                    log.exception("policy catch-up failed")
+                    if reader is not None:
+                        reader.close()
+                    reader = None
+                for fut in batch:
+                    fut.set_result(done)
+        finally:
+            for fut in self._waiters:
+                fut.set_result(False)
+            if reader is not None:
+                reader.close()
+
+    def _wait_applied(self, reader: kafka.Consumer, deadline: float) -> bool:
+        with self._progress:
+            parts = list(self._applied)
+        if not parts:
+            return False  # not replayed yet: the cache is not ready either
+        ends = reader.end_offsets(self.topic, parts, max(0.1, deadline - time.monotonic()))
+        with self._progress:
+            while any(self._applied.get(p, 0) < end for p, end in ends.items()):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._progress.wait(left)
+        return True
+
+    def _advance(self, positions: dict[int, int]) -> None:
+        with self._progress:
+            for p, offset in positions.items():
+                if offset > self._applied.get(p, -1):
+                    self._applied[p] = offset
+            self._progress.notify_all()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -150,6 +234,7 @@ class PolicyFollower:
         for r in records:
             self.cache.apply(r.key.decode() if r.key else "", r.value, r.headers)
             next_offsets[(r.topic, r.partition)] = r.offset + 1
+        self._advance({p: max(o, 0) for (_, p), o in next_offsets.items()})
         self.cache.ready.set()
         self.error = None
         log.info("policy feed replayed: %d records, version %d", len(records),
@@ -160,7 +245,15 @@ class PolicyFollower:
         try:
             consumer.assign([(t, p, o) for (t, p), o in next_offsets.items()])
             while not self._stop.is_set():
-                for r in consumer.poll(1000, 0.1):
+                # A batch poll waits out its whole timeout unless the batch fills: wait
+                # for one record, then take what else has come, so that a change is in
+                # force (and a catch-up waiting for it ends) as soon as it arrives.
+                records = consumer.poll(1, 0.1)
+                if records:
+                    records += consumer.poll(1000, 0)
+                for r in records:
                     self.cache.apply(r.key.decode() if r.key else "", r.value, r.headers)
+                # After the records are applied: a catch-up waiting for them may end.
+                self._advance({p: o for (_, p), o in consumer.positions().items()})
         finally:
             consumer.close()

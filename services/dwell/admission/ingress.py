@@ -95,6 +95,7 @@ class Ingress:
         s = self.settings
         return kafka.TransactionalProducer(
             s.kafka_bootstrap, s.transactional_id(), linger_ms=s.producer_linger_ms,
+            compression_type=s.kafka_compression_type,
             **{"transaction.timeout.ms": s.ingress_transaction_timeout_ms,
                "message.timeout.ms": min(s.publish_timeout_ms,
                                          s.ingress_transaction_timeout_ms)})
@@ -162,13 +163,28 @@ class Ingress:
         planned: list[tuple[kafka.Record, Plan | None, str | None, list[dict[str, Any]], str,
                             list[Any]]] = []
         futures: list[Future[list[tuple[int, int]]]] = []
+        # One catch-up serves the batch: it reads the feed's end after every record of
+        # the batch was written, so it covers the changes their producers had seen.
+        caught_up = False
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
+                size = len(r.value or b"")
+                if size > self.settings.max_request_bytes:
+                    raise PublishError(413, f"request: {size} bytes; the limit is "
+                                            f"{self.settings.max_request_bytes} bytes "
+                                            "(max_request_bytes)")
                 req = parse_request(r.value or b"", IngressRequest)
                 topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
                                                   if r.key else ""))
+                if not caught_up and pub.misses(topic):
+                    pub.caught_up_blocking()
+                    caught_up = True
+                version = pub.cache.version
                 plan = pub.plan(topic, req)
+                if not caught_up and plan.rejected:
+                    plan = pub.replan_if_newer(plan, req, version)
+                    caught_up = True
                 if plan.sends:
                     pub.ensure_ready_topic(topic)
                 futures.append(pub.send(plan, producer))

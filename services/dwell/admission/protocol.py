@@ -14,6 +14,11 @@ What uvicorn does per request is kept: keep-alive and its timeout, `Expect:
 back until its answer is written, as uvicorn's cycles do), `limit_concurrency`, the
 server's default headers (`date`, `server`), graceful shutdown waiting for requests in
 flight, and no write to a connection the client closed.
+
+A publish body larger than `max_request_bytes` is refused with 413 before it is read
+whole: at once when its Content-Length says so, else (chunked) as soon as the bytes
+received pass the limit; the connection is then closed, since the rest of the body is
+never read. `dwell.http.BodyLimit` holds every other request to the same limit.
 """
 
 from __future__ import annotations
@@ -51,16 +56,33 @@ def publish_parts(method: str, path: str) -> list[str] | None:
     return parts if len(parts) == 4 and all(parts) else None
 
 
-def publish_protocol(handle: Handler) -> type[HttpToolsProtocol]:
+def publish_protocol(handle: Handler, max_request_bytes: int) -> type[HttpToolsProtocol]:
     """The protocol class to give uvicorn (`http=`) that serves publish requests with
-    `handle`."""
-    return type("PublishProtocol", (PublishProtocol,), {"handle": staticmethod(handle)})
+    `handle`, refusing bodies over `max_request_bytes` with 413."""
+    return type("PublishProtocol", (PublishProtocol,), {
+        "handle": staticmethod(handle), "max_request_bytes": max_request_bytes})
+
+
+def too_large(limit: int, size: int | None = None) -> bytes:
+    """The 413 answer's JSON body; `size` when the request declared it."""
+    got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+    return orjson.dumps({"reason": f"request body: {got}; the limit is {limit} bytes "
+                                   f"(max_request_bytes)"})
+
+
+def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """A request's Content-Length (the parser has refused a malformed one), or None."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value)
+    return None
 
 
 class PublishProtocol(HttpToolsProtocol):
     """See the module docstring; made by `publish_protocol`, which sets `handle`."""
 
     handle: Handler
+    max_request_bytes: int
 
     # uvicorn calls this for every request whose headers are in, at once or, for a
     # pipelined one, when the answer before it is complete.
@@ -69,6 +91,11 @@ class PublishProtocol(HttpToolsProtocol):
             cycle.scope["method"], cycle.scope["path"])
         if parts is None:
             super()._start_asgi_task(cycle, app)  # type: ignore[arg-type]
+            return
+        limit = self.max_request_bytes
+        size = content_length(cycle.scope["headers"])
+        if (size is not None and size > limit) or len(cycle.body) > limit:
+            self._refuse(cycle, too_large(limit, size))
             return
         cycle.publish_parts = parts  # type: ignore[attr-defined]
         if cycle.waiting_for_100_continue and not self.transport.is_closing():
@@ -82,9 +109,13 @@ class PublishProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
         # uvicorn pauses reading past 64 KiB until the app asks for more; a publish
-        # wants its whole body (bounded by the request limits), unless it is pipelined
+        # wants its whole body (bounded by max_request_bytes), unless it is pipelined
         # behind another request, which keeps reading paused until its turn.
-        if self._is_started_publish(self.cycle):
+        cycle = self.cycle
+        if self._is_started_publish(cycle) and not cycle.response_complete:
+            if len(cycle.body) > self.max_request_bytes:
+                self._refuse(cycle, too_large(self.max_request_bytes))
+                return
             self.flow.resume_reading()
 
     def on_message_complete(self) -> None:
@@ -106,6 +137,13 @@ class PublishProtocol(HttpToolsProtocol):
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)  # uvicorn's shutdown waits for these
 
+    def _refuse(self, cycle: RequestResponseCycle, content: bytes) -> None:
+        """Answer 413 and close: the rest of the body is not read, so the connection
+        cannot carry another request."""
+        cycle.body = bytearray()
+        cycle.keep_alive = False
+        self._write(cycle, 413, content, None)
+
     async def _serve(self, cycle: RequestResponseCycle, body: bytes) -> None:
         domain, tenant, namespace, topic = cycle.publish_parts  # type: ignore[attr-defined]
         answer = self.handle(domain, tenant, namespace, topic, body)
@@ -120,6 +158,10 @@ class PublishProtocol(HttpToolsProtocol):
             await self.flow.drain()
         if cycle.disconnected or self.transport.is_closing():
             return
+        self._write(cycle, status, content, extra)
+
+    def _write(self, cycle: RequestResponseCycle, status: int, content: bytes,
+               extra: dict[str, str] | None) -> None:
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")

@@ -195,6 +195,7 @@ class Plan:
     delayed: int = 0
     invalid: int = 0
     rejected: int = 0
+    overridden: int = 0  # accepted messages that count as fixed-delay overrides
 
 
 def _decode_payload(text: str, encoding: str | None) -> bytes | str:
@@ -239,9 +240,12 @@ class Publisher:
     """Applies the publish rule and writes the records; one per process, both paths."""
 
     def __init__(self, settings: AdmissionSettings, cache: PolicyCache, producer: kafka.Producer,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 catch_up: Callable[[], Future[bool]] | None = None) -> None:
         self.settings = settings
         self.cache = cache
+        # The policy follower's catch_up (see cache.py): asked before a miss is answered.
+        self.catch_up = catch_up
         self.clock = clock
         self.strict = settings.delayed_delivery_deliver_at_time_strict
         self._topics: dict[tuple[str, str, str, str], TopicName | str] = {}
@@ -401,7 +405,7 @@ class Publisher:
 
         plan.delayed = delayed
         plan.immediate = len(sends) - delayed
-        self._count_policy_outcomes(topic, plan.rejected, overridden)
+        plan.overridden = overridden
         return plan
 
     def plan_body(self, topic: TopicName, body: bytes) -> Plan:
@@ -419,10 +423,56 @@ class Publisher:
                                     s.max_messages_per_request)
             if got is not None:
                 results, sends, index, heads, delayed, rejected, overridden = got
-                self._count_policy_outcomes(topic, rejected, overridden)
                 return Plan(topic, results, sends, index, heads, immediate=len(sends) - delayed,
-                            delayed=delayed, rejected=rejected)
+                            delayed=delayed, rejected=rejected, overridden=overridden)
         return self.plan(topic, parse_request(body, PublishRequest))
+
+    def misses(self, topic: TopicName) -> bool:
+        """Whether the topic's namespace is unknown here, so that the policy feed must be
+        caught up with (`caught_up`) before the publish is answered 404."""
+        return (self.catch_up is not None and self.cache.ready.is_set()
+                and not self.cache.namespace_known(topic.tenant, topic.namespace))
+
+    def _not_caught_up(self) -> PublishError:
+        return PublishError(503, "policies: could not catch up with dwell.policies within "
+                                 f"{self.settings.policy_catch_up_timeout_ms} ms "
+                                 "(policy_catch_up_timeout_ms); retry shortly")
+
+    async def _catch_up(self) -> bool:
+        assert self.catch_up is not None
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.catch_up()),
+                                          self.settings.policy_catch_up_timeout_ms / 1000 + 1)
+        except TimeoutError:  # the catch-up thread's own deadline should come first
+            return False
+
+    async def caught_up(self) -> None:
+        """Wait until the cache holds every policy change acknowledged before this call;
+        PublishError 503 when that cannot be done in time (the answer is not known)."""
+        if not await self._catch_up():
+            raise self._not_caught_up()
+
+    def replan_if_newer(self, plan: Plan, req: Request, version: int) -> Plan:
+        """`plan` again from `req` when the rule refused a message of it and the policy
+        feed, caught up with now, holds policies newer than `version` (the cache's when
+        `plan` was made): the Kafka ingress's counterpart of what `publish` does."""
+        if not plan.rejected or self.catch_up is None:
+            return plan
+        if self._catch_up_blocking() and self.cache.version != version:
+            return self.plan(plan.topic, req)
+        return plan
+
+    def _catch_up_blocking(self) -> bool:
+        assert self.catch_up is not None
+        try:
+            return self.catch_up().result(self.settings.policy_catch_up_timeout_ms / 1000 + 1.0)
+        except TimeoutError:  # the catch-up thread's own deadline should come first
+            return False
+
+    def caught_up_blocking(self) -> None:
+        """`caught_up` for a thread (the Kafka ingress)."""
+        if not self._catch_up_blocking():
+            raise self._not_caught_up()
 
     def _check_publishable(self, topic: TopicName) -> None:
         if not self.cache.ready.is_set():
@@ -511,6 +561,8 @@ class Publisher:
         return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
 
     def count(self, plan: Plan, path: str) -> None:
+        """Count a plan's messages by outcome, and its policy outcomes per topic."""
+        self._count_policy_outcomes(plan.topic, plan.rejected, plan.overridden)
         for outcome, n in (("immediate", plan.immediate), ("delayed", plan.delayed),
                            ("rejected", plan.rejected), ("invalid", plan.invalid)):
             if n:
@@ -529,7 +581,16 @@ class Publisher:
         requests reuse memory still in the CPU's caches. The caller must not keep `body`
         either (admission's handler lets it go). Holding them cost 64 concurrent clients
         ~30% of the throughput (bench/admission.py)."""
+        if self.misses(topic):
+            await self.caught_up()
+        version = self.cache.version
         plan = self.plan_body(topic, body)
+        # The rule refused a message: answer that from the policies in force now (a max
+        # delay may have been raised a moment ago). A catch-up that fails leaves the
+        # answer to the policies applied.
+        if (plan.rejected and self.catch_up is not None and await self._catch_up()
+                and self.cache.version != version):
+            plan = self.plan_body(topic, body)
         del body
         offsets: list[tuple[int, int]] = []
         sends = len(plan.sends)

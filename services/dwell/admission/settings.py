@@ -12,7 +12,11 @@ from dwell.settings import CommonSettings
 class AdmissionSettings(CommonSettings):
     http_port: int = Field(8082, ge=1, le=65535)
 
-    # Request limits (HTTP and Kafka ingress alike).
+    # Request limits (HTTP and Kafka ingress alike). max_request_bytes caps a request's
+    # body as sent (JSON, payloads base64-encoded or not): a bigger HTTP body is refused
+    # with 413 before it is read whole, a bigger dwell.publish record is refused as a
+    # request. Its default leaves room for one max_payload_bytes payload in base64 (4/3).
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1)
     max_messages_per_request: int = Field(1000, ge=1)
 
@@ -29,6 +33,10 @@ class AdmissionSettings(CommonSettings):
 
     # Policy feed replay: give up (and stay unready, retrying) after this long.
     policy_replay_timeout_s: float = Field(60.0, gt=0)
+    # Read your writes: a publish to a namespace unknown here first waits, at most this
+    # long, until the policy feed is applied up to its current end; then 404, or 503
+    # when the feed could not be caught up with in time.
+    policy_catch_up_timeout_ms: int = Field(2000, ge=100)
 
     # Kafka ingress (consumer group on dwell.publish).
     ingress_enabled: bool = True

@@ -2,9 +2,11 @@
 and delayed-delivery policies (namespace and topic level).
 
 Every change is saved in Redis (dwell.policy.store) and then put on `dwell.policies`
-(dwell.policy.feed) before the call returns, so admission has it in force within a second
-of the answer. When Kafka does not acknowledge, the answer is 503: the change is saved and
-the feed catches up once Kafka is back.
+(dwell.policy.feed) before the call returns, which is what lets admission read its writes
+(docs/internals.md, "Read your writes"): a publish to a namespace admission does not know
+yet waits until admission has applied the feed up to where it is now. When Kafka does not
+acknowledge, the answer is 503: the change is saved and the feed catches up once Kafka is
+back.
 
 Responses (the JSON shapes):
 - `GET /admin/v2/tenants` → `["t1", ...]`; `GET /admin/v2/tenants/{t}` → TenantInfo
@@ -133,7 +135,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
     store = PolicyStore(connect_async(settings.redis_url))
     feed = PolicyFeed(store, settings.kafka_bootstrap,
                       replication=settings.kafka_replication_factor,
-                      timeout_ms=settings.feed_timeout_ms)
+                      timeout_ms=settings.feed_timeout_ms,
+                      compression_type=settings.kafka_compression_type)
     broker = settings.broker_defaults()
 
     async def ready() -> dict[str, Any]:

@@ -48,12 +48,13 @@ def record_version(record: kafka.Record) -> int | None:
 
 class PolicyFeed:
     def __init__(self, store: PolicyStore, bootstrap: str, *, replication: int = 1,
-                 timeout_ms: int = 5000) -> None:
+                 timeout_ms: int = 5000, compression_type: str = "none") -> None:
         self._store = store
         self._bootstrap = bootstrap
         self._replication = replication
         self._timeout_s = timeout_ms / 1000
         self._producer = kafka.Producer(bootstrap, linger_ms=0,
+                                        compression_type=compression_type,
                                         **{"message.timeout.ms": timeout_ms})
         self._published: dict[str, int] = {}  # scope -> version of its last record acked
         self._loaded = False

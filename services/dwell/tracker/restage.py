@@ -73,11 +73,12 @@ class Restager:
     def __init__(self, r: redislib.Redis, bootstrap: str, *, delayed_topic: str = names.DELAYED,
                  refiled_topic: str = names.REFILED, lead_ms: int = 40_000,
                  chunk_ms: int = 20_000, lease_ms: int = 30_000,
-                 max_records: int = 1_000_000) -> None:
+                 max_records: int = 1_000_000, compression_type: str = "none") -> None:
         if not 0 < chunk_ms <= lead_ms:
             raise ValueError("restage needs 0 < chunk_ms <= lead_ms")
         self.redis = r
         self.bootstrap = bootstrap
+        self.compression_type = compression_type
         self.topic = delayed_topic
         self.refiled_topic = refiled_topic
         self.lead_ms = lead_ms
@@ -174,6 +175,7 @@ class Restager:
                                             f"dwell-restage-{uuid.uuid4().hex}",
                                             **kafka.SCAN_CONFIG)
             self._producer = kafka.BulkProducer(self.bootstrap, linger_ms=5,
+                                                compression_type=self.compression_type,
                                                 **{"batch.size": 1 << 20})
         rows = []
         try:

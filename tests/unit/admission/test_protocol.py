@@ -1,7 +1,8 @@
 """Admission's HTTP protocol against real sockets: publish requests reach the handler
 straight from the parser, everything else reaches FastAPI, and what uvicorn does per
 request still holds (pipelining in order, Expect: 100-continue, large bodies, keep-alive
-and Connection: close, a 500 without a trace, a client that leaves mid-request)."""
+and Connection: close, a 500 without a trace, a client that leaves mid-request), and a body
+over the limit is refused with 413 on both paths, before it is read whole."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import httpx
 import orjson
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import Request
 
 from dwell.admission.protocol import publish_parts, publish_protocol
+from dwell.http import BodyLimit, create_app
 
 SLOW_S = 0.3
+LIMIT = 2 * 1024 * 1024
 
 
 async def handle(domain: str, tenant: str, namespace: str, topic: str,
@@ -37,16 +40,25 @@ async def handle(domain: str, tenant: str, namespace: str, topic: str,
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, int]]:
-    app = FastAPI()
+    async def ready() -> dict[str, bool]:
+        return {"ready": True}
+
+    app = create_app("test", "admission's protocol under test", ready)
 
     @app.get("/ping")
     async def ping() -> dict[str, bool]:
         return {"pong": True}
 
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"size": len(await request.body())}
+
+    app.add_middleware(BodyLimit, max_bytes=LIMIT, setting="max_request_bytes")
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=publish_protocol(handle),
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=publish_protocol(handle, LIMIT),
                             lifespan="off", log_level="warning", access_log=False)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -165,3 +177,49 @@ def test_a_client_gone_mid_request_leaves_the_server_serving(server: tuple[str, 
     got = httpx.post(f"http://{server[0]}:{server[1]}/topics/persistent/t/ns/after",
                      content=b"ok")
     assert got.status_code == 200 and orjson.loads(got.content)["size"] == 2
+
+
+def chunked(path: str, chunk: bytes, count: int) -> bytes:
+    """A chunked POST of `count` chunks, without its terminating chunk."""
+    head = f"POST {path} HTTP/1.1\r\nhost: admission\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head.encode() + b"%x\r\n%s\r\n" % (len(chunk), chunk) * count
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(server: tuple[str, int]) -> None:
+    reason = (f"request body: {LIMIT + 1} bytes; the limit is {LIMIT} bytes "
+              "(max_request_bytes)")
+    for path in ("/topics/persistent/t/ns/big", "/echo"):
+        with socket.create_connection(server) as sock:
+            # No 100 Continue: the client need not send what would be refused.
+            sock.sendall(post(path, b"", "expect: 100-continue").replace(
+                b"content-length: 0", b"content-length: %d" % (LIMIT + 1)))
+            [(status, headers, answer)] = read_answers(sock, 1)
+            assert (status, orjson.loads(answer)) == (413, {"reason": reason}), path
+            assert headers["connection"] == "close"
+            assert sock.recv(1) == b""
+
+
+def test_a_chunked_body_is_refused_once_past_the_limit(server: tuple[str, int]) -> None:
+    reason = (f"request body: more than {LIMIT} bytes; the limit is {LIMIT} bytes "
+              "(max_request_bytes)")
+    chunk = b"x" * 65536
+    for path in ("/topics/persistent/t/ns/big", "/echo"):
+        with socket.create_connection(server) as sock:
+            sock.sendall(chunked(path, chunk, LIMIT // len(chunk) + 1))
+            [(status, _, answer)] = read_answers(sock, 1)
+            assert (status, orjson.loads(answer)) == (413, {"reason": reason}), path
+        # At the limit, served.
+        with socket.create_connection(server) as sock:
+            sock.sendall(chunked(path, chunk, LIMIT // len(chunk)) + b"0\r\n\r\n")
+            [(status, _, answer)] = read_answers(sock, 1)
+            assert (status, orjson.loads(answer)["size"]) == (200, LIMIT), path
+
+
+def test_a_pipelined_body_over_the_limit_is_refused_in_its_turn(
+        server: tuple[str, int]) -> None:
+    with socket.create_connection(server) as sock:
+        sock.sendall(post("/topics/persistent/t/ns/slow", b"1")
+                     + chunked("/topics/persistent/t/ns/big", b"y" * 65536,
+                               LIMIT // 65536 + 1))
+        answers = read_answers(sock, 2)
+    assert [status for status, _, _ in answers] == [200, 413]

@@ -10,6 +10,7 @@ import json
 import sys
 import weakref
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import msgspec
 import orjson
@@ -102,6 +103,32 @@ def test_unknown_namespace_and_tenant_are_404_on_both_domains(publisher: Publish
         with pytest.raises(PublishError) as err:
             plan(publisher, topic, body({"payload": "x"}))
         assert err.value.status == 404
+
+
+def test_a_miss_is_answered_only_after_a_catch_up(publisher: Publisher) -> None:
+    """404 once the policy feed was caught up with and the namespace is still unknown;
+    503 (retriable) when the catch-up could not be done, never a 404 unvouched for."""
+    asked: list[bool] = []
+
+    def catch_up(result: bool) -> Future[bool]:
+        asked.append(result)
+        fut: Future[bool] = Future()
+        fut.set_result(result)
+        return fut
+
+    topic = names.TopicName.parse("persistent://acme/nope/x")
+    for result, status in ((True, 404), (False, 503)):
+        publisher.catch_up = lambda result=result: catch_up(result)
+        with pytest.raises(PublishError) as err:
+            asyncio.run(publisher.publish(topic, body({"payload": "x"})))
+        assert err.value.status == status, err.value.reason
+    assert asked == [True, False]
+    assert "policy_catch_up_timeout_ms" in err.value.reason
+    # A known namespace asks nothing: its request is refused here for a bad body.
+    with pytest.raises(PublishError) as err:
+        asyncio.run(publisher.publish(names.TopicName.parse("persistent://acme/ns/x"),
+                                      b"{}"))
+    assert err.value.status == 400 and asked == [True, False]
 
 
 def test_per_message_errors_keep_the_rest_of_the_batch(publisher: Publisher) -> None:
