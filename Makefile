@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install chart-tools run up down status test test-unit test-integration lint chart bench clean
+.PHONY: help install chart-tools run up down status test test-unit test-integration faults soak lint chart bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -38,6 +38,12 @@ test: install chart-tools ## every test suite, against real Redis and Kafka it s
 test-unit: install ## the unit tests only (no servers)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+faults: install ## the fault suite at full size (200 msg/s, delays 0-60 s, 2M same-tick burst)
+	DWELL_FAULTS_FULL=1 $(PY) -m pytest tests/faults $(PYTEST_ARGS)
+
+soak: install ## 10 min at 2,000 msg/s, a process killed every minute, a Redis FLUSHALL half-way
+	$(PY) bench/soak.py
+
 lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, clippy on native/, helm lint on the chart
 	$(PY) -m ruff check services spark tests bench scripts
 	$(PY) -m mypy --strict services/dwell/core
@@ -48,8 +54,12 @@ chart: install chart-tools ## the chart's checks: values schema, helm lint/templ
 	$(PY) scripts/chart_schema.py --check
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
+# bench/workload.py and bench/sdk_reader.py are the fault suite's and the soak's parts;
+# the soak runs on its own (make soak).
+BENCHES := admission admission_ceiling tracker delivery
+
 bench: install ## the benchmarks under bench/ (they start their own servers)
-	for b in bench/*.py; do $(PY) $$b || exit 1; done
+	for b in $(BENCHES); do $(PY) bench/$$b.py || exit 1; done
 
 clean: down ## stop the stack and delete .dwell/ state (keeps downloaded jars)
 	rm -rf .dwell/dev .dwell/test

@@ -288,17 +288,22 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
         cursors.setdefault(tp, _Cursor(tp)).groups.append(group)
     consumer.assign([(t, p, c.start()) for (t, p), c in cursors.items()])
     active = len(cursors)
+    # A deadline on progress, not on the round: a round of any size goes on while records
+    # keep coming, and fails (into its lease retry) once none came for READ_TIMEOUT_S.
     deadline = time.monotonic() + READ_TIMEOUT_S
     while active:
         if time.monotonic() > deadline:
             raise kafka.KafkaUnavailable(
-                "not read within {}s: {}".format(READ_TIMEOUT_S, ", ".join(
+                "nothing read for {}s: {}".format(READ_TIMEOUT_S, ", ".join(
                     f"{t}[{p}] {c.expect}..{c.last}" for (t, p), c in cursors.items()
                     if not c.done)))
         # Ask for exactly what is left: consume() returns as soon as it has that many,
         # where a larger ask waits out its timeout.
         left = sum(c.last - c.expect + 1 for c in cursors.values() if not c.done)
-        for msg in consumer.poll_messages(max(1, min(left, 100000)), 0.2):
+        msgs = consumer.poll_messages(max(1, min(left, 100000)), 0.2)
+        if msgs:
+            deadline = time.monotonic() + READ_TIMEOUT_S
+        for msg in msgs:
             c = cursors.get((msg.topic(), msg.partition()))
             off = msg.offset()
             if c is None or c.done or off < c.expect:
@@ -327,10 +332,13 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
                     active -= 1
         # Hand records to the producer as they are read: sending overlaps reading, and
         # the first copies are out while the rest of a large round is still being read.
+        # Nothing of a chunk is kept once it is handed over, so a round of any size
+        # holds at most a chunk and the producer's bounded queue.
         if len(out) >= SEND_CHUNK:
             producer.send_unreported(out)
             stats.written += len(out)
-            out = []
+            stats.observe_lateness(int(time.time() * 1000), deliver_at)
+            out, deliver_at = [], []
     producer.send_unreported(out)
     stats.written += len(out)
     producer.flush(READ_TIMEOUT_S)  # raises unless every copy was written

@@ -90,7 +90,8 @@ class Producer:
     thread)."""
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 5, poll_in_background: bool = True,
-                 compression_type: str = "none", **extra: Any) -> None:
+                 compression_type: str = "none", send_timeout_s: float | None = None,
+                 **extra: Any) -> None:
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "acks": "all",
@@ -104,6 +105,10 @@ class Producer:
         }
         conf.update(extra)
         self._p = _Producer(conf)
+        # How long a send may wait for room in the local queue: past the time Kafka has to
+        # take a queued record (message.timeout.ms), room will not come.
+        self._send_timeout = (send_timeout_s if send_timeout_s is not None
+                              else int(conf["message.timeout.ms"]) / 1000 + 5)
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
         if poll_in_background:
@@ -132,13 +137,13 @@ class Producer:
             kwargs["partition"] = partition
         if timestamp_ms is not None:
             kwargs["timestamp"] = timestamp_ms
+        deadline = None
         while True:
             try:
                 self._p.produce(topic, **kwargs)
                 return fut
             except BufferError:
-                # Local queue full: wait for deliveries to drain it.
-                time.sleep(0.005)
+                deadline = self._wait_for_room(deadline)
 
     def send_many(self, records: Sequence[OutRecord]) -> Future[list[tuple[int, int]]]:
         """Send a batch; one future of every (partition, offset) in order, or the first
@@ -187,6 +192,7 @@ class Producer:
         produce = self._p.produce
         partial = functools.partial
         for i, (topic, value, key, headers, ts) in enumerate(records):
+            deadline = None
             while True:
                 try:
                     if ts is None:
@@ -197,10 +203,7 @@ class Producer:
                                 headers=headers, timestamp=ts)
                     break
                 except BufferError:
-                    if self._poller is None:
-                        self._p.poll(0.005)  # serve the reports that free the queue
-                    else:
-                        time.sleep(0.005)
+                    deadline = self._wait_for_room(deadline)
                 except KafkaException as exc:  # e.g. the topic was deleted meanwhile
                     # The records queued before this one may still land: the caller's
                     # retry can duplicate them, as after any unacknowledged send.
@@ -222,6 +225,7 @@ class Producer:
         callbacks would only cost time."""
         produce = self._p.produce
         for topic, value, key, headers, ts in records:
+            deadline = None
             while True:
                 try:
                     if ts is None:
@@ -230,7 +234,24 @@ class Producer:
                         produce(topic, value, key, headers=headers, timestamp=ts)
                     break
                 except BufferError:
-                    time.sleep(0.005)  # local queue full: deliveries drain it
+                    deadline = self._wait_for_room(deadline)
+
+    def _wait_for_room(self, deadline: float | None) -> float:
+        """The local queue is full: serve the delivery reports that empty it (unless the
+        background thread does) and wait a moment; KafkaUnavailable once ``deadline``
+        (set on the first call) has passed. Without a poll a producer that has no
+        background thread never frees its queue: a send would wait forever."""
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + self._send_timeout
+        elif now > deadline:
+            raise KafkaUnavailable(f"producer queue full for {self._send_timeout:.0f}s: "
+                                   "Kafka is not taking records")
+        if self._poller is None:
+            self._p.poll(0.005)
+        else:
+            time.sleep(0.005)
+        return deadline
 
     def flush(self, timeout: float = 30.0) -> None:
         if self._p.flush(timeout) > 0:
