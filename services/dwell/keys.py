@@ -52,6 +52,10 @@ TENANTS = "dwell:policy:tenants"  # SET of tenant names
 # carry. Scopes are the `dwell.policies` keys (`tenant:t`, `namespace:t/ns`, `ns:t/ns`,
 # `topic:persistent://t/ns/x`); the policy service republishes any it finds behind.
 POLICY_SCOPES = "dwell:policy:scopes"
+# STRING: a random id written once the store holds everything `dwell.policies` holds (at
+# first start, and after each rebuild). Its absence means Redis lost the store (FLUSHALL,
+# a restart without its data): the policy service rebuilds it from the feed.
+POLICY_EPOCH = "dwell:policy:epoch"
 
 
 def tenant(name: str) -> str:

@@ -98,7 +98,7 @@ def test_saved_while_kafka_unreachable_is_published_on_restart(
             assert http.get(f"/admin/v2/tenants/{unique}").status_code == 200
             ready = http.get("/readyz")
             assert (ready.status_code, ready.json()) == (
-                503, {"ready": False, "redis": True, "kafka": False})
+                503, {"ready": False, "redis": True, "kafka": False, "rebuildingStore": False})
     finally:
         cut_off.kill()
     # No check that the feed lacks it now: any other policy service started on the shared

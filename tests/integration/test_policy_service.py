@@ -196,7 +196,8 @@ def test_topic_policy_needs_namespace_and_a_valid_name(http: httpx.Client, uniqu
 
 
 def test_readyz_metrics_docs(http: httpx.Client, unique: str) -> None:
-    assert http.get("/readyz").json() == {"ready": True, "redis": True, "kafka": True}
+    assert http.get("/readyz").json() == {"ready": True, "redis": True, "kafka": True,
+                                          "rebuildingStore": False}
     _namespace(http, unique)
     metrics = http.get("/metrics").text
     assert 'dwell_policy_changes_total{kind="namespace_create"}' in metrics

@@ -45,6 +45,7 @@ from dwell.core.topics import (
 )
 from dwell.http import ApiError, create_app, error
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
+from dwell.policy.rebuild import StoreGuard
 from dwell.policy.settings import PolicySettings
 from dwell.policy.store import Change, PolicyStore, TenantInfo
 
@@ -137,6 +138,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
                       replication=settings.kafka_replication_factor,
                       timeout_ms=settings.feed_timeout_ms,
                       compression_type=settings.kafka_compression_type)
+    guard = StoreGuard(store, feed, settings.kafka_bootstrap,
+                       timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
 
     async def ready() -> dict[str, Any]:
@@ -146,8 +149,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
             redis_ok = False
         kafka_ok = await asyncio.to_thread(kafka.ping, settings.kafka_bootstrap, 1.0)
         # Ready also means the startup catch-up ran: the feed carries what Redis holds.
-        return {"ready": redis_ok and kafka_ok and feed.synced, "redis": redis_ok,
-                "kafka": kafka_ok}
+        return {"ready": redis_ok and kafka_ok and feed.synced and not guard.rebuilding,
+                "redis": redis_ok, "kafka": kafka_ok, "rebuildingStore": guard.rebuilding}
 
     app = create_app(
         "dwell policy",
@@ -160,17 +163,32 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(redis.exceptions.RedisError):
             VERSION.set(await store.version())
-        task = asyncio.create_task(feed.run(settings.feed_sync_interval_ms / 1000))
+        tasks = [asyncio.create_task(feed.run(settings.feed_sync_interval_ms / 1000)),
+                 asyncio.create_task(guard.run(settings.store_check_interval_ms / 1000))]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             feed.close()
             await store.redis.aclose()
 
     app.router.lifespan_context = lifespan
+
+    @app.middleware("http")
+    async def _store_current(request: Request, call_next: Any) -> Response:
+        # Every admin call reads or writes a store that holds what the feed holds.
+        if request.url.path.startswith("/admin/"):
+            try:
+                await guard.ensure()
+            except ApiError as exc:
+                return error(exc.status, exc.reason, exc.headers)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                return error(503, f"policy store (Redis) unavailable: {exc}")
+        response: Response = await call_next(request)
+        return response
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)

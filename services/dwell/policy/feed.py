@@ -85,6 +85,18 @@ class PolicyFeed:
             raise FeedUnavailable(str(exc) or "Kafka did not acknowledge in time") from exc
         self._published[scope] = version
 
+    @property
+    def highest_version(self) -> int:
+        """The highest version this service has seen on the feed (loaded or published):
+        a store whose counter is lower has lost writes."""
+        return max(self._published.values(), default=0)
+
+    def note_published(self, versions: dict[str, int]) -> None:
+        """What a rebuild found on the feed: those scopes need no republishing."""
+        for scope, version in versions.items():
+            if version >= self._published.get(scope, -1):
+                self._published[scope] = version
+
     async def _load(self) -> None:
         """Ensure the topic and learn from it what the feed already carries."""
         parts, config = kafka.DWELL_TOPIC_DEFAULTS[topics.POLICIES]
@@ -99,8 +111,8 @@ class PolicyFeed:
                 seen[r.key.decode()] = version
         for scope, version in seen.items():
             self._published.setdefault(scope, version)
-        # Versions must keep increasing past the feed's even if Redis lost its data.
-        await self._store.floor_version(max(seen.values(), default=0))
+        # A store whose counter is below the feed's lost writes: dwell.policy.rebuild sees
+        # that against highest_version, puts them back and raises the counter.
         self._loaded = True
         log.info("change feed loaded: %d scopes on %s", len(seen), topics.POLICIES)
 
@@ -110,8 +122,10 @@ class PolicyFeed:
             if not self._loaded:
                 await self._load()
             self._dirty = False
+            # Only what the store has that is newer than the feed: a store that is behind
+            # (it lost writes) must never put its older state over the feed's.
             behind = [scope for scope, version in (await self._store.scopes()).items()
-                      if self._published.get(scope) != version]
+                      if version > self._published.get(scope, -1)]
             for scope in behind:
                 await self.publish(scope)
             if behind:

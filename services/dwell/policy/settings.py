@@ -14,3 +14,7 @@ class PolicySettings(CommonSettings):
     feed_timeout_ms: int = Field(5000, ge=100)
     # How often the service retries publishing what the feed missed while Kafka was down.
     feed_sync_interval_ms: int = Field(5000, ge=100)
+    # Losing Redis (dwell.policy.rebuild): how often the store's epoch and version are
+    # checked between calls, and how long a call waits for a rebuild before its 503.
+    store_check_interval_ms: int = Field(1000, ge=50)
+    store_rebuild_timeout_ms: int = Field(10000, ge=1000)

@@ -76,6 +76,19 @@ def scope_key(scope: str) -> str:
     return build(name)
 
 
+def scope_listing(scope: str) -> tuple[str, str]:
+    """The SET that lists a scope's record and its member there, or ("", "") when no set
+    lists it (a namespace's policy)."""
+    kind, _, name = scope.partition(":")
+    if kind == "tenant":
+        return keys.TENANTS, name
+    if kind == "namespace":
+        return keys.namespaces(name.partition("/")[0]), name
+    if kind == "topic":
+        return keys.namespace_topic_policies(TopicName.parse(name).namespace_name), name
+    return "", ""
+
+
 def _tail(scope: str, **fields: Any) -> str:
     """The record's JSON after `{"version":N` (Lua prepends it once it holds the version)."""
     body = orjson.dumps({"scope": scope, **fields}).decode()
@@ -105,6 +118,28 @@ class PolicyStore:
 
     async def floor_version(self, version: int) -> int:
         return int(await self._run("floor_version", [keys.POLICY_VERSION], [version]))
+
+    # -- losing Redis (dwell.policy.rebuild)
+
+    async def health(self) -> tuple[bool, int]:
+        """(whether the store's epoch is there, the version counter), read together."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.POLICY_EPOCH)
+            pipe.get(keys.POLICY_VERSION)
+            epoch, version = await pipe.execute()
+        return bool(epoch), int(version or 0)
+
+    async def restore(self, scope: str, version: int, value: bytes | None) -> bool:
+        """Put back a scope as the feed carries it, unless the store holds that version
+        or a later one; True when something was written."""
+        listing, member = scope_listing(scope)
+        record = scope_key(scope)
+        return bool(await self._run(
+            "restore", [keys.POLICY_SCOPES, record, listing or record],
+            [scope, version, value.decode() if value is not None else "", member]))
+
+    async def mark_complete(self, epoch: str) -> None:
+        await self.redis.set(keys.POLICY_EPOCH, epoch)
 
     # -- tenants
 

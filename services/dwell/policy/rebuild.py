@@ -1,0 +1,121 @@
+"""Losing Redis: the policy store is rebuilt from `dwell.policies`, the record of every
+change (Kafka is the system of record; docs/internals.md, "Losing Redis").
+
+Before any admin call, and every `store_check_interval_ms`, the guard reads two things
+from Redis in one round trip: the store's epoch key, written once the store holds what
+the feed holds, and the version counter. No epoch (FLUSHALL, a restart without its data)
+or a counter below the highest version this service has seen on the feed (a restart that
+lost its last writes, a replica that missed them) means the store is behind: the guard
+replays the feed into it, scope by scope, keeping whatever Redis holds at the same or a
+later version (`restore-3.lua`), raises the counter past the feed's and writes a new
+epoch. Calls wait for that (at most `store_rebuild_timeout_ms`, then 503 with
+Retry-After), so none is answered from a store that is behind: no wrong 404, and no write
+that would give a scope a version lower than the one the feed carries. The rebuild
+publishes nothing: the feed already carries all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from prometheus_client import Counter, Histogram
+
+from dwell.adapters import kafka
+from dwell.core import topics
+from dwell.http import ApiError
+from dwell.policy.feed import PolicyFeed, record_version
+from dwell.policy.store import PolicyStore
+
+log = logging.getLogger("dwell.policy.rebuild")
+
+REBUILDS = Counter("dwell_policy_store_rebuilds_total",
+                   "Rebuilds of the policy store from dwell.policies, by reason", ["reason"])
+REBUILD_SECONDS = Histogram("dwell_policy_store_rebuild_seconds",
+                            "How long a rebuild of the policy store took",
+                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+
+class StoreGuard:
+    def __init__(self, store: PolicyStore, feed: PolicyFeed, bootstrap: str, *,
+                 timeout_ms: int) -> None:
+        self._store = store
+        self._feed = feed
+        self._bootstrap = bootstrap
+        self._timeout_s = timeout_ms / 1000
+        self._lock = asyncio.Lock()
+        self.rebuilding = False
+
+    async def _behind(self) -> str | None:
+        """Why the store is behind the feed, or None when it is not."""
+        has_epoch, version = await self._store.health()
+        if not has_epoch:
+            return "lost"
+        if version < self._feed.highest_version:
+            return "stale"
+        return None
+
+    async def ensure(self) -> None:
+        """Return once the store holds what the feed holds; ApiError 503 when that could
+        not be had in time (Kafka or Redis unreachable)."""
+        if await self._behind() is None:
+            return
+        try:
+            await asyncio.wait_for(self.rebuild(), self._timeout_s)
+        except (TimeoutError, kafka.KafkaUnavailable) as exc:
+            raise ApiError(503, "the policy store is being rebuilt from dwell.policies "
+                                f"(Redis lost its data): {exc or 'not done in time'}",
+                           {"Retry-After": "1"}) from exc
+
+    async def rebuild(self) -> None:
+        async with self._lock:
+            reason = await self._behind()  # another call may have rebuilt it meanwhile
+            if reason is None:
+                return
+            self.rebuilding = True
+            started = time.monotonic()
+            try:
+                restored = await self._replay()
+            finally:
+                self.rebuilding = False
+            took = time.monotonic() - started
+            REBUILDS.labels(reason).inc()
+            REBUILD_SECONDS.observe(took)
+            log.warning("policy store %s: rebuilt from %s in %.2fs (%d scopes put back)",
+                        "lost" if reason == "lost" else "behind the feed", topics.POLICIES,
+                        took, restored)
+
+    async def _replay(self) -> int:
+        records = await asyncio.to_thread(kafka.read_all, self._bootstrap, topics.POLICIES,
+                                          self._timeout_s)
+        latest: dict[str, tuple[int, bytes | None]] = {}
+        for r in records:
+            version = record_version(r)
+            if r.key is None or version is None:
+                continue
+            scope = r.key.decode()
+            if version >= latest.get(scope, (-1, None))[0]:
+                latest[scope] = (version, r.value)
+        restored = 0
+        for scope, (version, value) in latest.items():
+            try:
+                restored += await self._store.restore(scope, version, value)
+            except ValueError:
+                log.warning("skipped %s record with key %r: not a policy scope",
+                            topics.POLICIES, scope)
+        await self._store.floor_version(max((v for v, _ in latest.values()), default=0))
+        self._feed.note_published({s: v for s, (v, _) in latest.items()})
+        await self._store.mark_complete(uuid.uuid4().hex)
+        return restored
+
+    async def run(self, interval_s: float) -> None:
+        """Check on an interval, so that a lost store is rebuilt before the next call."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.ensure()
+            except Exception as exc:  # Redis or Kafka down: the next round tries again
+                log.warning("policy store check failed, retrying in %.1fs: %s",
+                            interval_s, exc)
