@@ -101,6 +101,13 @@ DUE = "dwell:due"
 DUE_SUBSCRIPTIONS = "dwell:due:subs"  # ZSET "<topic> <sub>" -> earliest redelivery bucket
 
 
+# HASH index field (dwell.core.positions.index_field) -> the next offset of that delay-log
+# partition the ingest has indexed, written in the same pipeline as the positions (after
+# them). Redis losing it, or holding less than the tracker wrote, is how the tracker sees
+# that Redis lost writes (dwell.tracker.recovery).
+INGESTED = "dwell:trk:ingested"
+
+
 def subscriptions(topic: str) -> str:
     """HASH subscription -> its redelivery settings JSON (tracker's subscription registry)."""
     return f"dwell:subs:{{{topic}}}"

@@ -34,6 +34,7 @@ from dwell.tracker.index import (
     due_subscriptions,
     due_topics,
 )
+from dwell.tracker.recovery import mark_record, write_marks
 
 from . import metrics
 from .records import (
@@ -285,6 +286,9 @@ class Drainer:
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
         self.strict = settings.delayed_delivery_deliver_at_time_strict
         self.copier = Copier(settings.kafka_bootstrap, settings.kafka_compression_type)
+        # dwell.delivered: what a rebuild of a lost index must not deliver again.
+        self.marks = kafka.BulkProducer(settings.kafka_bootstrap, linger_ms=0,
+                                        compression_type=settings.kafka_compression_type)
 
     def claim(self, now_ms: int) -> tuple[list[Claim], list[Range]]:
         s = self.settings
@@ -329,6 +333,9 @@ class Drainer:
         claimed = time.monotonic()
         written = copy(self.spark, self.settings, self.topics, ranges, path,
                        self.copier).written
+        write_marks(self.marks, [mark_record(names.DELAYED, c.index.topic,
+                                             c.bucket.bucket_start, c.bucket.positions)
+                                 for c in claims if isinstance(c.index, TopicIndex)])
         copied = time.monotonic()
         for c in claims:
             if not c.index.complete(c.bucket.bucket_start, c.bucket.lease_id):

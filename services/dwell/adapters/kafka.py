@@ -498,6 +498,7 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
     names.DELAYED: (4, {}),
     names.REFILED: (4, {}),
     names.ACKS: (4, {}),
+    names.DELIVERED: (4, {}),
 }
 
 

@@ -35,6 +35,9 @@ DELAYED: Final = "dwell.delayed"
 # The tracker's re-filed copies of long, varied delays (dwell.tracker.restage).
 REFILED: Final = "dwell.delayed.refiled"
 ACKS: Final = "dwell.acks"
+# What the drain (and the restage, for the originals it moved) took out of the index, per
+# completed bucket: the record of delivered positions a rebuild of the index skips.
+DELIVERED: Final = "dwell.delivered"
 
 PERSISTENT: Final = "persistent"
 NON_PERSISTENT: Final = "non-persistent"

@@ -13,6 +13,7 @@ from dwell.core.positions import REFILED_FIELD_BASE
 from dwell.http import serve
 from dwell.tracker.app import build_app
 from dwell.tracker.ingest import IngestLoop
+from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import StatsCollector
@@ -29,7 +30,8 @@ def start_ingest(settings: TrackerSettings, topic: str, thread: str,
                       poll_timeout_ms=settings.ingest_poll_timeout_ms,
                       compaction_interval_ms=settings.compaction_interval_ms,
                       compaction_max_buckets=settings.compaction_max_buckets,
-                      compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes)
+                      compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes,
+                      redis_check_interval_ms=settings.redis_check_interval_ms)
     threading.Thread(target=loop.run, name=thread, daemon=True).start()
     return loop
 
@@ -41,6 +43,11 @@ def main() -> None:
     # The restage's copies, indexed under the delay log's name with fields of their own.
     refiled = start_ingest(settings, settings.refile_log, "tracker-ingest-refiled",
                            field_base=REFILED_FIELD_BASE)
+    keeper = LowmarkKeeper(connect(settings.redis_url), settings.kafka_bootstrap,
+                           settings.tracker_group_id, delayed_topic=settings.delayed_topic,
+                           refiled_topic=settings.refile_log,
+                           interval_s=settings.lowmark_interval_ms / 1000)
+    threading.Thread(target=keeper.run, name="tracker-lowmark", daemon=True).start()
     restager = None
     if settings.restage_enabled:
         restager = Restager(connect(settings.redis_url), settings.kafka_bootstrap,
@@ -60,8 +67,9 @@ def main() -> None:
     REGISTRY.register(collector)
     threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
     try:
-        serve(build_app(settings, r, loop, refiled, restager), settings)
+        serve(build_app(settings, r, loop, refiled, restager, keeper), settings)
     finally:
+        keeper.stop()
         loop.stop()
         refiled.stop()
         collector.stop()

@@ -14,6 +14,7 @@ from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app
 from dwell.tracker import subscriptions
 from dwell.tracker.ingest import IngestLoop
+from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import topic_stats, topics
@@ -35,7 +36,8 @@ def _sub(name: str) -> str:
 
 def build_app(settings: TrackerSettings, r: redislib.Redis,
               ingest: IngestLoop | None = None, refiled: IngestLoop | None = None,
-              restager: Restager | None = None) -> FastAPI:
+              restager: Restager | None = None,
+              keeper: LowmarkKeeper | None = None) -> FastAPI:
     async def ready() -> dict[str, Any]:
         checks: dict[str, Any] = {"redis": bool(r.ping())}
         for name, loop in (("ingest", ingest), ("ingestRefiled", refiled)):
@@ -43,10 +45,16 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
                 checks[name] = loop.running and loop.error is None
                 if loop.error:
                     checks[f"{name}Error"] = loop.error
+            if loop is not None and loop.rebuilding:
+                # Reported, not unready: the rebuild is the ingest doing its work.
+                checks[f"{name}Rebuilding"] = sorted(loop.rebuilding)
         # A failing restage slows the drain down but loses nothing: reported, not unready.
         if restager is not None and restager.error:
             checks["restageError"] = restager.error
-        checks["ready"] = all(v for k, v in checks.items() if not k.endswith("Error"))
+        if keeper is not None and keeper.error:
+            checks["lowmarkError"] = keeper.error
+        checks["ready"] = all(v for k, v in checks.items()
+                              if not k.endswith(("Error", "Rebuilding")))
         return checks
 
     app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready)

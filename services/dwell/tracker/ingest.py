@@ -20,11 +20,14 @@ from typing import Final
 import numpy as np
 import redis as redislib
 from prometheus_client import Counter, Histogram
+from pyroaring import BitMap64
 
 from dwell import keys
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
+from dwell.adapters.kafka import seek as kafka_seek
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
 from dwell.tracker.index import TopicIndex, append_positions
+from dwell.tracker.recovery import committed_lowmarks, read_marks
 
 log = logging.getLogger("dwell.tracker.ingest")
 
@@ -46,6 +49,16 @@ INVALID = Counter("dwell_tracker_invalid_records_total",
 FLUSH_SECONDS = Histogram("dwell_tracker_flush_seconds", "Redis write of one ingest batch",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 COMPACTED = Counter("dwell_tracker_compacted_buckets_total", "Buckets whose deltas were folded")
+REBUILDS = Counter("dwell_tracker_index_rebuilds_total",
+                   "Delay-log partitions re-read because Redis lost index writes, by reason",
+                   ["reason"])
+REBUILT = Counter("dwell_tracker_rebuild_positions_total",
+                  "Positions a rebuild re-read: indexed again, or skipped as delivered",
+                  ["outcome"])
+REBUILT_DUE = Counter("dwell_tracker_rebuild_due_total",
+                      "Positions a rebuild indexed again that were already due: the drain "
+                      "delivers them at once (late); those whose claim was in flight when "
+                      "Redis lost them reach the ready topic twice")
 
 
 @dataclass
@@ -92,6 +105,10 @@ class Ingest:
         self.field_base = field_base
         self._fixed: dict[str, _FixedDelay] = {}
         self.dirty_topics: set[str] = set()
+        # While a rebuild re-reads a partition (dwell.tracker.recovery): per index field,
+        # the delivered offsets to skip and the offset the re-read ends at.
+        self.skip: dict[int, BitMap64] = {}
+        self.skip_below: dict[int, int] = {}
 
     def _fixed_state(self, topic: str) -> _FixedDelay:
         st = self._fixed.get(topic)
@@ -147,6 +164,11 @@ class Ingest:
             tick, tick_ok = _parse_ints_slow(batch.headers[1])
             ok = da_ok & tick_ok
         ok = (tick >= 1) if ok is None else ok & (tick >= 1)
+        # The next offset per index field this batch brings the ingest to, written after
+        # the positions (dwell:trk:ingested): even a batch of bad records moves it.
+        reached = {int(f): int(o) + 1 for f, o in zip(parts.tolist(), offs.tolist(),
+                                                     strict=True)}
+        keep = self._not_delivered(parts, offs) if self.skip_below else None
         # Group by key (the Pulsar topic), keeping arrival order inside a topic.
         uniq = list(set(batch.keys))
         if len(uniq) == 1:
@@ -165,26 +187,62 @@ class Ingest:
                 continue
             good = idx[ok[idx]]
             bad += len(idx) - len(good)
+            if keep is not None:
+                good = good[keep[good]]
             if len(good):
                 rows.append((key.decode(), good))
         if bad:
             INVALID.inc(bad)
             log.warning("skipped %d dwell.delayed records without key/deliver-at/tick-time", bad)
-        if not rows:
-            return 0
         started = time.perf_counter()
         pipe = self.redis.pipeline(transaction=False)
         indexed = 0
+        now = int(time.time() * 1000)
         for topic, idx in rows:
             cols = (parts[idx], offs[idx], da[idx], tick[idx])
             append_positions(pipe, topic, *cols)
             self._detect(pipe, topic, *cols)
             self.dirty_topics.add(topic)
             indexed += len(idx)
+            if self.skip_below:
+                REBUILT.labels("indexed").inc(len(idx))
+                REBUILT_DUE.inc(int((cols[2] <= now).sum()))
+        pipe.hset(keys.INGESTED, mapping=reached)
         pipe.execute()
+        for f, o in reached.items():
+            if o >= self.skip_below.get(f, o + 1):
+                self.end_rebuild(f)
         FLUSH_SECONDS.observe(time.perf_counter() - started)
         INGESTED.inc(indexed)
         return indexed
+
+    def _not_delivered(self, parts: np.ndarray, offs: np.ndarray) -> np.ndarray:
+        """Mask of the records a rebuild must index: not below its end offset with a
+        delivered mark."""
+        keep = np.ones(len(offs), dtype=bool)
+        for f, end in self.skip_below.items():
+            marks = self.skip.get(f)
+            if marks is None:
+                continue
+            rows = np.flatnonzero((parts == f) & (offs < end))
+            if len(rows):
+                hit = np.fromiter((int(o) in marks for o in offs[rows].tolist()), dtype=bool,
+                                  count=len(rows))
+                keep[rows[hit]] = False
+        skipped = int((~keep).sum())
+        if skipped:
+            REBUILT.labels("skipped_delivered").inc(skipped)
+        return keep
+
+    def begin_rebuild(self, field: int, end: int, delivered: BitMap64) -> None:
+        self.skip_below[field] = end
+        self.skip[field] = delivered
+        self._fixed.clear()
+
+    def end_rebuild(self, field: int) -> None:
+        if self.skip_below.pop(field, None) is not None:
+            self.skip.pop(field, None)
+            log.info("rebuild of index field %d done", field)
 
     def forget_fixed_state(self) -> None:
         """Drop the cached fixed-delay state: re-read from Redis on the next batch."""
@@ -214,8 +272,18 @@ class IngestLoop:
                  source: str | None = None, field_base: int = 0, batch_max: int = 50000,
                  poll_timeout_ms: int = 100,
                  compaction_interval_ms: int = 1000, compaction_max_buckets: int = 2000,
-                 compaction_busy_min_delta_bytes: int = 4096, queue_depth: int = 2) -> None:
+                 compaction_busy_min_delta_bytes: int = 4096, queue_depth: int = 2,
+                 redis_check_interval_ms: int = 1000) -> None:
         self.ingest = Ingest(r, source or topic, field_base)
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.redis_check_interval = redis_check_interval_ms / 1000
+        self._next_check = 0.0
+        # index field -> next offset this loop has indexed: what Redis must hold at least
+        # (dwell:trk:ingested), or it lost writes.
+        self._written_pos: dict[int, int] = {}
+        self._startup_checked = False
+        self.rebuilding: set[int] = set()
         self.consumer = Consumer(bootstrap, group_id, **{
             "fetch.max.bytes": 104857600, "queued.max.messages.kbytes": 262144})
         self.consumer.subscribe([topic], on_revoke=self._on_revoke)
@@ -251,6 +319,7 @@ class IngestLoop:
             while not self.stopping.is_set():
                 self._check_writer()
                 self._commit_written()
+                self._check_redis()
                 batch = self.consumer.poll_columns(HEADERS, self.batch_max, self.poll_timeout)
                 # Compaction between batches only when Kafka has nothing more (or on its
                 # interval): while records flow, the writer's time goes to indexing them.
@@ -291,6 +360,90 @@ class IngestLoop:
         except KafkaUnavailable as exc:
             # Harmless: a later commit covers these offsets, a replay re-adds a set.
             log.warning("offset commit failed: %s", exc)
+
+    # -- losing Redis (dwell.tracker.recovery)
+
+    def _check_redis(self) -> None:
+        """On an interval: does Redis still hold every position this loop indexed? Its
+        `dwell:trk:ingested` entry gone (FLUSHALL, a restart without data) or lower than
+        what was written (lost writes) means no: re-read those partitions."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.redis_check_interval
+        try:
+            if not self._startup_checked:
+                self._startup_checked = self._check_at_start()
+                return
+            with self._lock:
+                # A partition being re-read is not in Redis until its first batch is.
+                written = {f: o for f, o in self._written_pos.items()
+                           if f not in self.rebuilding}
+            if not written:
+                return
+            fields = list(written)
+            have = self.ingest.redis.hmget(keys.INGESTED, [str(f) for f in fields])
+        except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+            self.error = str(exc)
+            return
+        behind = {f: (int(h) if h is not None else None) for f, h in zip(fields, have,
+                                                                          strict=True)
+                  if h is None or int(h) < written[f]}
+        if behind:
+            self._rebuild(behind, written)
+
+    def _check_at_start(self) -> bool:
+        """Redis lost while no tracker ran: a partition with a committed low watermark
+        (so its positions were indexed before) whose ingested entry Redis lacks. True once
+        checked (the consumer has its partitions)."""
+        assigned = [p for t, p in self.consumer.assignment() if t == self.topic]
+        if not assigned:
+            return False
+        base = self.ingest.field_base
+        have = self.ingest.redis.hmget(keys.INGESTED, [str(p + base) for p in assigned])
+        missing = [p for p, h in zip(assigned, have, strict=True) if h is None]
+        if not missing:
+            return True
+        lows = committed_lowmarks(self.bootstrap, self.group_id,
+                                  [(self.topic, p) for p in missing])
+        lost = [p for p in missing if (self.topic, p) in lows]
+        if lost:
+            done = self.consumer.committed([(self.topic, p) for p in lost])
+            self._rebuild({p + base: None for p in lost},
+                          {p + base: max(0, done[(self.topic, p)]) for p in lost})
+        return True
+
+    def _rebuild(self, behind: dict[int, int | None], written: dict[int, int]) -> None:
+        """Re-read the partitions of ``behind`` (index field -> what Redis still holds of
+        it, None: nothing) from their low watermark, skipping what `dwell.delivered` says
+        was delivered, up to what this loop had written (``written``); after that the
+        ingest goes on as before."""
+        started = time.monotonic()
+        with self._lock:  # every batch handed over is in Redis (or the writer failed)
+            while self._written < self._queued and self._failure is None:
+                self._lock.wait(self.poll_timeout)
+        self._check_writer()
+        base = self.ingest.field_base
+        lows = committed_lowmarks(self.bootstrap, self.group_id,
+                                  [(self.topic, f - base) for f in behind])
+        delivered = read_marks(self.bootstrap, self.ingest.source, list(behind))
+        seek: dict[tuple[str, int], int] = {}
+        for f, held in behind.items():
+            start = lows.get((self.topic, f - base), 0)
+            if held is not None:
+                start = max(start, held)
+            seek[(self.topic, f - base)] = start
+            self.ingest.begin_rebuild(f, written[f], delivered.get(f, BitMap64()))
+            REBUILDS.labels("stale" if held is not None else "lost").inc()
+        kafka_seek(self.consumer, seek)
+        with self._lock:
+            for (_, p), start in seek.items():
+                self._written_pos[p + base] = start
+            self.rebuilding = set(self.ingest.skip_below)
+        log.warning("Redis lost index writes of %s: re-reading %s from the low watermarks "
+                    "(%d delivered positions to skip; set up in %.2fs)", self.topic,
+                    ", ".join(f"[{p}] {o}..{written[p + base]}" for (_, p), o in seek.items()),
+                    sum(len(delivered.get(f, ())) for f in behind), time.monotonic() - started)
 
     def _on_revoke(self, _consumer: object, _partitions: object) -> None:
         """Rebalance (inside poll): finish and commit every batch handed over before the
@@ -354,6 +507,8 @@ class IngestLoop:
             for part, off in last.items():
                 if off + 1 > self._done.get((self.topic, part), -1):
                     self._done[(self.topic, part)] = off + 1
+                self._written_pos[part + self.ingest.field_base] = off + 1
+            self.rebuilding = set(self.ingest.skip_below)
             self._written += 1
             self.indexed += n
             self._lock.notify_all()

@@ -40,6 +40,7 @@ from dwell.core import topics as names
 from dwell.core.positions import field_partition, format_message_id
 from dwell.tracker.index import ClaimedBucket, TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
+from dwell.tracker.recovery import mark_record, write_marks
 
 log = logging.getLogger("dwell.tracker.restage")
 
@@ -136,6 +137,11 @@ class Restager:
             return rnd
         claimed = time.monotonic()
         rnd.records = self._refile(claims)
+        # The originals leave the index: a rebuild must not index them again (their
+        # copies in the re-file log are what is pending now).
+        assert self._producer is not None
+        write_marks(self._producer, [mark_record(self.topic, idx.topic, b.bucket_start,
+                                                 b.positions) for idx, b in claims])
         written = time.monotonic()
         for idx, b in claims:
             if not idx.complete(b.bucket_start, b.lease_id):

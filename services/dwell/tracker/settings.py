@@ -39,6 +39,11 @@ class TrackerSettings(CommonSettings):
     restage_max_records: int = Field(1_000_000, ge=1)
     restage_interval_ms: int = Field(1000, ge=10)
 
+    # Losing Redis (dwell.tracker.recovery): how often the ingest checks that Redis still
+    # holds what it indexed, and how often the low watermarks are committed to Kafka.
+    redis_check_interval_ms: int = Field(1000, ge=50)
+    lowmark_interval_ms: int = Field(10_000, ge=100)
+
     @model_validator(mode="after")
     def _restage_chunk_within_lead(self) -> TrackerSettings:
         if self.restage_chunk_ms > self.restage_lead_ms:

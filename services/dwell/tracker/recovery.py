@@ -1,0 +1,208 @@
+"""Losing Redis: what the index needs from Kafka to be rebuilt (docs/internals.md, "Losing
+Redis"). Kafka holds every delayed message (`dwell.delayed`, `dwell.delayed.refiled`);
+two more facts make a rebuild exact:
+
+- **Delivered marks** (`dwell.delivered`): before the drain completes a claimed bucket
+  (and before the restage completes the originals it re-filed) it writes the bucket's
+  positions there. A rebuild skips every position a mark names, so what was delivered
+  is not delivered again.
+- **Low watermarks**: per delay-log partition, an offset below which nothing is pending
+  any more, committed as the offsets of the consumer group `<tracker group>.lowmark`
+  (Kafka keeps them). The `LowmarkKeeper` computes them from Redis: the lowest offset
+  still in the index (live and claimed buckets, uncompacted deltas), never above what the
+  ingest has indexed (`dwell:trk:ingested`, written with the positions), so a Redis that
+  lost writes can only hold the mark back. A rebuild re-reads the log from there.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+
+import orjson
+import redis as redislib
+from prometheus_client import Counter
+from pyroaring import BitMap64
+
+from dwell import keys
+from dwell.adapters import kafka
+from dwell.core import topics as names
+from dwell.core.positions import field_partition
+from dwell.tracker.index import decode, encode, unpack_deltas
+
+log = logging.getLogger("dwell.tracker.recovery")
+
+MARKS_WRITTEN = Counter("dwell_delivered_marks_total",
+                        "Completed buckets whose positions went to dwell.delivered")
+
+
+def lowmark_group(tracker_group: str) -> str:
+    return f"{tracker_group}.lowmark"
+
+
+# -- delivered marks
+
+
+def mark_record(log_topic: str, topic: str, bucket_start: int,
+                positions: Mapping[int, BitMap64]) -> kafka.OutRecord:
+    """The `dwell.delivered` record of one completed bucket: key = the Pulsar topic,
+    value = `{"log", "bucket", "fields": {index field: base64 of the portable Roaring64}}`
+    where `log` is the delay log the fields count from (dwell.core.positions)."""
+    value = orjson.dumps({"log": log_topic, "bucket": bucket_start, "fields": {
+        str(f): base64.b64encode(encode(BitMap64(bm))).decode()
+        for f, bm in positions.items() if len(bm)}})
+    return (names.DELIVERED, value, topic.encode(), None, None)
+
+
+def write_marks(producer: kafka.BulkProducer, marks: list[kafka.OutRecord],
+                timeout_s: float = 30.0) -> None:
+    """Write marks and wait for Kafka's acks (acks=all); KafkaUnavailable otherwise, and
+    then the caller must not complete its claims."""
+    if not marks:
+        return
+    producer.send_unreported(marks)
+    producer.flush(timeout_s)
+    MARKS_WRITTEN.inc(len(marks))
+
+
+def read_marks(bootstrap: str, log_topic: str, fields: Iterable[int] | None = None,
+               timeout_s: float = 120.0) -> dict[int, BitMap64]:
+    """Every delivered position of delay log ``log_topic`` that `dwell.delivered` holds,
+    per index field (only ``fields`` when given)."""
+    wanted = None if fields is None else set(fields)
+    out: dict[int, BitMap64] = {}
+    for r in kafka.read_all(bootstrap, names.DELIVERED, timeout_s):
+        try:
+            body = orjson.loads(r.value or b"")
+            if body["log"] != log_topic:
+                continue
+            items = body["fields"].items()
+        except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
+            log.warning("skipped a malformed %s record at %d:%d", names.DELIVERED,
+                        r.partition, r.offset)
+            continue
+        for f, blob in items:
+            field = int(f)
+            if wanted is not None and field not in wanted:
+                continue
+            bm = decode(base64.b64decode(blob))
+            if field in out:
+                out[field] |= bm
+            else:
+                out[field] = bm
+    return out
+
+
+# -- low watermarks
+
+
+def pending_minimums(r: redislib.Redis) -> dict[int, int]:
+    """Per index field, the lowest offset any topic's index still holds (live and claimed
+    buckets, blobs and deltas)."""
+    low: dict[int, int] = {}
+
+    def note(field: int, offset: int) -> None:
+        if offset < low.get(field, offset + 1):
+            low[field] = offset
+
+    for raw in r.smembers(keys.TOPICS):
+        ks = keys.topic_index(raw.decode())
+        pipe = r.pipeline(transaction=False)
+        pipe.zrange(ks.index, 0, -1)
+        pipe.zrange(ks.claims, 0, -1)
+        live, claimed = pipe.execute()
+        pipe = r.pipeline(transaction=False)
+        for b in live:
+            pipe.hgetall(ks.bucket(int(float(b))))
+            pipe.get(ks.delta(int(float(b))))
+        for b in claimed:
+            pipe.lrange(ks.claimed(int(float(b))), 0, -1)
+            pipe.get(ks.claimed_delta(int(float(b))))
+        res = pipe.execute()
+        for i in range(0, len(res), 2):
+            blobs = res[i]
+            pairs = blobs.items() if isinstance(blobs, dict) else zip(
+                blobs[::2], blobs[1::2], strict=True)
+            for f, blob in pairs:
+                bm = decode(blob)
+                if len(bm):
+                    note(int(f), bm.min())
+            if res[i + 1]:
+                for f, offs in unpack_deltas(res[i + 1]).items():
+                    note(f, int(offs.min()))
+    return low
+
+
+def low_watermarks(r: redislib.Redis) -> dict[int, int]:
+    """Per index field the ingest has written: the offset below which nothing is pending
+    (min of what is indexed up to, and the lowest offset still in the index)."""
+    ingested = {int(f): int(o) for f, o in r.hgetall(keys.INGESTED).items()}
+    pending = pending_minimums(r)
+    # Read again: a field whose ingested position fell meanwhile (a rebuild started, Redis
+    # lost writes) is left out this time rather than given a mark it may not have.
+    again = {int(f): int(o) for f, o in r.hgetall(keys.INGESTED).items()}
+    return {f: min(o, pending.get(f, o)) for f, o in ingested.items()
+            if again.get(f, -1) >= o}
+
+
+class LowmarkKeeper:
+    """Commits the low watermarks every ``interval_s`` as the offsets of the group
+    `<tracker group>.lowmark`, never lowering one."""
+
+    def __init__(self, r: redislib.Redis, bootstrap: str, tracker_group: str, *,
+                 delayed_topic: str, refiled_topic: str, interval_s: float) -> None:
+        self.redis = r
+        self.bootstrap = bootstrap
+        self.group = lowmark_group(tracker_group)
+        self.delayed_topic = delayed_topic
+        self.refiled_topic = refiled_topic
+        self.interval_s = interval_s
+        self.committed: dict[tuple[str, int], int] = {}
+        self.error: str | None = None
+        self._stop = threading.Event()
+
+    def position(self, field: int) -> tuple[str, int]:
+        refiled, partition = field_partition(field)
+        return (self.refiled_topic if refiled else self.delayed_topic), partition
+
+    def run_once(self) -> dict[tuple[str, int], int]:
+        marks = {self.position(f): o for f, o in low_watermarks(self.redis).items()}
+        fresh = {tp: o for tp, o in marks.items() if o > self.committed.get(tp, -1)}
+        if fresh:
+            c = kafka.Consumer(self.bootstrap, self.group)
+            try:
+                if not self.committed:
+                    self.committed = {tp: o for tp, o in c.committed(marks).items() if o >= 0}
+                    fresh = {tp: o for tp, o in fresh.items()
+                             if o > self.committed.get(tp, -1)}
+                if fresh:
+                    c.commit(fresh)
+                    self.committed |= fresh
+            finally:
+                c.close()
+        return fresh
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+                self.error = None
+            except (redislib.RedisError, OSError, kafka.KafkaUnavailable) as exc:
+                self.error = str(exc)
+                log.warning("low watermarks not committed, retrying: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def committed_lowmarks(bootstrap: str, tracker_group: str,
+                       partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The low watermarks committed for these (log, partition)s; absent when none is."""
+    c = kafka.Consumer(bootstrap, lowmark_group(tracker_group))
+    try:
+        return {tp: o for tp, o in c.committed(list(partitions)).items() if o >= 0}
+    finally:
+        c.close()
+
