@@ -6,7 +6,7 @@ level and through the SDK) and each process's RSS at the start and at the end.
     .venv/bin/python bench/soak.py                      # 10 min at 2,000 msg/s
     .venv/bin/python bench/soak.py --minutes 2 --rate 500
 
-It runs devstack's `faults` profile (ports 10,500 above `make up`'s), its own servers,
+It runs devstack's `bench` profile (ports 10,700 above `make up`'s), its own servers,
 and stops them when done. Exit status 1 when anything accepted was lost, arrived early,
 or reached the SDK twice."""
 
@@ -50,7 +50,7 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
-    stack = FaultStack("faults")
+    stack = FaultStack("bench")
     stack.down()
     try:
         for name in ("redis", "kafka"):

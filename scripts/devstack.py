@@ -44,6 +44,8 @@ PROFILES: dict[str, dict[str, int]] = {
     "dev": _DEV_PORTS,
     "test": {name: port + _TEST_OFFSET for name, port in _DEV_PORTS.items()},
     "faults": {name: port + _TEST_OFFSET + 500 for name, port in _DEV_PORTS.items()},
+    # bench/burst.py and bench/soak.py: a whole stack of their own, beside the suites'.
+    "bench": {name: port + _TEST_OFFSET + 700 for name, port in _DEV_PORTS.items()},
 }
 SERVICES = ("policy", "admission", "tracker")
 

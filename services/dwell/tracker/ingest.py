@@ -26,7 +26,7 @@ from dwell import keys
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
 from dwell.adapters.kafka import seek as kafka_seek
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
-from dwell.tracker.index import TopicIndex, append_positions
+from dwell.tracker.index import TopicIndex, append_positions, scripts
 from dwell.tracker.recovery import committed_lowmarks, read_marks
 
 log = logging.getLogger("dwell.tracker.ingest")
@@ -109,6 +109,8 @@ class Ingest:
         # the delivered offsets to skip and the offset the re-read ends at.
         self.skip: dict[int, BitMap64] = {}
         self.skip_below: dict[int, int] = {}
+        # index field -> the dwell:trk:ingested value this writer last set (ingested-1.lua)
+        self.expect: dict[int, int] = {}
 
     def _fixed_state(self, topic: str) -> _FixedDelay:
         st = self._fixed.get(topic)
@@ -207,8 +209,12 @@ class Ingest:
             if self.skip_below:
                 REBUILT.labels("indexed").inc(len(idx))
                 REBUILT_DUE.inc(int((cols[2] <= now).sum()))
-        pipe.hset(keys.INGESTED, mapping=reached)
+        args: list[int | str] = []
+        for f, o in reached.items():
+            args += [f, self.expect.get(f, ""), o]
+        scripts(self.redis).ingested(keys=[keys.INGESTED], args=args, client=pipe)
         pipe.execute()
+        self.expect |= reached
         for f, o in reached.items():
             if o >= self.skip_below.get(f, o + 1):
                 self.end_rebuild(f)
@@ -237,6 +243,7 @@ class Ingest:
     def begin_rebuild(self, field: int, end: int, delivered: BitMap64) -> None:
         self.skip_below[field] = end
         self.skip[field] = delivered
+        self.expect.pop(field, None)
         self._fixed.clear()
 
     def end_rebuild(self, field: int) -> None:
@@ -457,6 +464,10 @@ class IngestLoop:
         self._commit_written()
         if self._written == self._queued:
             self.ingest.forget_fixed_state()
+            # The next owner writes these partitions' ingested entries from now on.
+            self.ingest.expect.clear()
+            with self._lock:
+                self._written_pos.clear()
 
     # -- writer thread
 
