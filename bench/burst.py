@@ -24,10 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from workload import Checker, FaultStack, Generator, now_ms  # noqa: E402
 
-from dwell.adapters import kafka  # noqa: E402
 from dwell.core.topics import TopicName  # noqa: E402
-
-PROCESSES = ("policy", "admission", "tracker", "spark")
 
 
 def main() -> int:
@@ -37,13 +34,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     args = ap.parse_args()
     stack = FaultStack("bench")
-    stack.down()
     try:
-        for name in ("redis", "kafka"):
-            stack.start(name)
-        kafka.ensure_dwell_topics(stack.kafka_bootstrap)
-        for name in PROCESSES:
-            stack.start(name)
+        stack.start_all()
         tenant = "burst" + uuid.uuid4().hex[:6]
         stack.make_namespace(tenant)
         topics = [f"persistent://{tenant}/ns/t{i}" for i in range(4)]

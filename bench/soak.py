@@ -34,10 +34,9 @@ from workload import (  # noqa: E402
     wait_delivered,
 )
 
-from dwell.adapters import kafka  # noqa: E402
 from dwell.core.topics import TopicName  # noqa: E402
 
-KILLABLE = ("policy", "admission", "tracker", "spark")
+KILLABLE = FaultStack.DWELL
 
 
 def main() -> int:
@@ -51,13 +50,8 @@ def main() -> int:
     rng = random.Random(args.seed)
 
     stack = FaultStack("bench")
-    stack.down()
     try:
-        for name in ("redis", "kafka"):
-            stack.start(name)
-        kafka.ensure_dwell_topics(stack.kafka_bootstrap)
-        for name in KILLABLE:
-            stack.start(name)
+        stack.start_all()
         tenant = "soak" + uuid.uuid4().hex[:6]
         stack.make_namespace(tenant)
         topics = [f"persistent://{tenant}/ns/t{i}" for i in range(4)]

@@ -57,6 +57,18 @@ class FaultStack(devstack.Stack):
     def service_env(self) -> dict[str, str]:
         return super().service_env() | PROCESS_SETTINGS
 
+    DWELL = ("policy", "admission", "tracker", "spark")
+
+    def start_all(self) -> None:
+        """Everything afresh: what runs is stopped, then Redis, Kafka (with dwell's
+        topics) and dwell's processes are started."""
+        self.down()
+        for name in ("redis", "kafka"):
+            self.start(name)
+        kafka.ensure_dwell_topics(self.kafka_bootstrap)
+        for name in self.DWELL:
+            self.start(name)
+
     def kill9(self, name: str) -> None:
         pid = self.pid(name)
         assert pid, f"{name} is not running"

@@ -22,7 +22,7 @@ from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dwell import keys
+from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition, format_message_id
@@ -53,6 +53,8 @@ log = logging.getLogger("dwell.spark.drain")
 # kafka.fetch.max.wait.ms of Spark's Kafka source where it reads offset ranges it knows
 # exist: at Kafka's default (500 ms) a fetch for a few fresh records waited it out.
 FETCH_MAX_WAIT_MS = 10
+# A round this large leaves freed memory behind in the allocator: give it back.
+RELEASE_AFTER_RECORDS = 10_000
 
 # Header names the JVM copy replaces or drops (the Python copy: records.output_record); a
 # re-filed copy's dwell-origin and dwell-message-id (dwell.tracker.restage) are kept.
@@ -345,6 +347,8 @@ class Drainer:
             elif c.dead_letters:
                 # No event follows a dead letter (a redelivery's count stays until its ack).
                 c.index.forget(*c.dead_letters)
+        if written >= RELEASE_AFTER_RECORDS:
+            memory.release()
         done = time.monotonic()
         log.info("drained %d records from %d buckets in %.0f ms (%s; claim %.0f, copy %.0f, "
                  "complete %.0f ms)", written, len(claims), (done - started) * 1000, path,

@@ -29,7 +29,6 @@ from workload import (
     wait_delivered,
 )
 
-from dwell.adapters import kafka
 from dwell.core.topics import TopicName
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,13 +74,8 @@ class Run:
 @pytest.fixture(scope="package")
 def fault_stack() -> Iterator[FaultStack]:
     s = FaultStack("faults")
-    s.down()
     try:
-        for name in ("redis", "kafka"):
-            s.start(name)
-        kafka.ensure_dwell_topics(s.kafka_bootstrap)
-        for name in ("policy", "admission", "tracker", "spark"):
-            s.start(name)
+        s.start_all()
         yield s
     finally:
         s.down()

@@ -11,8 +11,8 @@ import time
 
 import httpx
 import pytest
-from conftest import wait_for
 
+from conftest import wait_for
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.tracker.index import TopicIndex

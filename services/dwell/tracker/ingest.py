@@ -22,7 +22,7 @@ import redis as redislib
 from prometheus_client import Counter, Histogram
 from pyroaring import BitMap64
 
-from dwell import keys
+from dwell import keys, memory
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
 from dwell.adapters.kafka import seek as kafka_seek
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
@@ -473,6 +473,7 @@ class IngestLoop:
 
     def _write_loop(self) -> None:
         last_compaction = time.monotonic()
+        busy = False
         try:
             while True:
                 try:
@@ -491,6 +492,12 @@ class IngestLoop:
                     # few entries into a blob costs as much as folding many.
                     self._compact(0 if idle else self.compaction_busy_min_delta_bytes)
                     last_compaction = now
+                if batch is not None:
+                    busy = True
+                elif idle and busy and not self.ingest.dirty_topics:
+                    # The stream of batches ended and is folded in: what it took goes back.
+                    busy = False
+                    memory.release()
         except BaseException as exc:
             self._failure = exc
             with self._lock:

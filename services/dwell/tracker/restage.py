@@ -34,7 +34,7 @@ from typing import Final
 import redis as redislib
 from prometheus_client import Counter, Histogram
 
-from dwell import keys
+from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition, format_message_id
@@ -154,6 +154,7 @@ class Restager:
                           "copy": (written - claimed) * 1000,
                           "complete": (done_at - written) * 1000}
         RESTAGED.inc(rnd.records)
+        memory.release()  # a round held its chunk's records
         RESTAGE_SECONDS.observe(done_at - started)
         log.info("restaged %d records of %d buckets (%d topics) for [%d, %d] in %.0f ms "
                  "(claim %.0f, copy %.0f, complete %.0f ms)", rnd.records, rnd.buckets,
