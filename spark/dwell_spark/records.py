@@ -127,13 +127,17 @@ def spans(ranges: Iterable[Range], max_gap: int = MAX_GAP) -> list[list[Range]]:
     fetch round trip (measured: one seek per range made 20k scattered offsets take
     minutes), while reading past a few unwanted records costs next to nothing."""
     out: list[list[Range]] = []
+    end = 0  # the highest offset of the current group: ranges of topics sharing a
+    # partition overlap, so a group's end is not its last range's
     for rng in sorted(ranges, key=lambda r: (r.source, r.partition, r.first)):
         cur = out[-1] if out else None
         if (cur and (cur[-1].source, cur[-1].partition) == (rng.source, rng.partition)
-                and rng.first - cur[-1].last <= max_gap):
+                and rng.first - end <= max_gap):
             cur.append(rng)
+            end = max(end, rng.last)
         else:
             out.append([rng])
+            end = rng.last
     return out
 
 
@@ -303,11 +307,14 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
         msgs = consumer.poll_messages(max(1, min(left, 100000)), 0.2)
         if msgs:
             deadline = time.monotonic() + READ_TIMEOUT_S
+        sought: set[tuple[str, int]] = set()
         for msg in msgs:
             c = cursors.get((msg.topic(), msg.partition()))
             off = msg.offset()
-            if c is None or c.done or off < c.expect:
-                continue  # prefetched past a finished span, or before a seek
+            if c is None or c.done or off < c.expect or c.tp in sought:
+                # Prefetched past a finished span, or before a seek; or read before this
+                # batch's seek of the partition: the next batch starts where it sought.
+                continue
             c.expect = off + 1
             group = c.groups[c.g]
             while c.i < len(group) and off > group[c.i].last:
@@ -328,6 +335,7 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
             if off >= c.last:
                 if c.next_group():
                     kafka.seek(consumer, {c.tp: c.expect})
+                    sought.add(c.tp)
                 else:
                     active -= 1
         # Hand records to the producer as they are read: sending overlaps reading, and

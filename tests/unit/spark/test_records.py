@@ -8,8 +8,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
 
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
 from dwell.core import topics as names  # noqa: E402
-from dwell_spark.records import LATENESS_BOUNDS_MS, CopyStats, Range, output_record  # noqa: E402
+from dwell_spark.records import (  # noqa: E402
+    LATENESS_BOUNDS_MS,
+    CopyStats,
+    Range,
+    output_record,
+    spans,
+)
 
 
 class Message:
@@ -93,3 +102,28 @@ def test_lateness_reads_header_bytes_and_leaves_out_what_is_not_a_number() -> No
     assert stats.lateness_counts[bounds.index(10)] == 1  # 10 ms <= 10
     assert stats.lateness_counts[bounds.index(1000)] == 1
     assert stats.lateness_counts[bounds.index(10000)] == 1  # 6,000 ms: (5,000, 10,000]
+
+
+def test_spans_of_overlapping_ranges_never_overlap_each_other() -> None:
+    """Ranges of topics that share a partition overlap: a group ends at its highest
+    offset, not at its last range's, so no later group starts inside it (the copy would
+    seek back and take records it had read past as the later group's end)."""
+    from pyroaring import BitMap64
+
+    wide = Range("t-a", "dwell.delayed", 0, 0, 4500, offsets=BitMap64([0, 1500, 3000, 4500]))
+    inside = Range("t-b", "dwell.delayed", 0, 100, 100)
+    later = Range("t-c", "dwell.delayed", 0, 2500, 2600)
+    far = Range("t-c", "dwell.delayed", 0, 9000, 9001)
+    groups = spans([later, far, wide, inside])
+    assert [[r.first for r in g] for g in groups] == [[0, 100, 2500], [9000]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 3_000)), min_size=1,
+                max_size=40))
+def test_spans_partition_ranges_into_disjoint_groups(spec: list[tuple[int, int]]) -> None:
+    ranges = [Range(f"t{i}", "dwell.delayed", 0, a, a + n) for i, (a, n) in enumerate(spec)]
+    groups = spans(ranges)
+    assert sorted(id(r) for g in groups for r in g) == sorted(id(r) for r in ranges)
+    bounds = [(min(r.first for r in g), max(r.last for r in g)) for g in groups]
+    assert all(hi < lo for (_, hi), (lo, _) in zip(bounds, bounds[1:], strict=False))
