@@ -98,7 +98,7 @@ def test_flushed_index_is_rebuilt_without_what_was_delivered(tracker, kafka_boot
     wait_for(lambda: committed_lowmarks(kafka_bootstrap, group, [(log, p) for p in range(4)]),
              30, "low watermarks committed")
     r.flushdb()
-    wait_for(lambda: _positions(r, topic) == pending, 60,
+    wait_for(lambda: _positions(r, topic) == pending, 120,
              "the index rebuilt with exactly the pending positions")
     assert _rebuilds(svc.url) >= 1
     # Nothing delivered came back, and the ingest goes on: new records are indexed.
@@ -122,5 +122,5 @@ def test_index_rolled_back_is_caught_up(tracker, kafka_bootstrap: str, unique: s
     for k, v in snapshot.items():
         r.restore(k, 0, v)
     assert len(_positions(r, topic)) == 300
-    wait_for(lambda: _positions(r, topic) == before, 60, "the lost 200 indexed again")
+    wait_for(lambda: _positions(r, topic) == before, 120, "the lost 200 indexed again")
     assert _rebuilds(svc.url) >= 1

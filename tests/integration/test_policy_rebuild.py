@@ -15,7 +15,7 @@ from dwell.adapters import redis as redis_adapter
 
 pytestmark = pytest.mark.integration
 
-DB = 11
+DB = 13
 
 
 @pytest.fixture(scope="module")

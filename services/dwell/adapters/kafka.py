@@ -355,7 +355,11 @@ class Consumer:
     def committed(self, partitions: Iterable[tuple[str, int]],
                   timeout: float = 10.0) -> dict[tuple[str, int], int]:
         """The group's committed offsets (negative when none)."""
-        tps = self._c.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+        try:
+            tps = self._c.committed([TopicPartition(t, p) for t, p in partitions],
+                                    timeout=timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"committed offsets: {exc}") from exc
         return {(tp.topic, tp.partition): tp.offset for tp in tps}
 
     def poll_headers(self, names: tuple[str, ...], max_records: int = 10000,

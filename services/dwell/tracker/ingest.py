@@ -49,6 +49,8 @@ INVALID = Counter("dwell_tracker_invalid_records_total",
 FLUSH_SECONDS = Histogram("dwell_tracker_flush_seconds", "Redis write of one ingest batch",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 COMPACTED = Counter("dwell_tracker_compacted_buckets_total", "Buckets whose deltas were folded")
+# How long a rebuild may take to read dwell.delivered before it gives up and retries.
+REBUILD_READ_TIMEOUT_S = 30.0
 REBUILDS = Counter("dwell_tracker_index_rebuilds_total",
                    "Delay-log partitions re-read because Redis lost index writes, by reason",
                    ["reason"])
@@ -397,7 +399,14 @@ class IngestLoop:
                                                                           strict=True)
                   if h is None or int(h) < written[f]}
         if behind:
-            self._rebuild(behind, written)
+            log.warning("Redis lost index writes of %s (index fields %s): rebuilding",
+                        self.topic, sorted(behind))
+            try:
+                self._rebuild(behind, written)
+            except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+                # Nothing was sought yet: the loss stays visible and the next check retries.
+                self.error = f"rebuild: {exc}"
+                log.warning("rebuild of %s failed, retrying: %s", self.topic, exc)
 
     def _check_at_start(self) -> bool:
         """Redis lost while no tracker ran: a partition with a committed low watermark
@@ -433,7 +442,8 @@ class IngestLoop:
         base = self.ingest.field_base
         lows = committed_lowmarks(self.bootstrap, self.group_id,
                                   [(self.topic, f - base) for f in behind])
-        delivered = read_marks(self.bootstrap, self.ingest.source, list(behind))
+        delivered = read_marks(self.bootstrap, self.ingest.source, list(behind),
+                               timeout_s=REBUILD_READ_TIMEOUT_S)
         seek: dict[tuple[str, int], int] = {}
         for f, held in behind.items():
             start = lows.get((self.topic, f - base), 0)
