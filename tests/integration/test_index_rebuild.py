@@ -23,18 +23,20 @@ pytestmark = pytest.mark.integration
 DB = 12
 
 
+def _env(stack, unique: str) -> dict[str, str]:  # noqa: ANN001
+    return {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+            "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
+            "DWELL_TRACKER_GROUP_ID": f"trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
+            "DWELL_LOWMARK_INTERVAL_MS": "300", "DWELL_REDIS_CHECK_INTERVAL_MS": "200"}
+
+
 @pytest.fixture()
 def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
-    url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    r = redis_adapter.connect(url)
+    env = _env(stack, unique)
+    r = redis_adapter.connect(env["DWELL_REDIS_URL"])
     r.flushdb()
-    log = f"dwell.delayed.{unique}"
-    group = f"trk-{unique}"
-    svc = services.start("tracker", env={
-        "DWELL_REDIS_URL": url, "DWELL_DELAYED_TOPIC": log, "DWELL_TRACKER_GROUP_ID": group,
-        "DWELL_RESTAGE_ENABLED": "false", "DWELL_LOWMARK_INTERVAL_MS": "300",
-        "DWELL_REDIS_CHECK_INTERVAL_MS": "200"})
-    yield svc, r, log, group
+    svc = services.start("tracker", env=env)
+    yield svc, r, env["DWELL_DELAYED_TOPIC"], env["DWELL_TRACKER_GROUP_ID"]
     svc.stop()
 
 
@@ -124,3 +126,51 @@ def test_index_rolled_back_is_caught_up(tracker, kafka_bootstrap: str, unique: s
     assert len(_positions(r, topic)) == 300
     wait_for(lambda: _positions(r, topic) == before, 120, "the lost 200 indexed again")
     assert _rebuilds(svc.url) >= 1
+
+
+def test_index_lost_while_no_tracker_ran_is_rebuilt(tracker, kafka_bootstrap: str,
+                                                    unique: str) -> None:
+    """Redis loses the index while the tracker is down: the tracker that starts finds the
+    group's committed offsets ahead of what Redis holds, and re-reads."""
+    svc, r, log, group = tracker
+    topic = f"persistent://{unique}/ns/z"
+    now = int(time.time() * 1000)
+    _publish(kafka_bootstrap, log, topic,
+             [now - 5000] * 100 + [now + 60_000 + i for i in range(400)])
+    wait_for(lambda: len(_positions(r, topic)) == 500, 30, "500 positions indexed")
+    delivered = _drain_due(r, kafka_bootstrap, log, topic, int(time.time() * 1000))
+    pending = _positions(r, topic)
+    assert len(delivered) == 100 and len(pending) == 400
+    wait_for(lambda: committed_lowmarks(kafka_bootstrap, group, [(log, p) for p in range(4)]),
+             30, "low watermarks committed")
+    svc.stop()
+    r.flushdb()
+    svc.start()
+    wait_for(lambda: _positions(r, topic) == pending, 120,
+             "the index rebuilt with exactly the pending positions")
+    assert _rebuilds(svc.url) >= 1
+
+
+def test_index_lost_after_a_rebalance_is_rebuilt(tracker, services, stack,  # noqa: ANN001
+                                                 kafka_bootstrap: str, unique: str) -> None:
+    """A second replica joins the group (every partition is revoked and assigned again),
+    then Redis loses the index: the owner of the topic's partition still knows what Redis
+    must hold, from the offsets the group committed, and re-reads."""
+    svc, r, log, _ = tracker
+    topic = f"persistent://{unique}/ns/w"
+    now = int(time.time() * 1000)
+    _publish(kafka_bootstrap, log, topic, [now + 60_000 + i for i in range(300)])
+    wait_for(lambda: len(_positions(r, topic)) == 300, 30, "300 positions indexed")
+    before = _rebuilds(svc.url)
+    second = services.start("tracker", env=_env(stack, unique))
+    try:
+        # The rebalance is over once every partition's ingested entry is checked: give
+        # both replicas a few check intervals.
+        time.sleep(5)
+        pending = _positions(r, topic)
+        r.flushdb()
+        wait_for(lambda: _positions(r, topic) == pending, 120,
+                 "the index rebuilt with exactly the pending positions")
+        assert _rebuilds(svc.url) + _rebuilds(second.url) > before
+    finally:
+        second.stop()

@@ -700,7 +700,10 @@ def read_offsets(consumer: Consumer, topic: str, wanted: Mapping[int, Sequence[i
 def seek(consumer: Consumer, offsets: Mapping[tuple[str, int], int]) -> None:
     """Move an assigned consumer back (or on) to `offset` per (topic, partition)."""
     for (t, p), o in offsets.items():
-        consumer._c.seek(TopicPartition(t, p, o))
+        try:
+            consumer._c.seek(TopicPartition(t, p, o))
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"seek {t}[{p}] to {o}: {exc}") from exc
 
 
 class TransactionalProducer(Producer):

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import redis as redislib
@@ -291,11 +291,14 @@ class IngestLoop:
         # index field -> next offset this loop has indexed: what Redis must hold at least
         # (dwell:trk:ingested), or it lost writes.
         self._written_pos: dict[int, int] = {}
-        self._startup_checked = False
+        # Partitions assigned to this loop whose index Redis has not been checked against
+        # the group's committed offsets yet (a new owner, a restart, a rebalance).
+        self._unchecked: set[int] = set()
         self.rebuilding: set[int] = set()
         self.consumer = Consumer(bootstrap, group_id, **{
             "fetch.max.bytes": 104857600, "queued.max.messages.kbytes": 262144})
-        self.consumer.subscribe([topic], on_revoke=self._on_revoke)
+        self.consumer.subscribe([topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke)
         self.topic = topic
         self.batch_max = batch_max
         self.poll_timeout = poll_timeout_ms / 1000
@@ -330,6 +333,8 @@ class IngestLoop:
                 self._commit_written()
                 self._check_redis()
                 batch = self.consumer.poll_columns(HEADERS, self.batch_max, self.poll_timeout)
+                if self._unchecked and self._check_assigned(batch):
+                    continue  # sought back: the batch is read again
                 # Compaction between batches only when Kafka has nothing more (or on its
                 # interval): while records flow, the writer's time goes to indexing them.
                 self._idle = not len(batch)
@@ -381,9 +386,6 @@ class IngestLoop:
             return
         self._next_check = now + self.redis_check_interval
         try:
-            if not self._startup_checked:
-                self._startup_checked = self._check_at_start()
-                return
             with self._lock:
                 # A partition being re-read is not in Redis until its first batch is.
                 written = {f: o for f, o in self._written_pos.items()
@@ -393,6 +395,8 @@ class IngestLoop:
             fields = list(written)
             have = self.ingest.redis.hmget(keys.INGESTED, [str(f) for f in fields])
         except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+            if self.error != str(exc):
+                log.warning("Redis check failed, retrying: %s", exc)
             self.error = str(exc)
             return
         behind = {f: (int(h) if h is not None else None) for f, h in zip(fields, have,
@@ -408,25 +412,65 @@ class IngestLoop:
                 self.error = f"rebuild: {exc}"
                 log.warning("rebuild of %s failed, retrying: %s", self.topic, exc)
 
-    def _check_at_start(self) -> bool:
-        """Redis lost while no tracker ran: a partition with a committed low watermark
-        (so its positions were indexed before) whose ingested entry Redis lacks. True once
-        checked (the consumer has its partitions)."""
-        assigned = [p for t, p in self.consumer.assignment() if t == self.topic]
-        if not assigned:
-            return False
+    def _check_assigned(self, batch: Columns) -> bool:
+        """Before indexing newly assigned partitions: does Redis hold what the group
+        committed of them? The group commits only after Redis has a batch's positions, so
+        an ingested entry missing or below the committed offset means Redis lost them
+        (lost while no tracker ran, or while the partitions were with another replica):
+        re-read them. Retried until Redis and Kafka answer. True when the consumer was
+        sought back to re-read ``batch`` (which is then not to be indexed)."""
         base = self.ingest.field_base
-        have = self.ingest.redis.hmget(keys.INGESTED, [str(p + base) for p in assigned])
-        missing = [p for p, h in zip(assigned, have, strict=True) if h is None]
-        if not missing:
-            return True
-        lows = committed_lowmarks(self.bootstrap, self.group_id,
-                                  [(self.topic, p) for p in missing])
-        lost = [p for p in missing if (self.topic, p) in lows]
-        if lost:
-            done = self.consumer.committed([(self.topic, p) for p in lost])
-            self._rebuild({p + base: None for p in lost},
-                          {p + base: max(0, done[(self.topic, p)]) for p in lost})
+        parts = sorted(self._unchecked)
+        while True:
+            try:
+                done = self.consumer.committed([(self.topic, p) for p in parts])
+                have = self.ingest.redis.hmget(keys.INGESTED, [str(p + base) for p in parts])
+                break
+            except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+                if self.error != str(exc):
+                    log.warning("check of the partitions of %s assigned to this tracker "
+                                "failed, retrying: %s", self.topic, exc)
+                self.error = str(exc)
+                if self.stopping.wait(0.5):
+                    return True
+        behind: dict[int, int | None] = {}
+        written: dict[int, int] = {}
+        for p, h in zip(parts, have, strict=True):
+            committed = done[(self.topic, p)]
+            held = int(h) if h is not None else None
+            if committed >= 0 and (held is None or held < committed):
+                behind[p + base] = held
+                written[p + base] = committed
+                continue
+            # Go on from what Redis holds; from now on it must hold at least that.
+            if held is not None:
+                self.ingest.expect[p + base] = held
+            if committed >= 0:
+                with self._lock:
+                    self._written_pos[p + base] = committed
+        self._unchecked.difference_update(parts)
+        if not behind:
+            return False
+        log.warning("Redis lacks index writes of %s (index fields %s) that the group "
+                    "committed: rebuilding", self.topic, sorted(behind))
+        self._unchecked.update(f - base for f in behind)  # until the re-read is set up
+        while True:
+            try:
+                self._rebuild(behind, written)
+                break
+            except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+                self.error = f"rebuild: {exc}"
+                log.warning("rebuild of %s failed, retrying: %s", self.topic, exc)
+                if self.stopping.wait(0.5):
+                    return True
+        self._unchecked.difference_update(f - base for f in behind)
+        # The batch's other partitions are read again from its first record of each.
+        first: dict[tuple[str, int], int] = {}
+        for part, off in zip(batch.partitions, batch.offsets, strict=True):
+            if part + base not in behind and (self.topic, part) not in first:
+                first[(self.topic, part)] = off
+        if first:
+            kafka_seek(self.consumer, first)
         return True
 
     def _rebuild(self, behind: dict[int, int | None], written: dict[int, int]) -> None:
@@ -462,7 +506,12 @@ class IngestLoop:
                     ", ".join(f"[{p}] {o}..{written[p + base]}" for (_, p), o in seek.items()),
                     sum(len(delivered.get(f, ())) for f in behind), time.monotonic() - started)
 
-    def _on_revoke(self, _consumer: object, _partitions: object) -> None:
+    def _on_assign(self, _consumer: object, partitions: list[Any]) -> None:
+        """Rebalance (inside poll): the partitions this loop now owns are checked against
+        Redis before their first batch is indexed (`_check_assigned`)."""
+        self._unchecked |= {tp.partition for tp in partitions if tp.topic == self.topic}
+
+    def _on_revoke(self, _consumer: object, partitions: list[Any]) -> None:
         """Rebalance (inside poll): finish and commit every batch handed over before the
         partitions go to another replica, so only one process writes a topic at a time;
         forget the fixed-delay state, the next owner of a topic may have moved it on."""
@@ -472,6 +521,7 @@ class IngestLoop:
                     break
                 self._lock.wait(self.poll_timeout)
         self._commit_written()
+        self._unchecked -= {tp.partition for tp in partitions if tp.topic == self.topic}
         if self._written == self._queued:
             self.ingest.forget_fixed_state()
             # The next owner writes these partitions' ingested entries from now on.
