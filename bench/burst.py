@@ -45,6 +45,7 @@ def main() -> int:
         checker.start()
         time.sleep(10)
         idle = stack.rss_kib()
+        idle_maps = stack.memory_maps()
         idle_redis = int(r.info("memory")["used_memory"])
         peak = dict(idle)
         peak_redis = idle_redis
@@ -91,6 +92,7 @@ def main() -> int:
         sampling.set()
         sampler.join()
         after = stack.rss_kib()
+        after_maps = stack.memory_maps()
         after_redis = int(r.info("memory")["used_memory"])
         checker.stop()
         print(f"\naccepted {len(ids):,}, delivered {delivered:,}, lost {len(ids) - delivered:,}")
@@ -104,6 +106,11 @@ def main() -> int:
             print(f"{name:<20} {a:8.0f} {p:8.0f} {b:8.0f} {ratio:11.2f}")
         print(f"{'redis used_memory':<20} {idle_redis / 2**20:8.1f} {peak_redis / 2**20:8.1f} "
               f"{after_redis / 2**20:8.1f}")
+        print("\nwhere it sits (MiB, idle -> after): heap / anon / file")
+        for name, m in sorted(after_maps.items()):
+            i = idle_maps.get(name, {})
+            print(f"{name:<20} " + "   ".join(
+                f"{k} {i.get(k, 0) / 1024:5.0f} -> {m[k] / 1024:5.0f}" for k in m))
         print(f"\nworst after/idle of dwell's Python services: {worst:.2f} (target <= 1.25)")
         return 0 if delivered == len(ids) else 1
     finally:

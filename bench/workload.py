@@ -106,6 +106,12 @@ class FaultStack(devstack.Stack):
                 r = c.request(method, path, json=body)
                 assert r.status_code < 300, (path, r.status_code, r.text)
 
+    def memory_maps(self) -> dict[str, dict[str, int]]:
+        """:func:`memory_map_kib` of dwell's Python services (the Spark app: its driver)."""
+        return {("spark-driver(py)" if n == "spark" else n): memory_map_kib(pid)
+                for n in ("policy", "admission", "tracker", "spark")
+                if (pid := self.pid(n))}
+
     def rss_kib(self) -> dict[str, int]:
         """Resident memory of each running process (KiB); the Spark app split into its
         JVM, its driver's Python and the rest of its Python processes."""
@@ -149,6 +155,26 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return b""
+
+
+def memory_map_kib(pid: int) -> dict[str, int]:
+    """Where a process's resident memory sits (KiB): `heap` (the main allocator arena),
+    `anon` (thread arenas, Python's object arenas, large allocations), `file` (code and
+    data of the executables and libraries)."""
+    out = {"heap": 0, "anon": 0, "file": 0}
+    kind = "anon"
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+            name = head[5] if len(head) == 6 else ""
+            kind = "heap" if name == "[heap]" else "file" if name.startswith("/") else "anon"
+        elif line.startswith("Rss:"):
+            out[kind] += int(line.split()[1])
+    return out
 
 
 def _rss_kib(pid: int) -> int:

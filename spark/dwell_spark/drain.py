@@ -55,6 +55,9 @@ log = logging.getLogger("dwell.spark.drain")
 FETCH_MAX_WAIT_MS = 10
 # A round this large leaves freed memory behind in the allocator: give it back.
 RELEASE_AFTER_RECORDS = 10_000
+# A topic whose copy failed is retried alone, after a wait that doubles with each failure
+# in a row, from the drain's lease up to this.
+FAILING_RETRY_MAX_MS = 300_000
 
 # Header names the JVM copy replaces or drops (the Python copy: records.output_record); a
 # re-filed copy's dwell-origin and dwell-message-id (dwell.tracker.restage) are kept.
@@ -65,6 +68,8 @@ _DROPPED = "'dwell-key', 'dwell-tick-time', 'dwell-origin', 'dwell-message-id'"
 class Claim:
     index: TopicIndex | SubscriptionIndex
     bucket: ClaimedBucket
+    # What the bucket's records are copied from and to.
+    ranges: list[Range]
     # messageIds of the bucket's dead letters, whose stored counts go once it is written.
     dead_letters: tuple[str, ...] = ()
 
@@ -277,8 +282,24 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[R
     return out
 
 
+@dataclass
+class _Failing:
+    """A topic whose last copy failed: how many times in a row, how many of those alone
+    while other topics were delivered (its own fault), and when to try again."""
+
+    rounds: int
+    own: int
+    retry_at_ms: int
+
+
 class Drainer:
-    """What one drain trigger does, driver side."""
+    """What one drain trigger does, driver side.
+
+    A topic whose copy fails cannot hold the others back: the round's topics are copied
+    together, and when that copy fails each of them is tried alone in later rounds (a
+    topic that succeeds alone joins the others again). A topic that keeps failing is
+    retried with a doubling wait, is counted in `dwell_drain_topic_failures_total`
+    and `dwell_drain_failing_topics`, and its buckets stay in the index meanwhile."""
 
     def __init__(self, spark: SparkSession, settings: SparkSettings,
                  redis: redislib.Redis) -> None:
@@ -291,17 +312,29 @@ class Drainer:
         # dwell.delivered: what a rebuild of a lost index must not deliver again.
         self.marks = kafka.BulkProducer(settings.kafka_bootstrap, linger_ms=0,
                                         compression_type=settings.kafka_compression_type)
+        self.failing: dict[str, _Failing] = {}
 
-    def claim(self, now_ms: int) -> tuple[list[Claim], list[Range]]:
+    def _waiting(self, topic: str, now_ms: int) -> bool:
+        f = self.failing.get(topic)
+        return f is not None and now_ms < f.retry_at_ms
+
+    def claim(self, now_ms: int) -> list[Claim]:
         s = self.settings
         claims: list[Claim] = []
-        ranges: list[Range] = []
-        for topic in due_topics(self.redis, now_ms, self.strict):
+        due = due_topics(self.redis, now_ms, self.strict)
+        subs = due_subscriptions(self.redis, now_ms)
+        # A failing topic with nothing due any more (emptied, deleted) is failing no more.
+        for t in set(self.failing) - set(due) - {t for t, _ in subs}:
+            del self.failing[t]
+        for topic in due:
+            if self._waiting(topic, now_ms):
+                continue
             idx = TopicIndex(self.redis, topic)
             for b in idx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, self.strict):
-                claims.append(Claim(idx, b))
-                ranges += topic_ranges(topic, b)
-        for topic, sub in due_subscriptions(self.redis, now_ms):
+                claims.append(Claim(idx, b, topic_ranges(topic, b)))
+        for topic, sub in subs:
+            if self._waiting(topic, now_ms):
+                continue
             sidx = SubscriptionIndex(self.redis, topic, sub)
             # Redeliveries are never early: only buckets whose last millisecond passed.
             cutoff = now_ms - s.redelivery_tick_ms + 1
@@ -309,9 +342,8 @@ class Drainer:
                 mine = redelivery_ranges(sidx, b)
                 dead = tuple(format_message_id(r.source, r.partition, o)
                              for r in mine if is_dead_letter(r) for o in r.counts)
-                claims.append(Claim(sidx, b, dead))
-                ranges += mine
-        return claims, ranges
+                claims.append(Claim(sidx, b, mine, dead))
+        return claims
 
     def lag_ms(self, now_ms: int) -> int:
         """now − the earliest bucket start left in any index (topic or redelivery), 0 when
@@ -324,15 +356,51 @@ class Drainer:
 
     def run_once(self, now_ms: int | None = None, path: str | None = None) -> int:
         """Claim, write, complete; returns the records written. ``path`` forces a copy
-        path (see :func:`choose_path`)."""
+        path (see :func:`choose_path`). Raises when no topic's copy succeeded and one
+        failed."""
         started = time.monotonic()
         now = int(time.time() * 1000) if now_ms is None else now_ms
         metrics.DRAIN_LAG_MS.set(self.lag_ms(now))
-        claims, ranges = self.claim(now)
+        claims = self.claim(now)
         if not claims:
             return 0
+        by_topic: dict[str, list[Claim]] = {}
+        for c in claims:
+            by_topic.setdefault(c.index.topic, []).append(c)
+        # The topics not failing lately together, each failing one alone.
+        groups = [[t for t in by_topic if t not in self.failing]]
+        groups = [g for g in groups if g] + [[t] for t in by_topic if t in self.failing]
+        written = 0
+        failed: list[tuple[list[str], Exception]] = []
+        for group in groups:
+            gclaims = [c for t in group for c in by_topic[t]]
+            try:
+                written += self._deliver(gclaims, path)
+            except Exception as exc:  # noqa: BLE001 - Kafka, Redis or a Spark job
+                failed.append((group, exc))
+                continue
+            for t in group:
+                if self.failing.pop(t, None) is not None:
+                    log.info("topic %s delivers again", t)
+        for group, exc in failed:
+            # Only a topic that failed alone while others were delivered is the topic's own
+            # fault; when nothing was (Kafka or Redis away), the leases pace the retries.
+            self._failed(group, now, exc, own_fault=len(failed) < len(groups))
+        metrics.FAILING_TOPICS.set(len(self.failing))
+        if written >= RELEASE_AFTER_RECORDS:
+            memory.release()
+        if failed and len(failed) == len(groups):
+            raise failed[0][1]
+        log.info("drained %d records from %d buckets in %.0f ms (%d topics, %d failing)",
+                 written, len(claims), (time.monotonic() - started) * 1000, len(by_topic),
+                 len(self.failing))
+        return written
+
+    def _deliver(self, claims: Sequence[Claim], path: str | None) -> int:
+        """Copy the records of ``claims``, mark them delivered, complete the claims."""
+        started = time.monotonic()
+        ranges = [r for c in claims for r in c.ranges]
         path = path or choose_path(self.settings, ranges)
-        claimed = time.monotonic()
         written = copy(self.spark, self.settings, self.topics, ranges, path,
                        self.copier).written
         write_marks(self.marks, [mark_record(names.DELAYED, c.index.topic,
@@ -347,13 +415,33 @@ class Drainer:
             elif c.dead_letters:
                 # No event follows a dead letter (a redelivery's count stays until its ack).
                 c.index.forget(*c.dead_letters)
-        if written >= RELEASE_AFTER_RECORDS:
-            memory.release()
-        done = time.monotonic()
-        log.info("drained %d records from %d buckets in %.0f ms (%s; claim %.0f, copy %.0f, "
-                 "complete %.0f ms)", written, len(claims), (done - started) * 1000, path,
-                 (claimed - started) * 1000, (copied - claimed) * 1000, (done - copied) * 1000)
+        log.debug("copied %d records from %d buckets (%s; copy %.0f, complete %.0f ms)",
+                  written, len(claims), path, (copied - started) * 1000,
+                  (time.monotonic() - copied) * 1000)
         return written
+
+    def _failed(self, group: Sequence[str], now_ms: int, exc: Exception,
+                own_fault: bool) -> None:
+        """Each topic of a failed copy is tried alone from now on, once its claims come
+        back after the lease. A topic at fault (it failed alone while others were
+        delivered, now or before) waits longer, doubling from the lease up to
+        FAILING_RETRY_MAX_MS with each failure in a row."""
+        for t in group:
+            f = self.failing.get(t) or _Failing(0, 0, 0)
+            own = f.own + 1 if len(group) == 1 and (own_fault or f.own) else f.own
+            wait = 0
+            if own:
+                wait = min(FAILING_RETRY_MAX_MS, self.settings.drain_lease_ms << min(own - 1, 16))
+            self.failing[t] = _Failing(f.rounds + 1, own, now_ms + wait)
+            metrics.TOPIC_FAILURES.labels(t).inc()
+        if len(group) == 1:
+            f = self.failing[group[0]]
+            log.warning("delivery of topic %s failed (%d in a row), retried in %.0f s: %s",
+                        group[0], f.rounds,
+                        max(f.retry_at_ms - now_ms, self.settings.drain_lease_ms) / 1000, exc)
+        else:
+            log.warning("a drain copy of %d topics failed, each is retried alone: %s",
+                        len(group), exc)
 
 
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):  # noqa: ANN201

@@ -23,6 +23,11 @@ DRAINED = Counter("dwell_drained_messages_total", "Messages written by the drain
                   "retry and DLQ topics)", registry=REGISTRY)
 REDELIVERIES = Counter("dwell_redeliveries_total", "Redeliveries written to retry topics, "
                        "by redelivery count", ["count"], registry=REGISTRY)
+TOPIC_FAILURES = Counter("dwell_drain_topic_failures_total", "Copies of a topic's due "
+                         "messages that failed (its claims come back after the lease)",
+                         ["topic"], registry=REGISTRY)
+FAILING_TOPICS = Gauge("dwell_drain_failing_topics", "Topics whose last drain copy failed, "
+                       "retried alone with a growing wait", registry=REGISTRY)
 DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
               registry=REGISTRY)
 

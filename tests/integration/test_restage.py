@@ -16,7 +16,7 @@ from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
 from dwell.tracker.index import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, IngestLoop
-from dwell.tracker.restage import Restager
+from dwell.tracker.restage import PIECE_RECORDS, Restager
 
 pytestmark = pytest.mark.integration
 TICK = 1000
@@ -88,8 +88,11 @@ def _count(r, topic: str) -> int:  # noqa: ANN001
 
 
 
+@pytest.mark.parametrize("piece", [PIECE_RECORDS, 7], ids=["one-piece", "pieces-of-7"])
 def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
-        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:  # noqa: ANN001
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, piece) -> None:  # noqa: ANN001
+    """``pieces-of-7``: the round reads and writes 7 records at a time (a bucket's 40 go
+    in several pieces, a piece spans two buckets); the log is the same."""
     r = connect(redis_url)
     topic = f"persistent://t/ns/restage-{unique}"
     now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
@@ -104,7 +107,7 @@ def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
     wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
     assert r.hget(f"dwell:stats:{{{topic}}}", FIXED_FIELD) == b"0"
 
-    rs = restager(r, kafka_bootstrap, delayed_topic)
+    rs = restager(r, kafka_bootstrap, delayed_topic, piece_records=piece)
     try:
         # The first round only notes the topic (the due chunk may be too near to move).
         assert rs.run_once(now - CHUNK).records == 0

@@ -5,6 +5,7 @@ is drained."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -277,3 +278,74 @@ def test_topics_interleaved_on_one_partition_each_get_only_their_records(
         recs = read(settings.kafka_bootstrap, TopicName.parse(t).kafka_topic, 20)
         assert sorted(int(x.value) for x in recs) == list(range(k, 40, 2))
         assert {x.header("dwell-topic") for x in recs} == {t}
+
+
+def _metric(name: str, **labels: str) -> float:
+    from dwell_spark import metrics
+    value = metrics.REGISTRY.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def test_a_topic_that_cannot_be_delivered_holds_no_other_back(spark_env,  # noqa: ANN001
+                                                               unique: str) -> None:
+    """The ready topic of one Pulsar topic refuses its records (its max.message.bytes is
+    below their size, as an operator might set it): the other topic of the same rounds is
+    delivered all the same, the failing one is retried alone with a growing wait and
+    counted, and delivered in full once its ready topic takes the records."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    spark, settings, r = spark_env
+    settings = settings.model_copy(update={"drain_lease_ms": 1000})
+    bad, good = f"persistent://{unique}/ns/bad", f"persistent://{unique}/ns/good"
+    bad_ready = TopicName.parse(bad).kafka_topic
+    kafka.ensure_topic(settings.kafka_bootstrap, bad_ready, 1,
+                       config={"max.message.bytes": "2000"})
+    kafka.ensure_topic(settings.kafka_bootstrap, TopicName.parse(good).kafka_topic, 1)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    now = int(time.time() * 1000)
+
+    def publish(topic: str, n: int, size: int, at: int) -> None:
+        sent = [delayed_record(p, topic, os.urandom(size), None, at) for _ in range(n)]
+        TopicIndex(r, topic).add([(part, off, at, 1000) for part, off in sent])
+
+    publish(bad, 3, 5000, now - 10)
+    publish(good, 4, 10, now - 10)
+    drainer = Drainer(spark, settings, r)
+    # Both topics in one copy: it fails, and each topic is tried alone from then on.
+    with pytest.raises(kafka.KafkaUnavailable, match="too large"):
+        drainer.run_once(now)
+    assert set(drainer.failing) == {bad, good}
+    # After the lease: the good topic is delivered, the bad one fails alone.
+    assert drainer.run_once(now + 1100) == 4
+    assert set(drainer.failing) == {bad}
+    assert drainer.failing[bad].retry_at_ms == now + 1100 + 1000
+    assert _metric("dwell_drain_failing_topics") == 1
+    assert _metric("dwell_drain_topic_failures_total", topic=bad) == 2
+    # While the bad topic waits, the good one's new messages go out at once.
+    publish(good, 2, 10, now + 1500)
+    assert drainer.run_once(now + 2000) == 2
+    # Its wait doubles with each failure in a row.
+    with pytest.raises(kafka.KafkaUnavailable, match="too large"):
+        drainer.run_once(now + 2200)  # the only topic due: the round fails
+    assert drainer.failing[bad].rounds == 3
+    assert drainer.failing[bad].retry_at_ms == now + 2200 + 2000
+    # The operator raises the limit: the topic is delivered in full and failing no more.
+    admin = kafka.admin(settings.kafka_bootstrap)
+    res = ConfigResource(ConfigResource.Type.TOPIC, bad_ready, incremental_configs=[
+        ConfigEntry("max.message.bytes", "1048576",
+                    incremental_operation=AlterConfigOpType.SET)])
+    for f in admin.incremental_alter_configs([res]).values():
+        f.result(15)
+    p.close()
+    deadline = time.monotonic() + 30
+    delivered = 0
+    at = now + 2200
+    while not delivered and time.monotonic() < deadline:
+        at += 4000
+        with contextlib.suppress(kafka.KafkaUnavailable):  # the new limit a moment later
+            delivered = drainer.run_once(at)
+    assert delivered == 3
+    assert drainer.failing == {} and _metric("dwell_drain_failing_topics") == 0
+    assert len(read(settings.kafka_bootstrap, bad_ready, 3)) == 3
+    good_recs = read(settings.kafka_bootstrap, TopicName.parse(good).kafka_topic, 6)
+    assert len({x.header("dwell-message-id") for x in good_recs}) == 6

@@ -5,9 +5,10 @@ With delays that vary (uniform over 10 minutes, say) the records of one bucket l
 scattered over everything published in those 10 minutes, and the drain would read the
 whole window to deliver one bucket. So `lead_ms` before a chunk of buckets
 ``[k * chunk_ms, (k + 1) * chunk_ms)`` comes due, the tracker claims the chunk's buckets
-of every topic whose delays vary (the index's own Lua claim), reads their records in one
-pass and appends them to the re-file log `dwell.delayed.refiled`, bucket after bucket,
-with their original `dwell-message-id` and `dwell-origin`; then completes the claims. Its
+of every topic whose delays vary (the index's own Lua claim), reads their records (a
+piece of PIECE_RECORDS at a time) and appends them to the re-file log
+`dwell.delayed.refiled`, bucket after bucket, with their original `dwell-message-id` and
+`dwell-origin`; then completes the claims. Its
 ingest indexes the copies in the same buckets (fields of their own,
 dwell.core.positions.index_field), now one dense run each. The copies go to a log of
 their own so that the next chunk's scan of `dwell.delayed` does not read them too. The drain reads
@@ -28,16 +29,19 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
+import numpy as np
 import redis as redislib
 from prometheus_client import Counter, Histogram
+from pyroaring import BitMap64
 
 from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.core.positions import field_partition, format_message_id
+from dwell.core.positions import REFILED_FIELD_BASE, field_partition, format_message_id
 from dwell.tracker.index import ClaimedBucket, TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
 from dwell.tracker.recovery import mark_record, write_marks
@@ -49,12 +53,38 @@ ORIGIN: Final = "dwell-origin"
 # Offsets closer than this are read through rather than sought (a seek costs a fetch
 # round trip, ~as much as reading a couple of thousand records; see dwell_spark.records).
 MAX_GAP: Final = 2000
+# A round's records are read and written this many at a time: what a round holds at most.
+PIECE_RECORDS: Final = 100_000
+# (index field << FIELD_SHIFT) + offset: one sortable int64 per position (fields stay
+# below 2**21, offsets below 2**40).
+FIELD_SHIFT: Final = 40
 
 RESTAGED = Counter("dwell_tracker_restaged_total",
                    "Delayed messages re-filed into dense runs of dwell.delayed")
 RESTAGE_SECONDS = Histogram("dwell_tracker_restage_seconds",
                             "One restage round (claim, read, write, complete)",
                             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40))
+
+
+def pieces(parts: list[tuple[int, int, BitMap64]],
+           size: int) -> Iterator[list[tuple[int, int, np.ndarray]]]:
+    """(bucket, index field, offsets) in bucket order, cut into pieces of at most ``size``
+    offsets; a bucket larger than that is cut too (a bucket's records stay one run in the
+    re-file log all the same: the pieces go out one after another)."""
+    piece: list[tuple[int, int, np.ndarray]] = []
+    n = 0
+    for bucket, f, bm in parts:
+        offs = np.asarray(bm.to_array(), dtype=np.int64)
+        while len(offs):
+            take = offs[:size - n]
+            offs = offs[len(take):]
+            piece.append((bucket, f, take))
+            n += len(take)
+            if n >= size:
+                yield piece
+                piece, n = [], 0
+    if piece:
+        yield piece
 
 
 @dataclass
@@ -74,7 +104,8 @@ class Restager:
     def __init__(self, r: redislib.Redis, bootstrap: str, *, delayed_topic: str = names.DELAYED,
                  refiled_topic: str = names.REFILED, lead_ms: int = 40_000,
                  chunk_ms: int = 20_000, lease_ms: int = 30_000,
-                 max_records: int = 1_000_000, compression_type: str = "none") -> None:
+                 max_records: int = 1_000_000, compression_type: str = "none",
+                 piece_records: int = PIECE_RECORDS) -> None:
         if not 0 < chunk_ms <= lead_ms:
             raise ValueError("restage needs 0 < chunk_ms <= lead_ms")
         self.redis = r
@@ -86,6 +117,7 @@ class Restager:
         self.chunk_ms = chunk_ms
         self.lease_ms = lease_ms
         self.max_records = max_records
+        self.piece_records = piece_records
         self.stopping = threading.Event()
         self.error: str | None = None
         self._consumer: kafka.Consumer | None = None
@@ -169,14 +201,11 @@ class Restager:
         return any(first <= int(b) <= last for b in self.redis.zrange(idx.keys.claims, 0, -1))
 
     def _refile(self, claims: list[tuple[TopicIndex, ClaimedBucket]]) -> int:
-        """Read the claimed records in one pass per log, append them to the re-file log
-        in bucket order; returns once every copy is acknowledged (acks=all), else raises.
-        A claimed position may already be in the re-file log (a chunk claimed again)."""
-        bucket_of: dict[int, dict[int, int]] = {}  # field -> offset -> bucket
-        for _, b in claims:
-            for f, offsets in b.positions.items():
-                bucket_of.setdefault(int(f), {}).update(
-                    dict.fromkeys(offsets.to_array().tolist(), b.bucket_start))
+        """Append the claimed records to the re-file log in bucket order, a piece of at
+        most ``piece_records`` records at a time (read, ordered, handed to the producer,
+        dropped: a round of any size holds one piece); returns once every copy is
+        acknowledged (acks=all), else raises. A claimed position may already be in the
+        re-file log (a chunk claimed again)."""
         if self._consumer is None or self._producer is None:
             self._consumer = kafka.Consumer(self.bootstrap,
                                             f"dwell-restage-{uuid.uuid4().hex}",
@@ -184,38 +213,64 @@ class Restager:
             self._producer = kafka.BulkProducer(self.bootstrap, linger_ms=5,
                                                 compression_type=self.compression_type,
                                                 **{"batch.size": 1 << 20})
-        rows = []
+        parts = sorted(((b.bucket_start, int(f), bm) for _, b in claims
+                        for f, bm in b.positions.items()), key=lambda x: x[:2])
+        wanted = sum(len(bm) for _, _, bm in parts)
+        copied = 0
         try:
-            for refiled, log_topic in ((False, self.topic), (True, self.refiled_topic)):
-                fields = {field_partition(f)[1]: f for f in bucket_of
-                          if field_partition(f)[0] is refiled}
-                if not fields:
-                    continue
-                wanted = {p: sorted(bucket_of[f]) for p, f in fields.items()}
-                for msg in kafka.read_offsets(self._consumer, log_topic, wanted, MAX_GAP):
-                    f, off = fields[msg.partition()], msg.offset()
-                    rows.append((bucket_of[f][off], f, off, msg))
-            rows.sort(key=lambda row: row[:3])
-            out: list[kafka.OutRecord] = []
-            for _, f, off, msg in rows:
-                hs = [(k, b"" if v is None else v) for k, v in msg.headers() or []]
-                names_seen = {h[0] for h in hs}
-                # An original (a copy carries both already).
-                if MESSAGE_ID not in names_seen:
-                    hs.append((MESSAGE_ID, format_message_id(self.topic, f, off).encode()))
-                if ORIGIN not in names_seen:
-                    hs.append((ORIGIN, b"%d:%d" % (f, off)))
-                out.append((self.refiled_topic, msg.value(), msg.key(), hs, None))
-            self._producer.send_unreported(out)
+            for piece in pieces(parts, self.piece_records):
+                copied += self._refile_piece(piece)
             self._producer.flush()
         except BaseException:
             self.close()
             raise
-        missing = sum(len(o) for o in bucket_of.values()) - len(rows)
-        if missing:
+        if wanted > copied:
             log.warning("restage: %d claimed positions had no record (expired or aborted)",
-                        missing)
-        return len(rows)
+                        wanted - copied)
+        return copied
+
+    def _refile_piece(self, piece: list[tuple[int, int, np.ndarray]]) -> int:
+        """Read one piece's records (one pass per log) and hand them to the producer in
+        (bucket, field, offset) order."""
+        assert self._consumer is not None and self._producer is not None
+        key = np.concatenate([(f << FIELD_SHIFT) + offs for _, f, offs in piece])
+        bucket = np.concatenate([np.full(len(offs), b, dtype=np.int64)
+                                 for b, _, offs in piece])
+        order = np.argsort(key, kind="stable")
+        key, bucket = key[order], bucket[order]
+        msgs: list[kafka.Message] = []
+        fields: list[int] = []
+        for refiled, log_topic in ((False, self.topic), (True, self.refiled_topic)):
+            offsets: dict[int, list[int]] = {}
+            for _, f, offs in piece:
+                is_refiled, partition = field_partition(f)
+                if is_refiled is refiled:
+                    offsets.setdefault(partition, []).extend(offs.tolist())
+            if not offsets:
+                continue
+            wanted = {p: sorted(set(o)) for p, o in offsets.items()}
+            base = REFILED_FIELD_BASE if refiled else 0
+            for msg in kafka.read_offsets(self._consumer, log_topic, wanted, MAX_GAP):
+                msgs.append(msg)
+                fields.append(msg.partition() + base)
+        if not msgs:
+            return 0
+        f_arr = np.array(fields, dtype=np.int64)
+        off_arr = np.fromiter((m.offset() for m in msgs), dtype=np.int64, count=len(msgs))
+        rows_bucket = bucket[np.searchsorted(key, (f_arr << FIELD_SHIFT) + off_arr)]
+        out: list[kafka.OutRecord] = []
+        for i in np.lexsort((off_arr, f_arr, rows_bucket)).tolist():
+            msg, f, off = msgs[i], fields[i], int(off_arr[i])
+            hs = [(k, b"" if v is None else v) for k, v in msg.headers() or []]
+            names_seen = {h[0] for h in hs}
+            # An original (a copy carries both already).
+            if MESSAGE_ID not in names_seen:
+                hs.append((MESSAGE_ID, format_message_id(self.topic, f, off).encode()))
+            if ORIGIN not in names_seen:
+                hs.append((ORIGIN, b"%d:%d" % (f, off)))
+            out.append((self.refiled_topic, msg.value(), msg.key(), hs, None))
+        self._producer.send_unreported(out)
+        return len(out)
 
     def run(self, interval_ms: int = 1000) -> None:
         """Rounds until `stop`; a failed round's claims come back after `lease_ms`."""
