@@ -46,6 +46,7 @@ def main() -> int:
         time.sleep(10)
         idle = stack.rss_kib()
         idle_maps = stack.memory_maps()
+        idle_alloc = stack.allocators()
         idle_redis = int(r.info("memory")["used_memory"])
         peak = dict(idle)
         peak_redis = idle_redis
@@ -93,6 +94,7 @@ def main() -> int:
         sampler.join()
         after = stack.rss_kib()
         after_maps = stack.memory_maps()
+        after_alloc = stack.allocators()
         after_redis = int(r.info("memory")["used_memory"])
         checker.stop()
         print(f"\naccepted {len(ids):,}, delivered {delivered:,}, lost {len(ids) - delivered:,}")
@@ -111,6 +113,12 @@ def main() -> int:
             i = idle_maps.get(name, {})
             print(f"{name:<20} " + "   ".join(
                 f"{k} {i.get(k, 0) / 1024:5.0f} -> {m[k] / 1024:5.0f}" for k in m))
+        print("\nallocators (MiB, idle -> after): glibc in use / free / mapped, "
+              "Python blocks (thousands)")
+        for name, a in sorted(after_alloc.items()):
+            i = idle_alloc.get(name, {})
+            print(f"{name:<20} " + "   ".join(
+                f"{k} {i.get(k, 0):6.1f} -> {v:6.1f}" for k, v in a.items()))
         print(f"\nworst after/idle of dwell's Python services: {worst:.2f} (target <= 1.25)")
         return 0 if delivered == len(ids) else 1
     finally:

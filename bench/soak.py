@@ -1,7 +1,8 @@
 """The soak: the whole local stack under a steady mixed-delay load for a long while, with
 a random dwell process killed (-9) every minute and one Redis FLUSHALL half-way. Prints
 what the fault suite prints (accepted, delivered, lost, early, duplicates at the Kafka
-level and through the SDK) and each process's RSS at the start and at the end.
+level and through the SDK) and each process's RSS at the start, after the first minute
+(warm) and at the end.
 
     .venv/bin/python bench/soak.py                      # 10 min at 2,000 msg/s
     .venv/bin/python bench/soak.py --minutes 2 --rate 500
@@ -72,15 +73,21 @@ def main() -> int:
         flushed = False
         next_kill = t0 + args.kill_every_s
         faults: list[str] = []
+        rss_warm: dict[str, int] = {}
+        restarted: set[str] = set()
         while time.monotonic() < end:
             time.sleep(1)
             elapsed = time.monotonic() - t0
+            if not rss_warm and time.monotonic() >= next_kill - 2:
+                # Warm: a minute of load, before the first kill.
+                rss_warm = stack.rss_kib()
             if not flushed and elapsed >= args.minutes * 30:
                 redis.Redis.from_url(stack.redis_url).flushall()
                 faults.append(f"{elapsed:5.0f}s  redis FLUSHALL")
                 flushed = True
             if time.monotonic() >= next_kill:
                 victim = rng.choice(KILLABLE)
+                restarted.add(victim)
                 stack.kill9(victim)
                 stack.start(victim)
                 faults.append(f"{elapsed:5.0f}s  kill -9 {victim} (back in "
@@ -105,11 +112,14 @@ def main() -> int:
             print("  " + f)
         print()
         print(format_table([row]))
-        print("\nRSS (MiB)         start      end   end/start")
+        print("\nRSS (MiB)            start     warm      end   end/start  end/warm")
         for name in sorted(set(rss_start) | set(rss_end)):
-            a, b = rss_start.get(name, 0) / 1024, rss_end.get(name, 0) / 1024
-            ratio = f"{b / a:9.2f}" if a else "        -"
-            print(f"  {name:<17} {a:7.0f}  {b:7.0f}   {ratio}")
+            a, w, b = (x.get(name, 0) / 1024 for x in (rss_start, rss_warm, rss_end))
+            again = " (killed and restarted)" if name.split("-")[0] in restarted else ""
+            print(f"  {name:<17} {a:7.0f}  {w:7.0f}  {b:7.0f}   {b / a if a else 0:9.2f} "
+                  f"{b / w if w else 0:9.2f}{again}")
+        print("warm: after the first minute of load, before the first kill; a JVM's RSS is "
+              "its heap's high-water mark (-Xmx), not what it uses")
         ok = (row.lost, row.early, row.sdk_duplicates) == (0, 0, 0)
         print(f"\nlost {row.lost}, early {row.early}, SDK duplicates {row.sdk_duplicates}: "
               + ("ok" if ok else "FAILED"))

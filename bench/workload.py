@@ -112,6 +112,27 @@ class FaultStack(devstack.Stack):
                 for n in ("policy", "admission", "tracker", "spark")
                 if (pid := self.pid(n))}
 
+    def allocators(self) -> dict[str, dict[str, float]]:
+        """Each Python service's allocator figures (MiB), from its /metrics
+        (dwell.memory.AllocatorCollector): glibc's in_use, free and mapped bytes, and
+        Python's allocated blocks (thousands)."""
+        out: dict[str, dict[str, float]] = {}
+        for name in ("policy", "admission", "tracker", "spark"):
+            try:
+                text = httpx.get(f"http://127.0.0.1:{self.ports[name]}/metrics",
+                                 timeout=5).text
+            except httpx.HTTPError:
+                continue
+            fig: dict[str, float] = {}
+            for line in text.splitlines():
+                if line.startswith("dwell_process_allocator_bytes{"):
+                    state = line.split('state="', 1)[1].split('"', 1)[0]
+                    fig[state] = float(line.rsplit(" ", 1)[1]) / 2**20
+                elif line.startswith("dwell_process_python_blocks "):
+                    fig["py_kblocks"] = float(line.rsplit(" ", 1)[1]) / 1000
+            out["spark-driver(py)" if name == "spark" else name] = fig
+        return out
+
     def rss_kib(self) -> dict[str, int]:
         """Resident memory of each running process (KiB); the Spark app split into its
         JVM, its driver's Python and the rest of its Python processes."""

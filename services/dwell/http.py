@@ -14,13 +14,16 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dwell import memory
 from dwell.settings import CommonSettings
 
 log = logging.getLogger("dwell")
+# Every service's /metrics: what its allocator holds (dwell.memory).
+REGISTRY.register(memory.AllocatorCollector())
 
 ReadyCheck = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -143,5 +146,6 @@ def serve(app: ASGIApp | str, settings: CommonSettings,
     """Run `app` under uvicorn; `http` is its HTTP protocol (admission brings its own)."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    memory.Releaser().start()
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
                 log_level=settings.log_level, access_log=False, http=http)

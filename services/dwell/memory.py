@@ -4,15 +4,23 @@ CPython frees a burst's objects, but glibc's allocator keeps the freed pages in 
 (one per thread that allocated) for reuse, and so does librdkafka's prefetch buffers once
 consumed: a process that once held a burst's records kept its peak RSS for good.
 `release()` asks glibc to return whatever it holds free (`malloc_trim(0)`, which also
-unmaps free pages inside the heap). It is cheap when there is nothing to return and is
-called after large work only: an ingest batch stream going idle, a restage round, a
-large drain round. Elsewhere than glibc it does nothing."""
+unmaps free pages inside the heap, in every arena). It is called after large work (an
+ingest batch stream going idle, a restage round, a large drain round), and by
+`Releaser`, every process's watch on its allocator: memory freed later, or by threads
+that are not dwell's (librdkafka's, Py4J's), goes back too. Elsewhere than glibc it does
+nothing."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import logging
+import sys
+import threading
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("dwell.memory")
 
@@ -33,7 +41,90 @@ def _malloc_trim() -> object | None:
 _TRIM = _malloc_trim()
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _mallinfo2() -> object | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        fn = ctypes.CDLL(name).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = []
+    fn.restype = _Mallinfo2
+    return fn
+
+
+_MALLINFO = _mallinfo2()
+
+
+def allocator_bytes() -> dict[str, int]:
+    """What glibc's allocator holds, over all its arenas: ``in_use`` (allocated, arenas),
+    ``free`` (freed, kept in the arenas: what `release` gives back), ``mapped`` (large
+    blocks with mappings of their own). Empty elsewhere than glibc."""
+    if _MALLINFO is None:
+        return {}
+    mi = _MALLINFO()  # type: ignore[operator]
+    return {"in_use": int(mi.uordblks), "free": int(mi.fordblks), "mapped": int(mi.hblkhd)}
+
+
+class AllocatorCollector(Collector):
+    """`dwell_process_allocator_bytes{state}`: :func:`allocator_bytes` at scrape time, and
+    `dwell_process_python_blocks`, the blocks Python's own allocator has handed out. With
+    the process's RSS they tell whether memory after a burst is still in use, kept free
+    by the allocator, or held by Python's object arenas."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("dwell_process_allocator_bytes", "Bytes glibc's allocator "
+                              "holds, by state (in_use, free, mapped)", labels=["state"])
+        for state, n in allocator_bytes().items():
+            g.add_metric([state], n)
+        yield g
+        yield GaugeMetricFamily("dwell_process_python_blocks", "Memory blocks allocated by "
+                                "Python's object allocator", value=sys.getallocatedblocks())
+
+
 def release() -> None:
     """Return the allocator's free memory to the system (glibc), if it can."""
     if _TRIM is not None:
         _TRIM(0)  # type: ignore[operator]
+
+
+class Releaser:
+    """Every ``interval_s``: when the allocator's free bytes moved by ``min_change`` or
+    more since the last look (a burst's memory was freed, wherever and by whichever
+    thread), `release` it. A process with nothing new freed costs one `mallinfo2` per
+    interval; without mallinfo2 it releases every interval."""
+
+    def __init__(self, interval_s: float = 10.0, min_change: int = 8 << 20) -> None:
+        self.interval_s = interval_s
+        self.min_change = min_change
+        self.stopping = threading.Event()
+        self._last_free: int | None = None
+
+    def check(self) -> bool:
+        """One look; True when it released."""
+        free = allocator_bytes().get("free")
+        if free is not None and self._last_free is not None and (
+                abs(free - self._last_free) < self.min_change):
+            return False
+        release()
+        # What is free after the release (still counted free, no longer resident).
+        self._last_free = allocator_bytes().get("free")
+        return True
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval_s):
+            self.check()
+
+    def start(self) -> Releaser:
+        threading.Thread(target=self.run, name="dwell-memory-releaser", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()

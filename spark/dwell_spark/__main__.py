@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from dwell import memory
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import ensure_dwell_topics
 
@@ -68,6 +69,7 @@ def main() -> int:
     spark = session(settings)
     r = redis_adapter.connect(settings.redis_url)
     metrics.serve(settings.http_host, settings.spark_metrics_port)
+    memory.Releaser().start()
     log.info("metrics on http://%s:%d/metrics", settings.http_host, settings.spark_metrics_port)
     # Start the Python workers and JIT before the first due bucket does (the first job
     # of a session takes seconds, later ones a fraction).

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from dwell import memory
+
 from .records import LATENESS_BOUNDS_MS, CopyStats
 
 REGISTRY = CollectorRegistry()
@@ -92,6 +94,7 @@ class _Lateness(Collector):
 
 LATENESS = _Lateness()
 REGISTRY.register(LATENESS)
+REGISTRY.register(memory.AllocatorCollector())
 
 
 def record(stats: CopyStats) -> None:
