@@ -146,6 +146,7 @@ def serve(app: ASGIApp | str, settings: CommonSettings,
     """Run `app` under uvicorn; `http` is its HTTP protocol (admission brings its own)."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    memory.configure()
     memory.Releaser().start()
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
                 log_level=settings.log_level, access_log=False, http=http)

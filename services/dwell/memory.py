@@ -41,6 +41,28 @@ def _malloc_trim() -> object | None:
 _TRIM = _malloc_trim()
 
 
+# mallopt(3) parameter: allocations this large or larger get mappings of their own.
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 20
+
+
+def configure() -> None:
+    """At a process's start: allocations of 1 MiB or more (Kafka fetch and produce
+    buffers, large lists and arrays) get mappings of their own, unmapped when freed.
+    glibc's default threshold starts at 128 KiB and rises to 32 MiB as such blocks are
+    freed, after which they are carved from the arenas and stay resident there."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",

@@ -62,6 +62,7 @@ def session(settings: SparkSettings) -> SparkSession:
 
 
 def main() -> int:
+    memory.configure()
     settings = SparkSettings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

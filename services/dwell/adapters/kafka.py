@@ -628,7 +628,8 @@ def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
 SCAN_CONFIG: Mapping[str, Any] = {
     "fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10, "fetch.queue.backoff.ms": 1,
     "max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20,
-    "queued.max.messages.kbytes": 64 << 10, "enable.partition.eof": False}
+    "queued.max.messages.kbytes": 32 << 10, "queued.min.messages": 20000,
+    "enable.partition.eof": False}
 
 
 def read_offsets(consumer: Consumer, topic: str, wanted: Mapping[int, Sequence[int]],

@@ -7,6 +7,7 @@ import threading
 
 from prometheus_client import REGISTRY
 
+from dwell import memory
 from dwell.adapters.kafka import ensure_topic
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE
@@ -37,6 +38,7 @@ def start_ingest(settings: TrackerSettings, topic: str, thread: str,
 
 
 def main() -> None:
+    memory.configure()  # before the ingest's first fetch
     settings = TrackerSettings()
     r = connect(settings.redis_url)
     loop = start_ingest(settings, settings.delayed_topic, "tracker-ingest")

@@ -295,8 +295,11 @@ class IngestLoop:
         # the group's committed offsets yet (a new owner, a restart, a rebalance).
         self._unchecked: set[int] = set()
         self.rebuilding: set[int] = set()
+        # Prefetch a few batches, no more: what librdkafka queues is allocated record by
+        # record, and a burst's worth of it stays behind in the allocator.
         self.consumer = Consumer(bootstrap, group_id, **{
-            "fetch.max.bytes": 104857600, "queued.max.messages.kbytes": 262144})
+            "fetch.max.bytes": 64 << 20, "queued.max.messages.kbytes": 32 << 10,
+            "queued.min.messages": 2 * batch_max})
         self.consumer.subscribe([topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke)
         self.topic = topic
