@@ -22,9 +22,8 @@ def test_the_releaser_gives_back_what_a_thread_freed() -> None:
     libc.malloc.argtypes = [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-    rel = memory.Releaser(interval_s=3600)
-    rel.check()  # the starting point
-    assert not rel.check()  # nothing freed since: no release
+    assert not memory.Releaser(min_free=1 << 40).check()  # less free than that: no release
+    rel = memory.Releaser(interval_s=3600, min_free=32 << 20)
     blocks = [libc.malloc(64 << 10) for _ in range(2048)]
     for b in blocks:
         libc.memset(b, 1, 64 << 10)
