@@ -10,6 +10,7 @@ DWELL_FAULTS_FULL=1 runs the issue's sizes (200 msg/s, delays 0-60 s)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
@@ -69,6 +70,20 @@ def test_redis_kill9_and_restart(workload) -> None:  # noqa: ANN001
     _kill_and_restart(run.stack, "redis")
     rest_of_run(run)
     _check(run.finish("redis kill -9, restart"))
+
+
+def test_redis_restarted_without_its_data(workload) -> None:  # noqa: ANN001
+    """Redis back empty: its AOF and snapshot gone (a pod on a fresh volume, a failover
+    to a replica that had nothing)."""
+    run: Run = workload()
+    at_fault(run)
+    run.stack.kill9("redis")
+    data = run.stack.state / "redis"
+    shutil.rmtree(data)
+    data.mkdir()
+    run.stack.start("redis")
+    rest_of_run(run)
+    _check(run.finish("redis restarted empty"))
 
 
 def test_redis_flushall(workload) -> None:  # noqa: ANN001
