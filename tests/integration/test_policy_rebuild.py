@@ -95,9 +95,12 @@ def test_store_rolled_back_is_caught_up(policy, unique: str) -> None:  # noqa: A
         assert http.delete(f"/admin/v2/namespaces/{unique}/a/delayedDelivery"
                            ).status_code == 204
         after = _answers(http, paths)
-        r.flushdb()
+        # In one transaction: the service's check never sees the store empty in between.
+        pipe = r.pipeline(transaction=True)
+        pipe.flushdb()
         for k, v in snapshot.items():
-            r.restore(k, 0, v)
+            pipe.restore(k, 0, v)
+        pipe.execute()
         assert r.exists(keys.POLICY_EPOCH)
         assert _answers(http, paths) == after
         assert http.get(f"/admin/v2/namespaces/{unique}/b/delayedDelivery").json() == {
