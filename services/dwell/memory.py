@@ -25,20 +25,21 @@ from prometheus_client.registry import Collector
 log = logging.getLogger("dwell.memory")
 
 
-def _malloc_trim() -> object | None:
-    name = ctypes.util.find_library("c")
-    if not name:
+def _libc(name: str, argtypes: list[type], restype: type) -> object | None:
+    """glibc's function ``name``, or None elsewhere."""
+    lib = ctypes.util.find_library("c")
+    if not lib:
         return None
     try:
-        fn = ctypes.CDLL(name).malloc_trim
+        fn = getattr(ctypes.CDLL(lib), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
+    fn.argtypes = argtypes
+    fn.restype = restype
     return fn
 
 
-_TRIM = _malloc_trim()
+_TRIM = _libc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
 
 
 # mallopt(3) parameter: allocations this large or larger get mappings of their own.
@@ -51,16 +52,9 @@ def configure() -> None:
     buffers, large lists and arrays) get mappings of their own, unmapped when freed.
     glibc's default threshold starts at 128 KiB and rises to 32 MiB as such blocks are
     freed, after which they are carved from the arenas and stay resident there."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)  # type: ignore[operator]
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -69,20 +63,7 @@ class _Mallinfo2(ctypes.Structure):
         "fordblks", "keepcost")]
 
 
-def _mallinfo2() -> object | None:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        fn = ctypes.CDLL(name).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = []
-    fn.restype = _Mallinfo2
-    return fn
-
-
-_MALLINFO = _mallinfo2()
+_MALLINFO = _libc("mallinfo2", [], _Mallinfo2)
 
 
 def allocator_bytes() -> dict[str, int]:

@@ -36,3 +36,22 @@ def test_the_releaser_gives_back_what_a_thread_freed() -> None:
     for b in blocks[1::2]:
         libc.free(b)
     assert before - after >= 48 << 10, (before, after)
+
+
+def test_large_blocks_keep_mappings_of_their_own() -> None:
+    """glibc raises its mmap threshold when a mapped block is freed, so that the next
+    blocks that size come from the arenas and stay resident. After `configure` a 2 MiB
+    block is mapped, and unmapped when freed, even after a 4 MiB one was freed."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    memory.configure()
+    libc.free(libc.malloc(4 << 20))
+    before = memory.allocator_bytes()["mapped"]
+    block = libc.malloc(2 << 20)
+    try:
+        assert memory.allocator_bytes()["mapped"] - before >= 2 << 20
+    finally:
+        libc.free(block)
+    assert memory.allocator_bytes()["mapped"] == before

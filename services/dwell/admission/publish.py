@@ -615,8 +615,7 @@ class Deliveries:
     A thread polling the producer contends with the loop for the GIL on every batch and
     hands each result over through `call_soon_threadsafe`; here the loop polls the
     producer itself, every `interval_s` while a batch is unsettled (not at all when
-    idle), and settles asyncio futures directly. With this alone, bench/admission.py's
-    HTTP figure went from 96k to 161k msg/s (16 clients).
+    idle), and settles asyncio futures directly.
 
     Each batch also gets a deadline, checked on the same tick (all batches share one
     timeout, so the oldest is always first): the producer's message.timeout.ms fails a
