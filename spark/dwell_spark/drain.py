@@ -391,9 +391,10 @@ class Drainer:
             memory.release()
         if failed and len(failed) == len(groups):
             raise failed[0][1]
-        log.info("drained %d records from %d buckets in %.0f ms (%d topics, %d failing)",
-                 written, len(claims), (time.monotonic() - started) * 1000, len(by_topic),
-                 len(self.failing))
+        if self.failing:
+            log.info("drain round: %d records in %.0f ms; %d topics, %d of them failing",
+                     written, (time.monotonic() - started) * 1000, len(by_topic),
+                     len(self.failing))
         return written
 
     def _deliver(self, claims: Sequence[Claim], path: str | None) -> int:
@@ -415,9 +416,9 @@ class Drainer:
             elif c.dead_letters:
                 # No event follows a dead letter (a redelivery's count stays until its ack).
                 c.index.forget(*c.dead_letters)
-        log.debug("copied %d records from %d buckets (%s; copy %.0f, complete %.0f ms)",
-                  written, len(claims), path, (copied - started) * 1000,
-                  (time.monotonic() - copied) * 1000)
+        log.info("drained %d records from %d buckets in %.0f ms (%s; copy %.0f, complete "
+                 "%.0f ms)", written, len(claims), (time.monotonic() - started) * 1000, path,
+                 (copied - started) * 1000, (time.monotonic() - copied) * 1000)
         return written
 
     def _failed(self, group: Sequence[str], now_ms: int, exc: Exception,
