@@ -22,6 +22,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import devstack  # noqa: E402
 
+# Tests under these folders run against the real servers: they carry the `integration`
+# marker, so `pytest -m "not integration"` is the loop that needs no server.
+SERVER_SUITES = ("integration", "e2e", "faults")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        suite = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
+        if suite in SERVER_SUITES:
+            item.add_marker(pytest.mark.integration)
+        elif "stack" in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid} starts the real servers: it belongs in "
+                                    f"one of tests/{{{','.join(SERVER_SUITES)}}}/")
+
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[devstack.Stack]:

@@ -23,7 +23,7 @@ from dwell.settings import CommonSettings
 
 log = logging.getLogger("dwell")
 # Every service's /metrics: what its allocator holds (dwell.memory).
-REGISTRY.register(memory.AllocatorCollector())
+REGISTRY.register(memory.ALLOCATOR)
 
 ReadyCheck = Callable[[], Awaitable[dict[str, Any]]]
 

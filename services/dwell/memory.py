@@ -92,6 +92,9 @@ class AllocatorCollector(Collector):
                                 "Python's object allocator", value=sys.getallocatedblocks())
 
 
+ALLOCATOR = AllocatorCollector()
+
+
 def release() -> None:
     """Return the allocator's free memory to the system (glibc), if it can."""
     if _TRIM is not None:

@@ -94,7 +94,7 @@ class _Lateness(Collector):
 
 LATENESS = _Lateness()
 REGISTRY.register(LATENESS)
-REGISTRY.register(memory.AllocatorCollector())
+REGISTRY.register(memory.ALLOCATOR)
 
 
 def record(stats: CopyStats) -> None:

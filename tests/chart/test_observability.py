@@ -4,14 +4,18 @@ and their unit test (`promtool test rules`)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.metrics import MetricWrapperBase
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FILES = ROOT / "charts" / "dwell" / "files"
@@ -20,24 +24,39 @@ DASHBOARD = FILES / "dashboards" / "dwell.json"
 sys.path.insert(0, str(ROOT / "scripts"))
 import devstack  # noqa: E402
 
-# Metric names are declared as string literals in these modules (Counter/Gauge/Histogram
-# and the custom collectors' MetricFamily objects, which only yield when there is data).
-SOURCES = ["services/dwell/admission/metrics.py", "services/dwell/policy/app.py",
-           "services/dwell/tracker/ingest.py", "services/dwell/tracker/restage.py",
-           "services/dwell/tracker/stats.py", "spark/dwell_spark/metrics.py"]
+# Each service declares its metrics in one module; dwell.memory's allocator collector is
+# registered by every process.
+METRIC_MODULES = ["dwell.admission.metrics", "dwell.policy.metrics", "dwell.tracker.metrics",
+                  "dwell_spark.metrics", "dwell.memory"]
 PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "by", "without", "rate", "increase",
                 "histogram_quantile", "le", "on", "ignoring", "group_left", "group_right",
                 "and", "or", "unless", "bool", "offset", "label_values", "topk", "bottomk"}
 
 
+def declared(module: ModuleType) -> list[Any]:
+    """The module's metrics: prometheus_client's metric objects, and the instances of the
+    custom collectors it defines."""
+    return [obj for obj in vars(module).values()
+            if isinstance(obj, MetricWrapperBase)
+            or (type(obj).__module__ == module.__name__ and callable(getattr(obj, "collect", 0)))]
+
+
 def exported() -> set[str]:
-    """Exposition names: a counter `x` is `x_total`, a histogram `h` is `h_bucket` etc."""
+    """Exposition names of every metric the metric modules declare: a counter `x` is
+    `x_total`, a histogram `h` is `h_bucket` etc."""
     names: set[str] = {"up"}
-    for src in SOURCES:
-        for n in re.findall(r'"((?:dwell|pulsar)_[a-z_]+)"', (ROOT / src).read_text()):
-            base = n.removesuffix("_total")
-            names |= {n, base + "_total", base + "_bucket", base + "_sum", base + "_count"}
+    for module in map(importlib.import_module, METRIC_MODULES):
+        for obj in declared(module):
+            for fam in getattr(obj, "describe", obj.collect)():
+                base = fam.name.removesuffix("_total")
+                names |= {fam.name, base, base + "_total", base + "_bucket", base + "_sum",
+                          base + "_count"}
     return names
+
+
+def test_every_metric_module_declares_metrics() -> None:
+    for name in METRIC_MODULES:
+        assert declared(importlib.import_module(name)), f"{name} declares no metric"
 
 
 def metric_names(expr: str) -> set[str]:

@@ -31,7 +31,6 @@ import pydantic
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import Counter, Gauge
 
 from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
@@ -45,12 +44,10 @@ from dwell.core.topics import (
 )
 from dwell.http import ApiError, create_app, error
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
+from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
 from dwell.policy.settings import PolicySettings
 from dwell.policy.store import Change, PolicyStore, TenantInfo
-
-CHANGES = Counter("dwell_policy_changes_total", "Policy store changes, by kind", ["kind"])
-VERSION = Gauge("dwell_policy_version", "Latest version of the policy store")
 
 _POLICY_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": DelayedDeliveryPolicies.model_json_schema()}}}}

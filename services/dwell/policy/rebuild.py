@@ -21,21 +21,15 @@ import logging
 import time
 import uuid
 
-from prometheus_client import Counter, Histogram
-
 from dwell.adapters import kafka
 from dwell.core import topics
 from dwell.http import ApiError
 from dwell.policy.feed import PolicyFeed, record_version
+from dwell.policy.metrics import REBUILD_SECONDS, REBUILDS
 from dwell.policy.store import PolicyStore
 
 log = logging.getLogger("dwell.policy.rebuild")
 
-REBUILDS = Counter("dwell_policy_store_rebuilds_total",
-                   "Rebuilds of the policy store from dwell.policies, by reason", ["reason"])
-REBUILD_SECONDS = Histogram("dwell_policy_store_rebuild_seconds",
-                            "How long a rebuild of the policy store took",
-                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 
 class StoreGuard:

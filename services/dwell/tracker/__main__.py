@@ -12,12 +12,13 @@ from dwell.adapters.kafka import ensure_topic
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE
 from dwell.http import serve
+from dwell.tracker import metrics
 from dwell.tracker.app import build_app
 from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
-from dwell.tracker.stats import StatsCollector
+from dwell.tracker.stats import StatsRefresher
 
 
 def start_ingest(settings: TrackerSettings, topic: str, thread: str,
@@ -62,11 +63,11 @@ def main() -> None:
                             compression_type=settings.kafka_compression_type)
         threading.Thread(target=restager.run, args=(settings.restage_interval_ms,),
                          name="tracker-restage", daemon=True).start()
-    collector = StatsCollector(connect(settings.redis_url), settings.cluster,
+    collector = StatsRefresher(connect(settings.redis_url), settings.cluster,
                                strict=settings.delayed_delivery_deliver_at_time_strict,
                                lookahead=settings.delayed_delivery_fixed_delay_detection_lookahead,
                                interval_s=settings.stats_refresh_s)
-    REGISTRY.register(collector)
+    REGISTRY.register(metrics.INDEX_STATS)
     threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
     try:
         serve(build_app(settings, r, loop, refiled, restager, keeper), settings)

@@ -19,7 +19,6 @@ from typing import Any, Final
 
 import numpy as np
 import redis as redislib
-from prometheus_client import Counter, Histogram
 from pyroaring import BitMap64
 
 from dwell import keys, memory
@@ -27,6 +26,15 @@ from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
 from dwell.adapters.kafka import seek as kafka_seek
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
 from dwell.tracker.index import TopicIndex, append_positions, scripts
+from dwell.tracker.metrics import (
+    COMPACTED,
+    FLUSH_SECONDS,
+    INGESTED,
+    INVALID,
+    REBUILDS,
+    REBUILT,
+    REBUILT_DUE,
+)
 from dwell.tracker.recovery import committed_lowmarks, read_marks
 
 log = logging.getLogger("dwell.tracker.ingest")
@@ -43,24 +51,8 @@ SEEN_PREFIX: Final = "fdOffset:"  # + partition: last offset the detection has s
 # restage reading that topic may move them.
 SOURCE_FIELD: Final = "delayedTopic"
 
-INGESTED = Counter("dwell_tracker_ingested_total", "Positions indexed from dwell.delayed")
-INVALID = Counter("dwell_tracker_invalid_records_total",
-                  "dwell.delayed records without a usable key, deliver-at or tick-time header")
-FLUSH_SECONDS = Histogram("dwell_tracker_flush_seconds", "Redis write of one ingest batch",
-                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
-COMPACTED = Counter("dwell_tracker_compacted_buckets_total", "Buckets whose deltas were folded")
 # How long a rebuild may take to read dwell.delivered before it gives up and retries.
 REBUILD_READ_TIMEOUT_S = 30.0
-REBUILDS = Counter("dwell_tracker_index_rebuilds_total",
-                   "Delay-log partitions re-read because Redis lost index writes, by reason",
-                   ["reason"])
-REBUILT = Counter("dwell_tracker_rebuild_positions_total",
-                  "Positions a rebuild re-read: indexed again, or skipped as delivered",
-                  ["outcome"])
-REBUILT_DUE = Counter("dwell_tracker_rebuild_due_total",
-                      "Positions a rebuild indexed again that were already due: the drain "
-                      "delivers them at once (late); those whose claim was in flight when "
-                      "Redis lost them reach the ready topic twice")
 
 
 @dataclass

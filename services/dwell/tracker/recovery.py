@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 import redis as redislib
-from prometheus_client import Counter
 from pyroaring import BitMap64
 
 from dwell import keys
@@ -31,11 +30,10 @@ from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition
 from dwell.tracker.index import decode, encode, unpack_deltas
+from dwell.tracker.metrics import MARKS_WRITTEN
 
 log = logging.getLogger("dwell.tracker.recovery")
 
-MARKS_WRITTEN = Counter("dwell_delivered_marks_total",
-                        "Completed buckets whose positions went to dwell.delivered")
 
 
 def lowmark_group(tracker_group: str) -> str:

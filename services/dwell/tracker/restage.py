@@ -35,7 +35,6 @@ from typing import Final
 
 import numpy as np
 import redis as redislib
-from prometheus_client import Counter, Histogram
 from pyroaring import BitMap64
 
 from dwell import keys, memory
@@ -44,6 +43,7 @@ from dwell.core import topics as names
 from dwell.core.positions import REFILED_FIELD_BASE, field_partition, format_message_id
 from dwell.tracker.index import ClaimedBucket, TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
+from dwell.tracker.metrics import RESTAGE_SECONDS, RESTAGED
 from dwell.tracker.recovery import mark_record, write_marks
 
 log = logging.getLogger("dwell.tracker.restage")
@@ -59,11 +59,6 @@ PIECE_RECORDS: Final = 100_000
 # below 2**21, offsets below 2**40).
 FIELD_SHIFT: Final = 40
 
-RESTAGED = Counter("dwell_tracker_restaged_total",
-                   "Delayed messages re-filed into dense runs of dwell.delayed")
-RESTAGE_SECONDS = Histogram("dwell_tracker_restage_seconds",
-                            "One restage round (claim, read, write, complete)",
-                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40))
 
 
 def pieces(parts: list[tuple[int, int, BitMap64]],

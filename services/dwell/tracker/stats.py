@@ -1,24 +1,20 @@
 """Figures about a topic's index, measured from Redis: message count (distinct
 positions), bytes (MEMORY USAGE of every key), buckets, due times, drain lag, the
-PIP-448 fixed-delay flag, per-subscription pending redeliveries; and the Prometheus
-collector exporting them (Pulsar's metric names where Pulsar has one)."""
+PIP-448 fixed-delay flag, per-subscription pending redeliveries; and the thread that
+keeps the tracker's metrics (`dwell.tracker.metrics.INDEX_STATS`) up to date with them."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, Final
 
 import redis as redislib
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from dwell import keys
 from dwell.core.buckets import bucket_due_cutoff
-from dwell.core.topics import TopicName
-from dwell.tracker import subscriptions
+from dwell.tracker import metrics, subscriptions
 from dwell.tracker.index import SubscriptionIndex, TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD
 
@@ -74,24 +70,25 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
     }
 
 
-class StatsCollector(Collector):
-    """Serves the last snapshot; a background thread refreshes it so a scrape never
-    waits on Redis."""
+class StatsRefresher:
+    """Refreshes the index figures the tracker's metrics serve
+    (`dwell.tracker.metrics.INDEX_STATS`) in the background, so a scrape never waits on
+    Redis."""
 
     def __init__(self, r: redislib.Redis, cluster: str, *, strict: bool, lookahead: int,
                  interval_s: float) -> None:
         self.redis = r
-        self.cluster = cluster
         self.strict = strict
         self.lookahead = lookahead
         self.interval_s = interval_s
-        self.snapshot: list[dict[str, Any]] = []
+        metrics.INDEX_STATS.cluster = cluster
         self._stop = threading.Event()
 
     def refresh(self) -> None:
         now = int(time.time() * 1000)
-        self.snapshot = [topic_stats(self.redis, t, now, strict=self.strict,
-                                     lookahead=self.lookahead) for t in topics(self.redis)]
+        metrics.INDEX_STATS.snapshot = [
+            topic_stats(self.redis, t, now, strict=self.strict, lookahead=self.lookahead)
+            for t in topics(self.redis)]
 
     def run(self) -> None:
         while not self._stop.is_set():
@@ -103,48 +100,3 @@ class StatsCollector(Collector):
 
     def stop(self) -> None:
         self._stop.set()
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["cluster", "namespace", "topic"]
-        fams = {
-            "size": GaugeMetricFamily("pulsar_delayed_message_index_size_bytes",
-                                      "Bytes the topic's delayed-message index uses in Redis",
-                                      labels=labels),
-            "buckets": GaugeMetricFamily("pulsar_delayed_message_index_bucket_total",
-                                         "Buckets in the topic's delayed-message index",
-                                         labels=labels),
-            "delayed": GaugeMetricFamily("dwell_tracker_delayed_messages",
-                                         "Delayed messages indexed (distinct positions)",
-                                         labels=labels),
-            "next": GaugeMetricFamily("dwell_tracker_next_due_at_ms",
-                                      "Earliest bucket start (ms since epoch)", labels=labels),
-            "lag": GaugeMetricFamily("dwell_tracker_drain_lag_ms",
-                                     "now - oldest due unclaimed bucket", labels=labels),
-            "fixed": GaugeMetricFamily("dwell_tracker_fixed_delay_detected",
-                                       "1 when PIP-448 fixed-delay detection holds",
-                                       labels=labels),
-        }
-        sub_delayed = GaugeMetricFamily("pulsar_subscription_delayed",
-                                        "Delayed messages a subscription will receive",
-                                        labels=[*labels, "subscription"])
-        pending = GaugeMetricFamily("dwell_tracker_subscription_pending_redeliveries",
-                                    "Redeliveries waiting in the subscription's index",
-                                    labels=[*labels, "subscription"])
-        for s in self.snapshot:
-            try:
-                ns = TopicName.parse(s["topic"]).namespace_name
-            except ValueError:
-                ns = ""
-            lv = [self.cluster, ns, s["topic"]]
-            fams["size"].add_metric(lv, s["bufferMemoryBytes"])
-            fams["buckets"].add_metric(lv, s["buckets"])
-            fams["delayed"].add_metric(lv, s["delayedMessages"])
-            fams["next"].add_metric(lv, s["nextDueAt"] or 0)
-            fams["lag"].add_metric(lv, s["drainLagMs"])
-            fams["fixed"].add_metric(lv, int(s["fixedDelayDetected"]))
-            for sub, ss in s["subscriptions"].items():
-                sub_delayed.add_metric([*lv, sub], s["delayedMessages"])
-                pending.add_metric([*lv, sub], ss["pendingRedeliveries"])
-        yield from fams.values()
-        yield sub_delayed
-        yield pending

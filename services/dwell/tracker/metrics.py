@@ -1,0 +1,98 @@
+"""The tracker's Prometheus metrics, all declared here: the ingest, rebuild, restage and
+recovery counters, and the index figures (Pulsar's metric names where Pulsar has one),
+served from the snapshot `dwell.tracker.stats` refreshes in the background."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dwell.core.topics import TopicName
+
+INGESTED = Counter("dwell_tracker_ingested_total", "Positions indexed from dwell.delayed")
+INVALID = Counter("dwell_tracker_invalid_records_total",
+                  "dwell.delayed records without a usable key, deliver-at or tick-time header")
+FLUSH_SECONDS = Histogram("dwell_tracker_flush_seconds", "Redis write of one ingest batch",
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+COMPACTED = Counter("dwell_tracker_compacted_buckets_total", "Buckets whose deltas were folded")
+REBUILDS = Counter("dwell_tracker_index_rebuilds_total",
+                   "Delay-log partitions re-read because Redis lost index writes, by reason",
+                   ["reason"])
+REBUILT = Counter("dwell_tracker_rebuild_positions_total",
+                  "Positions a rebuild re-read: indexed again, or skipped as delivered",
+                  ["outcome"])
+REBUILT_DUE = Counter("dwell_tracker_rebuild_due_total",
+                      "Positions a rebuild indexed again that were already due: the drain "
+                      "delivers them at once (late); those whose claim was in flight when "
+                      "Redis lost them reach the ready topic twice")
+RESTAGED = Counter("dwell_tracker_restaged_total",
+                   "Delayed messages re-filed into dense runs of dwell.delayed")
+RESTAGE_SECONDS = Histogram("dwell_tracker_restage_seconds",
+                            "One restage round (claim, read, write, complete)",
+                            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40))
+MARKS_WRITTEN = Counter("dwell_delivered_marks_total",
+                        "Completed buckets whose positions went to dwell.delivered")
+
+_TOPIC = ["cluster", "namespace", "topic"]
+_SUBSCRIPTION = [*_TOPIC, "subscription"]
+# family name -> (help, labels, the snapshot field it shows)
+_TOPIC_FAMILIES = {
+    "pulsar_delayed_message_index_size_bytes":
+        ("Bytes the topic's delayed-message index uses in Redis", "bufferMemoryBytes"),
+    "pulsar_delayed_message_index_bucket_total":
+        ("Buckets in the topic's delayed-message index", "buckets"),
+    "dwell_tracker_delayed_messages":
+        ("Delayed messages indexed (distinct positions)", "delayedMessages"),
+    "dwell_tracker_next_due_at_ms": ("Earliest bucket start (ms since epoch)", "nextDueAt"),
+    "dwell_tracker_drain_lag_ms": ("now - oldest due unclaimed bucket", "drainLagMs"),
+    "dwell_tracker_fixed_delay_detected":
+        ("1 when PIP-448 fixed-delay detection holds", "fixedDelayDetected"),
+}
+_SUBSCRIPTION_FAMILIES = {
+    "pulsar_subscription_delayed": "Delayed messages a subscription will receive",
+    "dwell_tracker_subscription_pending_redeliveries":
+        "Redeliveries waiting in the subscription's index",
+}
+
+
+class IndexStats(Collector):
+    """The index figures per topic and subscription. A scrape serves the last snapshot
+    (`dwell.tracker.stats.StatsRefresher` replaces it), so it never waits on Redis."""
+
+    def __init__(self) -> None:
+        self.cluster = ""
+        self.snapshot: list[dict[str, Any]] = []
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for name, (text, _) in _TOPIC_FAMILIES.items():
+            yield GaugeMetricFamily(name, text, labels=_TOPIC)
+        for name, text in _SUBSCRIPTION_FAMILIES.items():
+            yield GaugeMetricFamily(name, text, labels=_SUBSCRIPTION)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        topic_fams = [(GaugeMetricFamily(name, text, labels=_TOPIC), field)
+                      for name, (text, field) in _TOPIC_FAMILIES.items()]
+        sub_delayed, pending = (GaugeMetricFamily(name, text, labels=_SUBSCRIPTION)
+                                for name, text in _SUBSCRIPTION_FAMILIES.items())
+        for s in self.snapshot:
+            try:
+                ns = TopicName.parse(s["topic"]).namespace_name
+            except ValueError:
+                ns = ""
+            lv = [self.cluster, ns, s["topic"]]
+            for fam, field in topic_fams:
+                fam.add_metric(lv, int(s[field] or 0))
+            for sub, ss in s["subscriptions"].items():
+                sub_delayed.add_metric([*lv, sub], s["delayedMessages"])
+                pending.add_metric([*lv, sub], ss["pendingRedeliveries"])
+        for fam, _ in topic_fams:
+            yield fam
+        yield sub_delayed
+        yield pending
+
+
+INDEX_STATS = IndexStats()
