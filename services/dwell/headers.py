@@ -1,0 +1,33 @@
+"""Every Kafka header name dwell writes or reads, spelled here and nowhere else
+(ARCHITECTURE.md "Kafka topics"). Python imports the names; the Spark SQL in
+`dwell_spark.drain` builds its expressions from them; the native extension's names are
+held to these by tests/unit/test_headers.py.
+
+Header values are ASCII decimal integers, except the names, ids and keys noted."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- on every message a dwell topic carries
+TOPIC: Final = "dwell-topic"  # the Pulsar topic, persistent://t/ns/x
+PUBLISH_TIME: Final = "dwell-publish-time"  # ms since the epoch, when admission took it
+PRODUCER: Final = "dwell-producer"  # the request's producerName (may be empty)
+SEQUENCE_ID: Final = "dwell-sequence-id"  # the message's sequenceId, when it has one
+
+# -- on dwell.delayed and dwell.delayed.refiled
+DELIVER_AT: Final = "dwell-deliver-at"  # ms since the epoch; kept on the ready copy
+TICK_TIME: Final = "dwell-tick-time"  # the topic's tickTime (ms) when admission took it
+KEY: Final = "dwell-key"  # the message's own key (the record key is the Pulsar topic)
+
+# -- on re-filed, drained and redelivered copies
+ORIGIN: Final = "dwell-origin"  # <partition>:<offset>: the position in the delay log
+MESSAGE_ID: Final = "dwell-message-id"  # <kafkaTopic>:<partition>:<offset>, the SDK's id
+REDELIVERY_COUNT: Final = "dwell-redelivery-count"  # on retry-topic and DLQ copies
+SUBSCRIPTION: Final = "dwell-subscription"  # on retry-topic and DLQ copies
+
+# -- on dwell.policies
+VERSION: Final = "dwell-version"  # the policy store's version of the change
+
+ALL: Final = (TOPIC, PUBLISH_TIME, PRODUCER, SEQUENCE_ID, DELIVER_AT, TICK_TIME, KEY, ORIGIN,
+              MESSAGE_ID, REDELIVERY_COUNT, SUBSCRIPTION, VERSION)
