@@ -16,7 +16,8 @@ class TrackerSettings(CommonSettings):
     # "<delayed_topic>.refiled" for another delayed topic.
     refiled_topic: str = ""
     tracker_group_id: str = "dwell-tracker"
-    # Larger batches mean fewer APPENDs per message (measured: the lever for random delays).
+    # One batch is one Redis pipeline: larger batches mean fewer APPENDs per message, which
+    # matters most when delays are random (each bucket gets a few positions per batch).
     ingest_batch_max: int = Field(50000, ge=1)
     ingest_poll_timeout_ms: int = Field(100, ge=1)
     # Fold deltas into Roaring blobs at most this often (they cost ~14 B/msg until then).
