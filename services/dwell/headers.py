@@ -11,7 +11,7 @@ from typing import Final
 
 # -- on every message a dwell topic carries
 TOPIC: Final = "dwell-topic"  # the Pulsar topic, persistent://t/ns/x
-PUBLISH_TIME: Final = "dwell-publish-time"  # ms since the epoch, when admission took it
+PUBLISH_TIME: Final = "dwell-publish-time"  # ms since the epoch: eventTime, else admission's
 PRODUCER: Final = "dwell-producer"  # the request's producerName (may be empty)
 SEQUENCE_ID: Final = "dwell-sequence-id"  # the message's sequenceId, when it has one
 
