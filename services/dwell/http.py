@@ -4,7 +4,6 @@ and never a stack trace, and the uvicorn runner."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -141,12 +140,11 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
     return app
 
 
-def serve(app: ASGIApp | str, settings: CommonSettings,
-          http: type[asyncio.Protocol] | str = "auto") -> None:
-    """Run `app` under uvicorn; `http` is its HTTP protocol (admission brings its own)."""
+def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
+    """Run `app` under uvicorn, with uvicorn's own HTTP implementation."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     memory.configure()
     memory.Releaser().start()
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
-                log_level=settings.log_level, access_log=False, http=http)
+                log_level=settings.log_level, access_log=False)

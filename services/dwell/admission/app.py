@@ -95,8 +95,8 @@ class Admission:
 
 
 def build_app(settings: AdmissionSettings) -> FastAPI:
-    """The admission app. `app.state.publish` is its publish handler, which
-    `protocol.publish_protocol` serves straight from uvicorn's HTTP parser."""
+    """The admission app: the publish route, `/readyz`, and the policy follower and Kafka
+    ingress started and stopped with its lifespan."""
     adm = Admission(settings)
 
     async def ready() -> dict[str, Any]:
@@ -113,8 +113,6 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 
     app.router.lifespan_context = lifespan
     app.state.admission = adm
-    # Every request but the publishes `protocol.PublishProtocol` serves itself (which
-    # holds them to the same limit).
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
                        setting="max_request_bytes")
 
@@ -122,20 +120,25 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
     latency = metrics.PUBLISH_LATENCY.labels("http")
     requests: dict[int, Any] = {}
 
-    async def handle(domain: str, tenant: str, namespace: str, topic: str,
-                     body: bytes) -> tuple[int, bytes, dict[str, str] | None]:
-        """One publish request: (status, JSON body, extra headers)."""
+    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
+    async def publish(domain: str, tenant: str, namespace: str, topic: str,
+                      request: Request) -> Response:
+        # Streamed rather than `request.body()`, which would keep the body on the request
+        # while Kafka acknowledges (see Publisher.publish). A body over the limit raises
+        # BodyLimit's 413 here, before the request is counted.
+        body = b"".join([chunk async for chunk in request.stream()])
         started = time.perf_counter()
         status = 200
         try:
             tn = adm.publisher.topic(domain, tenant, namespace, topic)
             answer = adm.publisher.publish(tn, body)
             del body  # see Publisher.publish
-            return 200, await answer, None
+            return Response(await answer, media_type="application/json")
         except PublishError as exc:
             status = exc.status
             headers = {"Retry-After": RETRY_AFTER_S} if exc.status == 503 else None
-            return status, orjson.dumps({"reason": exc.reason}), headers
+            return Response(orjson.dumps({"reason": exc.reason}), status, headers,
+                            media_type="application/json")
         except Exception:
             status = 500
             raise
@@ -145,16 +148,5 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
                 counter = requests[status] = metrics.REQUESTS.labels("http", str(status))
             counter.inc()
             latency.observe(time.perf_counter() - started)
-
-    app.state.publish = handle
-
-    # Documents the endpoint (OpenAPI) and serves it under any ASGI server; under uvicorn
-    # `python -m dwell.admission` serves it through `protocol.PublishProtocol` instead.
-    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
-    async def publish(domain: str, tenant: str, namespace: str, topic: str,
-                      request: Request) -> Response:
-        status, content, headers = await handle(domain, tenant, namespace, topic,
-                                                await request.body())
-        return Response(content, status, headers, media_type="application/json")
 
     return app
