@@ -2,8 +2,9 @@
 request, apply `dwell.core.admit.admit` to each message with the topic's effective policy,
 and write accepted messages to the topic's ready topic (immediate) or to `dwell.delayed`
 (delayed), with the headers of docs/internals.md. On the HTTP path `dwell_native` (Rust,
-native/) plans the common request straight from its JSON; `Publisher.plan` here is the
-reference it is tested against and takes every other request.
+native/, optional: see `native.py`) plans the common request straight from its JSON;
+`Publisher.plan` here is the reference it is tested against and takes every other
+request.
 
 Request validation, decided here for both entry paths:
 
@@ -33,7 +34,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-import dwell_native
 import msgspec
 import orjson
 import pydantic
@@ -45,7 +45,7 @@ from dwell.core.admit import Decision, Override, Reject, admit
 from dwell.core.policy import MAX_LONG, EffectivePolicy
 from dwell.core.topics import InvalidTopicName, TopicName
 
-from . import metrics
+from . import metrics, native
 from .cache import PolicyCache
 from .settings import AdmissionSettings
 
@@ -248,6 +248,7 @@ class Publisher:
         self.catch_up = catch_up
         self.clock = clock
         self.strict = settings.delayed_delivery_deliver_at_time_strict
+        self.native = native.load(settings.native)
         self._topics: dict[tuple[str, str, str, str], TopicName | str] = {}
         self._ready_topics: set[str] = set()
         self._labels: dict[str, tuple[Any, Any]] = {}
@@ -409,16 +410,18 @@ class Publisher:
         return plan
 
     def plan_body(self, topic: TopicName, body: bytes) -> Plan:
-        """`plan(topic, parse_request(body))`, decided by `dwell_native.plan` straight
-        from the JSON when the request is the common case (every message published or
-        rejected by the rule); any other request, and every error, goes the Python way.
-        The same records, results and answer: tests/unit/admission/test_native.py."""
+        """`plan(topic, parse_request(body))`, decided by `dwell_native.plan` (when
+        admission has it) straight from the JSON when the request is the common case
+        (every message published or rejected by the rule); any other request, and every
+        error, goes the Python way. The same records, results and answer:
+        tests/unit/admission/test_native.py."""
         s = self.settings
-        if self.cache.ready.is_set() and self.cache.namespace_known(topic.tenant,
-                                                                     topic.namespace):
+        accel = self.native
+        if accel is not None and self.cache.ready.is_set() and self.cache.namespace_known(
+                topic.tenant, topic.namespace):
             now = int(self.clock() * 1000)
             topic_b, ready = self._topic_bytes(topic)
-            got = dwell_native.plan(body, self._decider(topic, now, ready), topic_b, ready,
+            got = accel.plan(body, self._decider(topic, now, ready), topic_b, ready,
                                     names.DELAYED, now, s.max_payload_bytes,
                                     s.max_messages_per_request)
             if got is not None:
@@ -545,19 +548,20 @@ class Publisher:
             results[i] = {**results[i], "messageId": f"{out[0]}:{partition}:{offset}"}
         return results
 
-    @staticmethod
-    def answer(plan: Plan, offsets: Sequence[tuple[int, int]]) -> bytes:
+    def answer(self, plan: Plan, offsets: Sequence[tuple[int, int]]) -> bytes:
         """The HTTP answer: the bytes of `{"messagePublishResults": finish(plan, offsets)}`
         as orjson writes them, without a dict per message: an accepted result is its
-        head (`Plan.heads`) and `<partition>:<offset>"}` (spliced by dwell_native when
-        every message was accepted)."""
+        head (`Plan.heads`) and `<partition>:<offset>"}` (spliced by dwell_native, when
+        admission has it, if every message was accepted)."""
         results = plan.results
-        if len(plan.heads) == len(results):  # every message accepted
-            return dwell_native.answer(plan.heads, offsets)
+        if len(plan.heads) == len(results) and self.native is not None:
+            return self.native.answer(plan.heads, offsets)  # type: ignore[no-any-return]
         parts = [f'{head}{partition}:{offset}"}}'
                  for head, (partition, offset) in zip(plan.heads, offsets, strict=True)]
-        accepted = dict(zip(plan.index, parts, strict=True))
-        parts = [accepted.get(i) or orjson.dumps(r).decode() for i, r in enumerate(results)]
+        if len(parts) != len(results):
+            accepted = dict(zip(plan.index, parts, strict=True))
+            parts = [accepted.get(i) or orjson.dumps(r).decode()
+                     for i, r in enumerate(results)]
         return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
 
     def count(self, plan: Plan, path: str) -> None:

@@ -20,6 +20,10 @@ class AdmissionSettings(CommonSettings):
     max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1)
     max_messages_per_request: int = Field(1000, ge=1)
 
+    # Use dwell_native (native/, optional) for the HTTP publish path when it is installed;
+    # false keeps admission on the pure-Python path, which gives the same answers.
+    native: bool = True
+
     # Partitions of the Kafka topics admission creates on first use.
     ready_topic_partitions: int = Field(4, ge=1)
     delayed_topic_partitions: int = Field(4, ge=1)

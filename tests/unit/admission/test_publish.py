@@ -324,4 +324,4 @@ def test_answer_is_the_json_of_the_finished_results(publisher: Publisher) -> Non
         offsets = [(p, 40 + p) for p in range(len(plan(publisher, topic, raw_body).sends))]
         want = orjson.dumps({"messagePublishResults": Publisher.finish(
             plan(publisher, topic, raw_body), offsets)})
-        assert Publisher.answer(plan(publisher, topic, raw_body), offsets) == want
+        assert publisher.answer(plan(publisher, topic, raw_body), offsets) == want
