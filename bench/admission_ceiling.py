@@ -45,7 +45,7 @@ def serve() -> None:
     from fastapi.responses import Response
 
     from dwell.adapters import kafka
-    from dwell.admission.publish import Deliveries
+    from dwell.admission.deliveries import Deliveries
     from dwell.admission.settings import AdmissionSettings
     from dwell.core.topics import TopicName
     from dwell.http import serve as serve_http

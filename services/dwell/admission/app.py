@@ -24,7 +24,8 @@ from dwell.http import BodyLimit, create_app
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
 from .ingress import Ingress
-from .publish import Publisher, PublishError
+from .publish import Publisher
+from .schema import PublishError
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission")

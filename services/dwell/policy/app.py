@@ -35,7 +35,7 @@ from prometheus_client import Counter, Gauge
 
 from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
-from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy, validation_errors
+from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy
 from dwell.core.topics import (
     PERSISTENT,
     InvalidTopicName,
@@ -43,7 +43,7 @@ from dwell.core.topics import (
     validate_namespace,
     validate_tenant,
 )
-from dwell.http import ApiError, create_app, error
+from dwell.http import ApiError, create_app, error, validation_reason
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.rebuild import StoreGuard
 from dwell.policy.settings import PolicySettings
@@ -86,7 +86,7 @@ async def _policy_body(request: Request) -> DelayedDeliveryPolicies:
     try:
         return DelayedDeliveryPolicies.model_validate_json(await request.body())
     except pydantic.ValidationError as exc:
-        raise ApiError(400, validation_errors(exc)) from exc
+        raise ApiError(400, validation_reason(exc)) from exc
 
 
 async def _tenant_body(request: Request) -> TenantInfo:
@@ -96,7 +96,7 @@ async def _tenant_body(request: Request) -> TenantInfo:
     try:
         return TenantInfo.model_validate_json(raw)
     except pydantic.ValidationError as exc:
-        raise ApiError(400, validation_errors(exc)) from exc
+        raise ApiError(400, validation_reason(exc)) from exc
 
 
 async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
@@ -118,7 +118,7 @@ async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
     try:
         return DelayedDeliveryPolicies.model_validate_json(orjson.dumps(policy))
     except pydantic.ValidationError as exc:
-        raise ApiError(400, "delayed_delivery_policies." + validation_errors(exc)) from exc
+        raise ApiError(400, "delayed_delivery_policies." + validation_reason(exc)) from exc
 
 
 def _json(value: Any) -> Response:

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from dwell.adapters import kafka
 from dwell.admission import native
 from dwell.admission.cache import PolicyCache
-from dwell.admission.publish import Plan, Publisher, PublishError, PublishRequest, parse_request
+from dwell.admission.plan import Plan
+from dwell.admission.publish import Publisher
+from dwell.admission.schema import PublishError, PublishRequest, parse_request
 from dwell.admission.settings import AdmissionSettings
 from dwell.core.policy import MAX_LONG
 
