@@ -30,8 +30,7 @@ class AdmissionSettings(CommonSettings):
 
     # Producer: batching and how long an unacknowledged send may take before the
     # publish answers 503 (retriable). A publish waits for its acks, so the linger is
-    # latency every request pays: at 5 ms, 8 clients got half the throughput of 1 ms
-    # (bench/admission.py, p50 9.4 ms against 4.3 ms).
+    # latency every request pays, and a client waiting longer sends less.
     producer_linger_ms: int = Field(1, ge=0)
     publish_timeout_ms: int = Field(10000, ge=1000)
 
