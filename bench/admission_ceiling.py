@@ -2,7 +2,7 @@
 HTTP path would do if reading a request and deciding it cost nothing.
 
 A stand-in server answers the same requests on the same HTTP stack (uvicorn through
-`dwell.http.serve`, admission's GC settings) by writing a batch of
+`dwell.http.serve` behind admission's `PublishFront`, its GC settings) by writing a batch of
 the records admission would write (built once, not per request) through admission's
 `Deliveries`, then answering 200 with a pre-encoded answer of the same shape and size.
 What it leaves out is all of admission's own work: decoding the body, the topic and
@@ -41,10 +41,10 @@ TOPIC = "persistent://bench/ceiling/load"
 
 def serve() -> None:
     """The stand-in server (run as `admission_ceiling.py serve PORT`)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import Response
+    from fastapi import FastAPI
 
     from dwell.adapters import kafka
+    from dwell.admission.app import PublishFront
     from dwell.admission.deliveries import Deliveries
     from dwell.admission.settings import AdmissionSettings
     from dwell.core.topics import TopicName
@@ -63,14 +63,12 @@ def serve() -> None:
          "messageId": f"{ready if i % 2 == 0 else 'dwell.delayed'}:{i % 4}:{1_000_000 + i}"}
         for i in range(bench.BATCH)]})
 
-    app = FastAPI()
-
-    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
-    async def publish(domain: str, tenant: str, namespace: str, topic: str,
-                      request: Request) -> Response:
-        await request.body()
+    async def handle(domain: str, tenant: str, namespace: str, topic: str,
+                     body: bytes) -> tuple[int, bytes, dict[str, str] | None]:
         await deliveries.send(records)
-        return Response(answer, media_type="application/json")
+        return 200, answer, None
+
+    app = FastAPI()
 
     @app.get("/readyz")
     async def readyz() -> dict[str, bool]:
@@ -79,7 +77,7 @@ def serve() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*bench.GC_THRESHOLDS)
-    serve_http(app, settings)
+    serve_http(PublishFront(app, handle, settings.max_request_bytes), settings)
 
 
 def main() -> None:

@@ -91,6 +91,21 @@ def validation_reason(exc: pydantic.ValidationError | RequestValidationError) ->
     return "; ".join(dict.fromkeys(parts)) or "invalid request"
 
 
+def too_large(max_bytes: int, setting: str, size: int | None) -> str:
+    """The reason of the 413 for a body over `max_bytes` (the setting named `setting`);
+    `size` when the request declared it."""
+    got = f"{size} bytes" if size is not None else f"more than {max_bytes} bytes"
+    return f"request body: {got}; the limit is {max_bytes} bytes ({setting})"
+
+
+def declared_size(scope: Scope) -> int | None:
+    """A request's Content-Length, or None when it has none (chunked) or a malformed one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return None
+
+
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` is answered 413 naming the limit,
     at once when its Content-Length says so, else when the bytes read pass it (the app
@@ -102,18 +117,16 @@ class BodyLimit:
         self.setting = setting
 
     def reason(self, size: int | None) -> str:
-        got = f"{size} bytes" if size is not None else f"more than {self.max_bytes} bytes"
-        return f"request body: {got}; the limit is {self.max_bytes} bytes ({self.setting})"
+        return too_large(self.max_bytes, self.setting, size)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await error(413, self.reason(int(value)), {"connection": "close"})(
-                    scope, receive, send)
-                return
+        size = declared_size(scope)
+        if size is not None and size > self.max_bytes:
+            await error(413, self.reason(size), {"connection": "close"})(scope, receive, send)
+            return
         seen = 0
 
         async def counted() -> Message:

@@ -7,7 +7,7 @@ import gc
 
 from dwell.http import serve
 
-from .app import build_app
+from .app import build_app, serve_publishes
 from .settings import AdmissionSettings
 
 # The publish path allocates several containers per message that reference counting
@@ -25,7 +25,7 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    serve(app, settings)
+    serve(serve_publishes(app, settings), settings)
 
 
 if __name__ == "__main__":
