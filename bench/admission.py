@@ -12,10 +12,14 @@
     a ratio. (b) and (d) alternate for BENCH_ROUNDS rounds of BENCH_HTTP_SECONDS each
     so both see the same background load.
 
+Admission runs with `dwell_native` when it is installed, on the pure-Python path when it
+is not or when DWELL_NATIVE=0 (`DWELL_NATIVE=0 .venv/bin/python bench/admission.py`); the
+bench prints which path it measured.
+
 Starts the test-profile Redis and Kafka unless running (and stops only what it started,
 unless DWELL_TEST_KEEP_SERVERS=1),
 plus its own policy and admission processes on free ports. Prints the figures and writes
-bench/out/admission.json.
+bench/out/admission.json (admission_python.json for the pure-Python path).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import devstack  # noqa: E402
 from dwell.adapters import kafka  # noqa: E402
+from dwell.admission import native  # noqa: E402
 from dwell.admission.__main__ import GC_THRESHOLDS  # noqa: E402
 from dwell.admission.settings import AdmissionSettings  # noqa: E402
 from dwell.core import topics as names  # noqa: E402
@@ -298,6 +303,9 @@ def median(items: list[Any], key: Any) -> Any:
 
 
 def main() -> None:
+    # The admission process inherits this environment, DWELL_NATIVE included.
+    path_used = native.implementations(AdmissionSettings().native)[-1]
+    print(f"admission's publish path: {path_used}", flush=True)
     stack = devstack.Stack("test")
     started = [n for n in ("redis", "kafka") if stack.start(n) is not None]
     procs: list[subprocess.Popen[bytes]] = []
@@ -375,9 +383,11 @@ def main() -> None:
                    for h, r in rounds],
         "ratio_ingress_to_raw": round(ingress["msgs_per_s"] / raw, 3),
         "batch": BATCH, "payload_bytes": len(PAYLOAD), "targets": TARGETS,
+        "publish_path": path_used,
     }
     mark = lambda ok: "ok" if ok else "MISS"  # noqa: E731
     print()
+    print(f"admission's publish path: {path_used}")
     print(f"(a) admit()            {result['admit_per_s']:>12,} decisions/s   "
           f"target >= 500,000  {mark(admit_rate >= 500_000)}")
     print(f"(b) HTTP publish       {http['msgs_per_s']:>12,.0f} msgs/s        "
@@ -393,7 +403,8 @@ def main() -> None:
     print(f"    HTTP / raw    = {result['ratio_http_to_raw']:.3f}   target >= 0.7  "
           f"{mark(result['ratio_http_to_raw'] >= 0.7)}")
     print(f"    ingress / raw = {result['ratio_ingress_to_raw']:.3f}")
-    out = ROOT / "bench" / "out" / "admission.json"
+    name = "admission.json" if path_used == native.NATIVE else "admission_python.json"
+    out = ROOT / "bench" / "out" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {out.relative_to(ROOT)}")

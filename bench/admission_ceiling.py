@@ -2,7 +2,7 @@
 HTTP path would do if reading a request and deciding it cost nothing.
 
 A stand-in server answers the same requests on the same HTTP stack (uvicorn through
-`dwell.http.serve` with admission's `PublishProtocol`, its GC settings) by writing a batch of
+`dwell.http.serve` behind admission's `PublishFront`, its GC settings) by writing a batch of
 the records admission would write (built once, not per request) through admission's
 `Deliveries`, then answering 200 with a pre-encoded answer of the same shape and size.
 What it leaves out is all of admission's own work: decoding the body, the topic and
@@ -44,8 +44,8 @@ def serve() -> None:
     from fastapi import FastAPI
 
     from dwell.adapters import kafka
-    from dwell.admission.protocol import publish_protocol
-    from dwell.admission.publish import Deliveries
+    from dwell.admission.app import PublishFront
+    from dwell.admission.deliveries import Deliveries
     from dwell.admission.settings import AdmissionSettings
     from dwell.core.topics import TopicName
     from dwell.http import serve as serve_http
@@ -77,7 +77,7 @@ def serve() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*bench.GC_THRESHOLDS)
-    serve_http(app, settings, http=publish_protocol(handle, settings.max_request_bytes))
+    serve_http(PublishFront(app, handle, settings.max_request_bytes), settings)
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 # Runs as uid/gid 10001 on a read-only root filesystem; only /tmp (the chart's
 # emptyDir) is written.
 
-# dwell_native (native/), the Rust extension admission imports, built into a wheel. This
+# dwell_native (native/), admission's optional Rust accelerator, built into a wheel. This
 # image has the Rust (PyO3 0.27 needs >= 1.74) and gcc (the linker) the build needs;
 # bookworm like the runtime, so the wheel links against the glibc the image has, and
 # Debian's python3 is 3.11 like the runtime's, so the wheel is cp311. Only the wheel

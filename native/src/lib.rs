@@ -1,7 +1,7 @@
-//! `dwell_native.plan`: admission's `Publisher.plan` for the common request, decided
+//! `dwell_native.plan`: admission's `Planner.plan` for the common request, decided
 //! straight from the request's JSON; `dwell_native.answer`: its HTTP answer.
 //!
-//! The Python plan (`dwell.admission.publish`) is the reference: this module builds the
+//! The Python plan (`dwell.admission.plan`) is the reference: this module builds the
 //! same records, results and answer heads, and asks Python for every decision
 //! (`decide`, which calls `dwell.core.admit.admit`), once per distinct ask in a
 //! request. It only takes the request whose every message is published or rejected by
@@ -213,7 +213,7 @@ impl<'py> Decisions<'py> {
     }
 }
 
-/// One decision as `Publisher.plan` keeps it: the result fields, the delay headers
+/// One decision as `Planner.plan` keeps it: the result fields, the delay headers
 /// (None: rejected; empty: immediate), whether it counts as an override, the head.
 struct Decided<'py> {
     result: Bound<'py, PyDict>,
@@ -225,9 +225,9 @@ struct Decided<'py> {
 /// Plan a publish request from its body, or None when the Python plan must take it.
 ///
 /// `decide(deliver_at, deliver_after_ms, publish_time)` returns the decision as
-/// `Publisher` builds it: `(result fields, delay headers or None, 0 or 1, head)`.
+/// `Planner` builds it (`Decided`): `(result fields, delay headers or None, 0 or 1, head)`.
 /// Returns `(results, sends, index, heads, delayed, rejected, overridden)`: the fields of
-/// `Plan` (see dwell.admission.publish) and the counts of delayed records, rejected
+/// `Plan` (see dwell.admission.plan) and the counts of delayed records, rejected
 /// messages and counted fixed-delay overrides.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -425,7 +425,7 @@ fn build<'py>(
     Ok(Ok(out.into_pyobject(py)?))
 }
 
-/// `Publisher.answer` when every message of the plan was accepted: the JSON answer,
+/// `Planner.answer` when every message of the plan was accepted: the JSON answer,
 /// each result its head (`Plan.heads`) and `<partition>:<offset>"}`.
 #[pyfunction]
 fn answer<'py>(

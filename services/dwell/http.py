@@ -4,12 +4,12 @@ and never a stack trace, and the uvicorn runner."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
+import pydantic
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,19 +47,63 @@ def internal_error(exc: Exception) -> str:
     return f"internal error ({type(exc).__name__}); see the service log"
 
 
-def describe_validation(exc: RequestValidationError) -> str:
-    """One line naming each bad field, e.g. `messages[0].deliverAt: Input should be...`."""
-    parts = []
+# What a 400 says for each kind of pydantic error; any other kind gives pydantic's text.
+_ERROR_TEXTS: Final = {
+    "int_type": "must be an integer",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "extra_forbidden": "unknown field",
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+    "dict_type": "must be a JSON object",
+    "json_invalid": "is not valid JSON",
+    "json_type": "is not valid JSON",
+    "missing": "is required",
+}
+# The first element of a FastAPI error's location: where in the request, not a field.
+_REQUEST_PARTS: Final = ("body", "query", "path", "header", "cookie")
+
+
+def _error_text(err: Any) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}"
+    return _ERROR_TEXTS.get(kind, str(err.get("msg", "invalid")))
+
+
+def validation_reason(exc: pydantic.ValidationError | RequestValidationError) -> str:
+    """The reason a 400 gives for a body or parameters that do not fit their model: one
+    clause per bad field, e.g. `messages[2].deliverAt: must be an integer; tickTime: must
+    be >= 1`. Every service and both admission entry paths word errors with it."""
+    parts: list[str] = []
     for err in exc.errors():
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
-        field = ""
+        loc = list(err.get("loc", ()))
+        if isinstance(exc, RequestValidationError) and loc and loc[0] in _REQUEST_PARTS:
+            loc = loc[1:]
+        where = ""
         for p in loc:
-            field += f"[{p}]" if p.isdigit() else (f".{p}" if field else p)
-        msg = err.get("msg", "invalid")
-        if err.get("type") == "json_invalid":
-            return f"invalid JSON: {err.get('ctx', {}).get('error', msg)}"
-        parts.append(f"{field or 'body'}: {msg}")
-    return "; ".join(parts) or "invalid request"
+            where += f"[{p}]" if isinstance(p, int) else (f".{p}" if where else str(p))
+        parts.append(f"{where or 'body'}: {_error_text(err)}")
+    return "; ".join(dict.fromkeys(parts)) or "invalid request"
+
+
+def too_large(max_bytes: int, setting: str, size: int | None) -> str:
+    """The reason of the 413 for a body over `max_bytes` (the setting named `setting`);
+    `size` when the request declared it."""
+    got = f"{size} bytes" if size is not None else f"more than {max_bytes} bytes"
+    return f"request body: {got}; the limit is {max_bytes} bytes ({setting})"
+
+
+def declared_size(scope: Scope) -> int | None:
+    """A request's Content-Length, or None when it has none (chunked) or a malformed one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return None
 
 
 class BodyLimit:
@@ -73,18 +117,16 @@ class BodyLimit:
         self.setting = setting
 
     def reason(self, size: int | None) -> str:
-        got = f"{size} bytes" if size is not None else f"more than {self.max_bytes} bytes"
-        return f"request body: {got}; the limit is {self.max_bytes} bytes ({self.setting})"
+        return too_large(self.max_bytes, self.setting, size)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await error(413, self.reason(int(value)), {"connection": "close"})(
-                    scope, receive, send)
-                return
+        size = declared_size(scope)
+        if size is not None and size > self.max_bytes:
+            await error(413, self.reason(size), {"connection": "close"})(scope, receive, send)
+            return
         seen = 0
 
         async def counted() -> Message:
@@ -109,7 +151,7 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(400, describe_validation(exc))
+        return error(400, validation_reason(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -141,12 +183,11 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
     return app
 
 
-def serve(app: ASGIApp | str, settings: CommonSettings,
-          http: type[asyncio.Protocol] | str = "auto") -> None:
-    """Run `app` under uvicorn; `http` is its HTTP protocol (admission brings its own)."""
+def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
+    """Run `app` under uvicorn, with uvicorn's own HTTP implementation."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     memory.configure()
     memory.Releaser().start()
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
-                log_level=settings.log_level, access_log=False, http=http)
+                log_level=settings.log_level, access_log=False)

@@ -7,14 +7,13 @@ import gc
 
 from dwell.http import serve
 
-from .app import build_app
-from .protocol import publish_protocol
+from .app import build_app, serve_publishes
 from .settings import AdmissionSettings
 
 # The publish path allocates several containers per message that reference counting
 # frees at once; with the default gen0 threshold (700) the cycle collector would still
 # run a few times per 100-message request, each pass walking the young objects (and every
-# tenth one the older ones). Measured: ~35% of the CPU of a batch of ingress requests.
+# tenth one the older ones), for garbage that holds no cycles.
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
@@ -26,8 +25,7 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    serve(app, settings,
-          http=publish_protocol(app.state.publish, settings.max_request_bytes))
+    serve(serve_publishes(app, settings), settings)
 
 
 if __name__ == "__main__":

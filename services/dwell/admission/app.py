@@ -9,22 +9,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.http import BodyLimit, create_app
+from dwell.http import BodyLimit, create_app, declared_size, internal_error, too_large
 
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
 from .ingress import Ingress
-from .publish import Publisher, PublishError
+from .publish import Publisher
+from .schema import PublishError
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission")
@@ -94,9 +96,98 @@ class Admission:
         return out
 
 
+# (domain, tenant, namespace, topic, body) -> (status, JSON body, extra headers)
+Handler = Callable[[str, str, str, str, bytes],
+                   Awaitable[tuple[int, bytes, dict[str, str] | None]]]
+_PREFIX = "/topics/"
+
+
+def publish_parts(scope: Scope) -> list[str] | None:
+    """The four path segments of a publish request, or None: the FastAPI route's match
+    (a POST, four non-empty segments of the decoded path)."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    path: str = scope["path"]
+    if not path.startswith(_PREFIX):
+        return None
+    parts = path[len(_PREFIX):].split("/")
+    return parts if len(parts) == 4 and all(parts) else None
+
+
+class PublishFront:
+    """ASGI: publish requests go straight to `handle`; every other request, and the
+    lifespan, to `app`.
+
+    A publish needs none of FastAPI's per-request work (routing, parameter resolution,
+    the middleware stack), and that work costs more than the rest of the HTTP exchange
+    around a batch. What the app would give a publish is kept here: a body over
+    `max_bytes` is refused with 413 as `BodyLimit` refuses it (at once when its
+    Content-Length says so, else as soon as the bytes read pass the limit, closing the
+    connection), and an unexpected error is a 500 without a trace. Keep-alive,
+    pipelining and `Expect: 100-continue` are uvicorn's."""
+
+    def __init__(self, app: ASGIApp, handle: Handler, max_bytes: int) -> None:
+        self.app = app
+        self.handle = handle
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        parts = publish_parts(scope)
+        if parts is None:
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        size = declared_size(scope)
+        if size is not None and size > limit:
+            await _answer(send, 413, _too_large(limit, size), _CLOSE)
+            return
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > limit:
+                await _answer(send, 413, _too_large(limit, None), _CLOSE)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        del chunks
+        answer = self.handle(parts[0], parts[1], parts[2], parts[3], body)
+        del body  # the handler lets it go once decoded: see Publisher.publish
+        try:
+            status, content, headers = await answer
+        except Exception as exc:  # the app's 500 handler, which this path bypasses
+            log.exception("unhandled error on POST %s", scope["path"])
+            await _answer(send, 500, orjson.dumps({"reason": internal_error(exc)}), None)
+            return
+        await _answer(send, status, content, headers)
+
+
+_CLOSE = {"connection": "close"}
+
+
+def _too_large(limit: int, size: int | None) -> bytes:
+    return orjson.dumps({"reason": too_large(limit, "max_request_bytes", size)})
+
+
+async def _answer(send: Send, status: int, content: bytes,
+                  headers: dict[str, str] | None) -> None:
+    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
+    if headers:
+        raw += [(name.lower().encode(), value.encode()) for name, value in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": content})
+
+
 def build_app(settings: AdmissionSettings) -> FastAPI:
-    """The admission app. `app.state.publish` is its publish handler, which
-    `protocol.publish_protocol` serves straight from uvicorn's HTTP parser."""
+    """The admission app: the publish route, `/readyz`, and the policy follower and Kafka
+    ingress started and stopped with its lifespan. `app.state.publish` is its publish
+    handler, which `serve_publishes` hands publishes to directly."""
     adm = Admission(settings)
 
     async def ready() -> dict[str, Any]:
@@ -113,8 +204,6 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 
     app.router.lifespan_context = lifespan
     app.state.admission = adm
-    # Every request but the publishes `protocol.PublishProtocol` serves itself (which
-    # holds them to the same limit).
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
                        setting="max_request_bytes")
 
@@ -148,8 +237,8 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 
     app.state.publish = handle
 
-    # Documents the endpoint (OpenAPI) and serves it under any ASGI server; under uvicorn
-    # `python -m dwell.admission` serves it through `protocol.PublishProtocol` instead.
+    # Documents the endpoint (OpenAPI) and serves it under any ASGI server; behind
+    # `serve_publishes`, as `python -m dwell.admission` runs it, publishes skip it.
     @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
     async def publish(domain: str, tenant: str, namespace: str, topic: str,
                       request: Request) -> Response:
@@ -158,3 +247,8 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
         return Response(content, status, headers, media_type="application/json")
 
     return app
+
+
+def serve_publishes(app: FastAPI, settings: AdmissionSettings) -> PublishFront:
+    """`app` (from `build_app`) behind the ASGI front that serves its publishes."""
+    return PublishFront(app, app.state.publish, settings.max_request_bytes)

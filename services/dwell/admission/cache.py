@@ -8,6 +8,8 @@ replays the feed from the beginning without a consumer group commit, marks the c
 ready once it has caught up with the end offsets seen at start, then keeps following it
 in a daemon thread.
 
+`BoundedCache` is the publish path's memo of what it derives per topic.
+
 Read your writes: the policy service answers a change only once Kafka has it (acks=all),
 so a publish that misses (an unknown namespace) asks `PolicyFollower.catch_up` before
 it is answered 404: the feed's end offsets are read from the broker, and the answer
@@ -24,6 +26,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
+from typing import Generic, TypeVar
 
 import orjson
 import pydantic
@@ -43,6 +46,26 @@ from .metrics import POLICY_VERSION_APPLIED
 log = logging.getLogger("dwell.admission.cache")
 
 VERSION_HEADER = "dwell-version"
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BoundedCache(dict[K, V], Generic[K, V]):
+    """A dict of values derived from their keys (topic names and what follows from them),
+    which forgets them all when a new key comes while it holds more than `limit`: the
+    keys come from requests, so without a bound they could grow without end, and being
+    a dict, a hit costs a plain `get`."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: K, value: V) -> V:
+        """Remember `value` for `key` (a miss) and return it."""
+        if len(self) > self.limit:
+            self.clear()
+        self[key] = value
+        return value
 
 
 class PolicyCache:

@@ -37,14 +37,10 @@ from dwell.core import topics as names
 from dwell.core.topics import InvalidTopicName, TopicName
 
 from . import metrics
-from .publish import (
-    INVALID_MESSAGE,
-    IngressRequest,
-    Plan,
-    Publisher,
-    PublishError,
-    parse_request,
-)
+from .cache import BoundedCache
+from .plan import INVALID_MESSAGE, Plan
+from .publish import Publisher
+from .schema import IngressRequest, PublishError, parse_request
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission.ingress")
@@ -80,7 +76,7 @@ class Ingress:
         self.publisher = publisher
         self.assigned = threading.Event()
         self.error: str | None = None
-        self._topics: dict[str, TopicName] = {}
+        self._topics: BoundedCache[str, TopicName] = BoundedCache()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publish-ingress", daemon=True)
 
@@ -241,9 +237,7 @@ class Ingress:
             except InvalidTopicName as exc:
                 raise PublishError(400, f"topic: {exc}") from None
             got = self.publisher.topic(tn.domain, tn.tenant, tn.namespace, tn.local)
-            if len(self._topics) > 100_000:
-                self._topics.clear()
-            self._topics[name] = got
+            self._topics.put(name, got)
         return got
 
 

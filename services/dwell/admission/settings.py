@@ -20,14 +20,17 @@ class AdmissionSettings(CommonSettings):
     max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1)
     max_messages_per_request: int = Field(1000, ge=1)
 
+    # Use dwell_native (native/, optional) for the HTTP publish path when it is installed;
+    # false keeps admission on the pure-Python path, which gives the same answers.
+    native: bool = True
+
     # Partitions of the Kafka topics admission creates on first use.
     ready_topic_partitions: int = Field(4, ge=1)
     delayed_topic_partitions: int = Field(4, ge=1)
 
     # Producer: batching and how long an unacknowledged send may take before the
     # publish answers 503 (retriable). A publish waits for its acks, so the linger is
-    # latency every request pays: at 5 ms, 8 clients got half the throughput of 1 ms
-    # (bench/admission.py, p50 9.4 ms against 4.3 ms).
+    # latency every request pays, and a client waiting longer sends less.
     producer_linger_ms: int = Field(1, ge=0)
     publish_timeout_ms: int = Field(10000, ge=1000)
 

@@ -30,40 +30,6 @@ class DelayedDeliveryPolicies(pydantic.BaseModel):
         return all(getattr(self, name) is None for name in type(self).model_fields)
 
 
-_MESSAGES: Final = {
-    "int_type": "must be an integer",
-    "bool_type": "must be true or false",
-    "extra_forbidden": "unknown field",
-    "model_type": "must be a JSON object",
-    "model_attributes_type": "must be a JSON object",
-    "dict_type": "must be a JSON object",
-    "json_invalid": "is not valid JSON",
-    "json_type": "is not valid JSON",
-    "missing": "is required",
-}
-
-
-def _message(err: Any) -> str:
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    if kind == "greater_than_equal":
-        return f"must be >= {ctx['ge']}"
-    if kind == "less_than_equal":
-        return f"must be <= {ctx['le']}"
-    return _MESSAGES.get(kind, str(err["msg"]))
-
-
-def validation_errors(exc: pydantic.ValidationError) -> str:
-    """One line naming each bad field, e.g. ``tickTime: must be >= 1; active: ...``."""
-    parts: list[str] = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "body"
-        line = f"{loc}: {_message(err)}"
-        if line not in parts:
-            parts.append(line)
-    return "; ".join(parts)
-
-
 @dataclass(frozen=True, slots=True)
 class BrokerDefaults:
     """Broker-wide settings (``broker.conf``'s delayedDelivery* keys), the hierarchy's floor."""

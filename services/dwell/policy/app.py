@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 
 from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
-from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy, validation_errors
+from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy
 from dwell.core.topics import (
     PERSISTENT,
     InvalidTopicName,
@@ -42,7 +42,7 @@ from dwell.core.topics import (
     validate_namespace,
     validate_tenant,
 )
-from dwell.http import ApiError, create_app, error
+from dwell.http import ApiError, create_app, error, validation_reason
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -83,7 +83,7 @@ async def _policy_body(request: Request) -> DelayedDeliveryPolicies:
     try:
         return DelayedDeliveryPolicies.model_validate_json(await request.body())
     except pydantic.ValidationError as exc:
-        raise ApiError(400, validation_errors(exc)) from exc
+        raise ApiError(400, validation_reason(exc)) from exc
 
 
 async def _tenant_body(request: Request) -> TenantInfo:
@@ -93,7 +93,7 @@ async def _tenant_body(request: Request) -> TenantInfo:
     try:
         return TenantInfo.model_validate_json(raw)
     except pydantic.ValidationError as exc:
-        raise ApiError(400, validation_errors(exc)) from exc
+        raise ApiError(400, validation_reason(exc)) from exc
 
 
 async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
@@ -115,7 +115,7 @@ async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
     try:
         return DelayedDeliveryPolicies.model_validate_json(orjson.dumps(policy))
     except pydantic.ValidationError as exc:
-        raise ApiError(400, "delayed_delivery_policies." + validation_errors(exc)) from exc
+        raise ApiError(400, "delayed_delivery_policies." + validation_reason(exc)) from exc
 
 
 def _json(value: Any) -> Response:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dwell.adapters import kafka
-from dwell.admission.publish import Deliveries
+from dwell.admission.deliveries import Deliveries
 
 DEAD_KAFKA = "127.0.0.1:1"
 RECORD: kafka.OutRecord = ("t", b"v", None, [("h", b"1")], None)

@@ -1,38 +1,43 @@
-"""`dwell_native` against the Python it stands in for: on generated requests,
-`Publisher.plan_body` (native when it takes the request) must give exactly what
-`Publisher.plan(parse_request(body))` gives: the same records and headers, results,
-answer heads and counts, or the same PublishError; it must take the common request
-rather than hand everything back to Python; and the answer must be the JSON of the
-finished results."""
+"""The publish paths against the reference: on generated requests, `Publisher.plan_body`
+(with `dwell_native` when admission has it, else the pure-Python path) must give exactly
+what `Publisher.plan(parse_request(body))` gives: the same records and headers, results,
+answer heads and counts, or the same PublishError; the extension must take the common
+request rather than hand everything back to Python; and the answer must be the JSON of
+the finished results. Every test runs once per implementation present here (Python
+always; native when `dwell_native` is installed and DWELL_NATIVE is not 0)."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
-import dwell_native
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dwell.adapters import kafka
-from dwell.admission import publish
+from dwell.admission import native
 from dwell.admission.cache import PolicyCache
-from dwell.admission.publish import Plan, Publisher, PublishError, PublishRequest, parse_request
+from dwell.admission.plan import Plan
+from dwell.admission.publish import Publisher
+from dwell.admission.schema import PublishError, PublishRequest, parse_request
 from dwell.admission.settings import AdmissionSettings
 from dwell.core.policy import MAX_LONG
 
 NOW_MS = 1_700_000_000_000
 TOPICS = ["persistent://acme/ns/x", "persistent://acme/fixed/x", "persistent://acme/off/x",
           "non-persistent://acme/ns/x"]
+IMPLEMENTATIONS = native.implementations(AdmissionSettings().native)
 
 
-@pytest.fixture(scope="module")
-def publisher() -> Iterator[Publisher]:
+@pytest.fixture(scope="module", params=IMPLEMENTATIONS)
+def publisher(request: pytest.FixtureRequest) -> Iterator[Publisher]:
     settings = AdmissionSettings(kafka_bootstrap="127.0.0.1:1", max_payload_bytes=64,
-                                 max_messages_per_request=8)
+                                 max_messages_per_request=8,
+                                 native=request.param == native.NATIVE)
     cache = PolicyCache(settings.broker_defaults())
     for scope in ("tenant:acme", "namespace:acme/ns", "namespace:acme/fixed",
                   "namespace:acme/off"):
@@ -44,28 +49,25 @@ def publisher() -> Iterator[Publisher]:
     cache.apply("ns:acme/off", orjson.dumps({"version": 4, "policy": {"active": False}}), {})
     cache.ready.set()
     producer = kafka.Producer("127.0.0.1:1", poll_in_background=False)
-    yield Publisher(settings, cache, producer, clock=lambda: NOW_MS / 1000)
+    pub = Publisher(settings, cache, producer, clock=lambda: NOW_MS / 1000)
+    assert (pub.native is not None) == (request.param == native.NATIVE)
+    yield pub
     producer.close(0.1)
 
 
 class Spy:
-    """Records what dwell_native.plan answered (None: handed back to Python)."""
+    """Stands in for dwell_native, recording what its plan answered (None: handed back
+    to Python)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extension: ModuleType) -> None:
         self.answers: list[bool] = []
-        self.plan = dwell_native.plan
+        self.extension = extension
+        self.answer = extension.answer
 
-    def __call__(self, *args: Any) -> Any:
-        got = self.plan(*args)
+    def plan(self, *args: Any) -> Any:
+        got = self.extension.plan(*args)
         self.answers.append(got is not None)
         return got
-
-
-@pytest.fixture()
-def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
-    spy = Spy()
-    monkeypatch.setattr(publish, "dwell_native", type("Native", (), {"plan": spy}))
-    return spy
 
 
 def outcome(fn: Any) -> tuple[str, Any]:
@@ -78,10 +80,11 @@ def outcome(fn: Any) -> tuple[str, Any]:
 
 
 def both(pub: Publisher, topic: str, raw: bytes) -> tuple[tuple[str, Any], tuple[str, Any]]:
+    """What `plan_body` gives, and what the reference gives."""
     t = pub.topic(*topic.replace("://", "/").split("/"))
-    native = outcome(lambda: pub.plan_body(t, raw))
-    python = outcome(lambda: pub.plan(t, parse_request(raw, PublishRequest)))
-    return native, python
+    got = outcome(lambda: pub.plan_body(t, raw))
+    reference = outcome(lambda: pub.plan(t, parse_request(raw, PublishRequest)))
+    return got, reference
 
 
 texts = st.text(max_size=12)
@@ -138,9 +141,9 @@ def requests(draw: st.DrawFn) -> bytes:
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topic=st.sampled_from(TOPICS), raw=requests())
-def test_native_plan_is_the_python_plan(publisher: Publisher, topic: str, raw: bytes) -> None:
-    native, python = both(publisher, topic, raw)
-    assert native == python
+def test_plan_body_is_the_reference_plan(publisher: Publisher, topic: str, raw: bytes) -> None:
+    got, reference = both(publisher, topic, raw)
+    assert got == reference
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,25 +173,39 @@ def test_the_answer_is_the_json_of_the_finished_results(
     b'[{"payload": "a"}]',
     b'{"messages": [{"payload": "a", "deliverAt": null, "deliverAfterMs": 5}]}',
 ])
-def test_native_plan_is_the_python_plan_on_edge_bodies(publisher: Publisher, raw: bytes) -> None:
+def test_plan_body_is_the_reference_plan_on_edge_bodies(publisher: Publisher,
+                                                        raw: bytes) -> None:
     for topic in TOPICS:
-        native, python = both(publisher, topic, raw)
-        assert native == python
+        got, reference = both(publisher, topic, raw)
+        assert got == reference
 
 
-def test_the_common_request_is_planned_natively(publisher: Publisher, spy: Spy) -> None:
+def test_the_common_request_is_planned_by_the_extension_when_there_is_one(
+        publisher: Publisher, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = Spy(publisher.native) if publisher.native is not None else None
+    if spy is not None:
+        monkeypatch.setattr(publisher, "native", spy)
     raw = orjson.dumps({"producerName": "p", "messages": [
         {"payload": "x" * 20, "key": f"k{i}", "sequenceId": i, "properties": {"app": "a"},
          **({"deliverAfterMs": 3000} if i % 2 else {})} for i in range(8)]})
     t = publisher.topic("persistent", "acme", "ns", "x")
     plan = publisher.plan_body(t, raw)
-    assert spy.answers == [True]
     assert (plan.immediate, plan.delayed, plan.rejected) == (4, 4, 0)
-    # a rejection (over the 5 s max) is the rule's answer, still native
+    # a rejection (over the 5 s max) is the rule's answer, still the extension's
     rejected = publisher.plan_body(t, orjson.dumps({"messages": [{"payload": "x",
                                                                   "deliverAfterMs": 9000}]}))
-    assert spy.answers == [True, True] and rejected.rejected == 1
+    assert rejected.rejected == 1
     # a message in error is handed back
     with pytest.raises(PublishError):
         publisher.plan_body(t, orjson.dumps({"messages": [{"payload": "x" * 65}]}))
-    assert spy.answers == [True, True, False]
+    if spy is not None:
+        assert spy.answers == [True, True, False]
+
+
+def test_native_off_keeps_admission_on_the_python_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DWELL_NATIVE", "0")
+    settings = AdmissionSettings(kafka_bootstrap="127.0.0.1:1")
+    assert settings.native is False
+    assert native.load(settings.native) is None
+    assert native.implementations(settings.native) == [native.PYTHON]

@@ -9,8 +9,8 @@ from dwell.core.policy import (
     DelayedDeliveryPolicies,
     EffectivePolicy,
     resolve_policy,
-    validation_errors,
 )
+from dwell.http import validation_reason
 
 P = DelayedDeliveryPolicies
 
@@ -18,7 +18,7 @@ P = DelayedDeliveryPolicies
 def errors_for(body: str) -> str:
     with pytest.raises(pydantic.ValidationError) as exc:
         P.model_validate_json(body)
-    return validation_errors(exc.value)
+    return validation_reason(exc.value)
 
 
 # --- validation ------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def test_rejects_with_one_line_naming_the_field(body: str, expected: str) -> Non
 def test_python_values_are_strict_too(value: object) -> None:
     with pytest.raises(pydantic.ValidationError) as exc:
         P.model_validate({"tickTime": value})
-    assert validation_errors(exc.value) == "tickTime: must be an integer"
+    assert validation_reason(exc.value) == "tickTime: must be an integer"
 
 
 # --- defaults and effective policy -----------------------------------------------------

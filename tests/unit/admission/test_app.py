@@ -1,8 +1,9 @@
-"""Admission's HTTP protocol against real sockets: publish requests reach the handler
-straight from the parser, everything else reaches FastAPI, and what uvicorn does per
-request still holds (pipelining in order, Expect: 100-continue, large bodies, keep-alive
-and Connection: close, a 500 without a trace, a client that leaves mid-request), and a body
-over the limit is refused with 413 on both paths, before it is read whole."""
+"""Admission's publish front (`PublishFront`) under uvicorn, against real sockets: publish
+requests reach the handler straight from ASGI, everything else reaches FastAPI, what
+uvicorn does per request holds for both (pipelining in order, Expect: 100-continue,
+large bodies, keep-alive and Connection: close, a client that leaves mid-request), an
+unexpected error is a 500 without a trace, and a body over the limit is refused with 413
+on both paths, before it is read whole."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 import uvicorn
 from fastapi import Request
 
-from dwell.admission.protocol import publish_parts, publish_protocol
+from dwell.admission.app import PublishFront, publish_parts
 from dwell.http import BodyLimit, create_app
 
 SLOW_S = 0.3
@@ -43,7 +44,7 @@ def server() -> Iterator[tuple[str, int]]:
     async def ready() -> dict[str, bool]:
         return {"ready": True}
 
-    app = create_app("test", "admission's protocol under test", ready)
+    app = create_app("test", "admission's publish front under test", ready)
 
     @app.get("/ping")
     async def ping() -> dict[str, bool]:
@@ -58,7 +59,7 @@ def server() -> Iterator[tuple[str, int]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=publish_protocol(handle, LIMIT),
+    config = uvicorn.Config(PublishFront(app, handle, LIMIT), host="127.0.0.1", port=port,
                             lifespan="off", log_level="warning", access_log=False)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -100,12 +101,18 @@ def read_answers(sock: socket.socket, n: int) -> list[tuple[int, dict[str, str],
     return out
 
 
+def request(method: str, path: str) -> dict[str, str]:
+    return {"type": "http", "method": method, "path": path}
+
+
 def test_publish_paths_are_the_routes_match() -> None:
-    assert publish_parts("POST", "/topics/persistent/a/b/c") == ["persistent", "a", "b", "c"]
-    assert publish_parts("POST", "/topics/persistent/a/b") is None
-    assert publish_parts("POST", "/topics/persistent/a//c") is None
-    assert publish_parts("POST", "/topics/persistent/a/b/c/d") is None
-    assert publish_parts("GET", "/topics/persistent/a/b/c") is None
+    assert publish_parts(request("POST", "/topics/persistent/a/b/c")) == [
+        "persistent", "a", "b", "c"]
+    assert publish_parts(request("POST", "/topics/persistent/a/b")) is None
+    assert publish_parts(request("POST", "/topics/persistent/a//c")) is None
+    assert publish_parts(request("POST", "/topics/persistent/a/b/c/d")) is None
+    assert publish_parts(request("GET", "/topics/persistent/a/b/c")) is None
+    assert publish_parts({"type": "lifespan"}) is None
 
 
 def test_publish_reaches_the_handler_and_the_rest_reaches_fastapi(
@@ -145,7 +152,7 @@ def test_pipelined_requests_are_answered_in_order(server: tuple[str, int]) -> No
 
 
 def test_expect_100_continue_and_a_large_body(server: tuple[str, int]) -> None:
-    body = bytes(range(256)) * 4096  # 1 MiB: uvicorn would pause reading at 64 KiB
+    body = bytes(range(256)) * 4096  # 1 MiB: past uvicorn's 64 KiB read-ahead
     with socket.create_connection(server) as sock:
         request = post("/topics/persistent/t/ns/big", body, "expect: 100-continue")
         head = request[:-len(body)]

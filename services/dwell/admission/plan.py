@@ -1,0 +1,314 @@
+"""A publish request's plan: every message checked and decided by `dwell.core.admit.admit`
+with the topic's effective policy, and the records to write for the accepted ones (to the
+topic's ready topic when immediate, to `dwell.delayed` when delayed, with the headers of
+docs/internals.md), then the answer once Kafka has them.
+
+`Planner.plan` is the reference. On the HTTP path `dwell_native` (Rust, native/,
+optional: see `native.py`) plans the common request straight from its JSON and gives
+the same plan; every other request goes the Python way.
+
+Validation, decided here for both entry paths (the body's shape is `schema.py`'s):
+
+* A request is refused as a whole (HTTP 400 naming the field) for more than
+  `max_messages_per_request` messages or none, a payload above `max_payload_bytes`
+  (counted after base64 decoding), a property named like a dwell header (`dwell-*`).
+* A well-formed message that cannot be published gets its own result with `errorCode` 2
+  and the rest of the batch goes on: both `deliverAt` and `deliverAfterMs` set, a payload
+  that is not valid base64, and the max-delay rejection (`NotAllowedError: ...`).
+* `eventTime` 0 means "not set", as in Pulsar; `publishTime` is `eventTime` or the clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import orjson
+
+from dwell.adapters import kafka
+from dwell.core import topics as names
+from dwell.core.admit import Decision, Override, Reject, admit
+from dwell.core.policy import EffectivePolicy
+from dwell.core.topics import TopicName
+
+from . import native
+from .cache import BoundedCache, PolicyCache
+from .schema import PublishError, PublishRequest, parse_request
+from .settings import AdmissionSettings
+
+RESERVED_HEADER_PREFIX = "dwell-"
+INVALID_MESSAGE = 2  # Pulsar's non-retriable errorCode
+# Stands in for a policy on non-persistent topics, which admit() never consults.
+_NO_POLICY = EffectivePolicy(active=False, tick_time_ms=1, max_delay_ms=0, fixed_delay_ms=0)
+
+Headers = tuple[tuple[str, bytes], ...]
+
+
+class Decided(NamedTuple):
+    """One decision as a plan uses it, shared by the messages of a request that ask the
+    same thing. A tuple, so that dwell_native reads it by position."""
+
+    result: dict[str, Any]  # the result's fields before its messageId
+    delay_headers: Headers | None  # None: rejected; empty: immediate
+    counts_override: int  # 1 when it counts as a fixed-delay override
+    head: str  # an accepted result's JSON up to its messageId's partition ("": rejected)
+
+
+@dataclass(slots=True)
+class Plan:
+    """A request after the checks: per-message results and the records to write, each
+    with the index of its result. An accepted message's result is its decision's fields,
+    the same dict for every message decided alike, until `finish` (or `answer`) adds
+    its messageId."""
+
+    topic: TopicName
+    results: list[dict[str, Any]]
+    sends: list[kafka.OutRecord] = field(default_factory=list)
+    index: list[int] = field(default_factory=list)  # result index of each send
+    # Each send's result as JSON up to its messageId's partition: the decision's fields,
+    # then `"messageId":"<kafkaTopic>:` (see `answer`).
+    heads: list[str] = field(default_factory=list)
+    immediate: int = 0
+    delayed: int = 0
+    invalid: int = 0
+    rejected: int = 0
+    overridden: int = 0  # accepted messages that count as fixed-delay overrides
+
+
+def _decode_payload(text: str, encoding: str | None) -> bytes | str:
+    """The payload bytes, or an error text for a per-message failure."""
+    if encoding == "base64":
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            return "payload is not valid base64"
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _head(fields: dict[str, Any], kafka_topic: str) -> str:
+    """An accepted result's JSON up to its messageId's partition (Kafka topic names
+    need no JSON escaping)."""
+    return orjson.dumps(fields)[:-1].decode() + f',"messageId":"{kafka_topic}:'
+
+
+def _decided(decision: Decision, tick_b: bytes, ready: str) -> Decided:
+    if type(decision) is Reject:
+        return Decided({"errorCode": decision.error_code, "error": decision.full_error},
+                       None, 0, "")
+    result: dict[str, Any] = {"errorCode": 0, "deliverAt": decision.deliver_at,
+                              "delayed": decision.delayed}
+    delay_ignored = getattr(decision, "delay_ignored", None)
+    if delay_ignored:
+        result["delayIgnored"] = delay_ignored
+    delay_h: Headers = ()
+    if decision.delayed:
+        delay_h = (("dwell-deliver-at", b"%d" % decision.deliver_at), ("dwell-tick-time", tick_b))
+    counts = type(decision) is Override and decision.counts_as_override
+    return Decided(result, delay_h, int(counts),
+                   _head(result, names.DELAYED if delay_h else ready))
+
+
+class Planner:
+    """Plans requests against the policy cache and writes their answers."""
+
+    def __init__(self, settings: AdmissionSettings, cache: PolicyCache,
+                 clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.clock = clock
+        self.strict = settings.delayed_delivery_deliver_at_time_strict
+        self.native = native.load(settings.native)
+        self._bytes: BoundedCache[TopicName, tuple[bytes, str]] = BoundedCache()
+
+    def plan(self, topic: TopicName, req: PublishRequest) -> Plan:
+        """Check a request and decide every message; raises PublishError for the request."""
+        s = self.settings
+        self._check_publishable(topic)
+        msgs = req.messages
+        if not msgs:
+            raise PublishError(400, "messages: must contain at least one message")
+        if len(msgs) > s.max_messages_per_request:
+            raise PublishError(400, f"messages: {len(msgs)} messages; the limit per request "
+                                    f"is {s.max_messages_per_request}")
+
+        now = int(self.clock() * 1000)
+        topic_b, ready = self._topic_bytes(topic)
+        decide = self._decider(topic, now, ready)
+        topic_h = ("dwell-topic", topic_b)
+        producer_h = ("dwell-producer", (req.producerName or "").encode())
+        # The dwell headers every message of the request gets when it has no eventTime.
+        now_hs = [topic_h, ("dwell-publish-time", b"%d" % now), producer_h]
+        default_encoding = req.payloadEncoding
+        max_payload = s.max_payload_bytes
+        # admit() is a pure function of these and of what `decide` holds fixed for the
+        # request: messages asking the same thing share one decision, with its result
+        # fields and delay headers. Likewise the encoded properties.
+        decisions: dict[tuple[int | None, int | None, int], Decided] = {}
+        encoded_props: dict[tuple[tuple[str, str], ...], list[tuple[str, bytes]]] = {}
+        last_props: dict[str, str] | None = None
+        last_props_h: list[tuple[str, bytes]] | None = None
+        plan = Plan(topic, [])
+        results = plan.results
+        sends = plan.sends
+        index = plan.index
+        heads = plan.heads
+        delayed_topic = names.DELAYED
+        overridden = delayed = 0
+        # Request-level errors (payload size, reserved property names) raise from inside
+        # the loop; the per-message outcomes gathered before are thrown away with the plan.
+        for i, m in enumerate(msgs):
+            text = m.payload
+            if (m.payloadEncoding or default_encoding) == "base64":
+                payload = _decode_payload(text, "base64")
+            else:
+                payload = text.encode("utf-8", "surrogatepass")
+            is_bytes = type(payload) is bytes
+            if is_bytes and len(payload) > max_payload:
+                raise PublishError(400, f"messages[{i}].payload: {len(payload)} bytes; the "
+                                        f"limit is {max_payload} bytes (max_payload_bytes)")
+            props = m.properties
+            if not props:
+                props_h = None
+            elif props == last_props:  # batches often repeat them: skip building the key
+                props_h = last_props_h
+            else:
+                pkey = tuple(props.items())
+                props_h = encoded_props.get(pkey)
+                if props_h is None:
+                    for name in props:
+                        if name.lower().startswith(RESERVED_HEADER_PREFIX):
+                            raise PublishError(400, f"messages[{i}].properties.{name}: names "
+                                                    f"starting with 'dwell-' are reserved")
+                    props_h = encoded_props[pkey] = [(k, v.encode()) for k, v in pkey]
+                last_props, last_props_h = props, props_h
+            if not is_bytes:
+                results.append({"errorCode": INVALID_MESSAGE, "error": payload})
+                plan.invalid += 1
+                continue
+            deliver_at = m.deliverAt
+            deliver_after = m.deliverAfterMs
+            if deliver_at is not None and deliver_after is not None:
+                results.append({"errorCode": INVALID_MESSAGE,
+                                "error": "deliverAt and deliverAfterMs are both set; "
+                                         "send one of them"})
+                plan.invalid += 1
+                continue
+            publish_time = m.eventTime or now
+            asked = (deliver_at, deliver_after, publish_time)
+            decided = decisions.get(asked)
+            if decided is None:
+                decided = decisions[asked] = decide(*asked)
+            proto, delay_h, counts_override, head = decided
+            if delay_h is None:  # rejected
+                results.append(proto.copy())
+                plan.rejected += 1
+                continue
+            overridden += counts_override
+            if publish_time == now:
+                headers = props_h + now_hs if props_h else now_hs.copy()
+            else:
+                headers = props_h.copy() if props_h else []
+                headers += (topic_h, ("dwell-publish-time", b"%d" % publish_time), producer_h)
+            seq = m.sequenceId
+            if seq is not None:
+                headers.append(("dwell-sequence-id", b"%d" % seq))
+            key = m.key
+            key_b = key.encode() if key is not None else None
+            if delay_h:
+                headers += delay_h
+                if key_b is not None:
+                    headers.append(("dwell-key", key_b))
+                sends.append((delayed_topic, payload, topic_b, headers, publish_time))
+                delayed += 1
+            else:
+                sends.append((ready, payload, key_b, headers, publish_time))
+            index.append(i)
+            heads.append(head)
+            # Shared by the messages with this decision until finish() gives each its own.
+            results.append(proto)
+
+        plan.delayed = delayed
+        plan.immediate = len(sends) - delayed
+        plan.overridden = overridden
+        return plan
+
+    def plan_body(self, topic: TopicName, body: bytes) -> Plan:
+        """`plan(topic, parse_request(body))`, decided by `dwell_native.plan` (when
+        admission has it) straight from the JSON when the request is the common case
+        (every message published or rejected by the rule); any other request, and every
+        error, goes the Python way. The same records, results and answer:
+        tests/unit/admission/test_native.py."""
+        s = self.settings
+        accel = self.native
+        if accel is not None and self.cache.ready.is_set() and self.cache.namespace_known(
+                topic.tenant, topic.namespace):
+            now = int(self.clock() * 1000)
+            topic_b, ready = self._topic_bytes(topic)
+            got = accel.plan(body, self._decider(topic, now, ready), topic_b, ready,
+                             names.DELAYED, now, s.max_payload_bytes,
+                             s.max_messages_per_request)
+            if got is not None:
+                results, sends, index, heads, delayed, rejected, overridden = got
+                return Plan(topic, results, sends, index, heads, immediate=len(sends) - delayed,
+                            delayed=delayed, rejected=rejected, overridden=overridden)
+        return self.plan(topic, parse_request(body, PublishRequest))
+
+    def _check_publishable(self, topic: TopicName) -> None:
+        if not self.cache.ready.is_set():
+            raise PublishError(503, "policies not loaded yet; retry shortly")
+        if not self.cache.namespace_known(topic.tenant, topic.namespace):
+            raise PublishError(404, f"Namespace {topic.namespace_name} does not exist")
+
+    def _decider(self, topic: TopicName, now: int,
+                 ready: str) -> Callable[[int | None, int | None, int], Decided]:
+        """A request's decisions: `decide(deliver_at, deliver_after_ms, publish_time)`
+        applies admit() with the topic's policy at `now` (`ready`: the topic's ready
+        topic, for the heads of immediate results). dwell_native calls it too."""
+        persistent = topic.persistent
+        policy = self.cache.effective(topic) if persistent else _NO_POLICY
+        tick_b = b"%d" % policy.tick_time_ms
+        strict = self.strict
+
+        def decide(deliver_at: int | None, deliver_after: int | None,
+                   publish_time: int) -> Decided:
+            return _decided(admit(deliver_at=deliver_at, deliver_after_ms=deliver_after,
+                                  policy=policy, persistent=persistent,
+                                  publish_time=publish_time, now=now, strict=strict),
+                            tick_b, ready)
+
+        return decide
+
+    def _topic_bytes(self, topic: TopicName) -> tuple[bytes, str]:
+        """The topic's name as header bytes and its ready topic, computed once per topic."""
+        got = self._bytes.get(topic)
+        if got is None:
+            got = self._bytes.put(topic, (str(topic).encode(), topic.kafka_topic))
+        return got
+
+    @staticmethod
+    def finish(plan: Plan, offsets: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+        """Fill in the messageIds, `<kafkaTopic>:<partition>:<offset>`; every accepted
+        result becomes a dict of its own (the caller may add fields to it)."""
+        results = plan.results
+        for i, out, (partition, offset) in zip(plan.index, plan.sends, offsets, strict=True):
+            results[i] = {**results[i], "messageId": f"{out[0]}:{partition}:{offset}"}
+        return results
+
+    def answer(self, plan: Plan, offsets: Sequence[tuple[int, int]]) -> bytes:
+        """The HTTP answer: the bytes of `{"messagePublishResults": finish(plan, offsets)}`
+        as orjson writes them, without a dict per message: an accepted result is its
+        head (`Plan.heads`) and `<partition>:<offset>"}` (spliced by dwell_native, when
+        admission has it, if every message was accepted)."""
+        results = plan.results
+        if len(plan.heads) == len(results) and self.native is not None:
+            return self.native.answer(plan.heads, offsets)  # type: ignore[no-any-return]
+        parts = [f'{head}{partition}:{offset}"}}'
+                 for head, (partition, offset) in zip(plan.heads, offsets, strict=True)]
+        if len(parts) != len(results):
+            accepted = dict(zip(plan.index, parts, strict=True))
+            parts = [accepted.get(i) or orjson.dumps(r).decode()
+                     for i, r in enumerate(results)]
+        return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
