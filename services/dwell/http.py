@@ -50,6 +50,8 @@ def internal_error(exc: Exception) -> str:
 # What a 400 says for each kind of pydantic error; any other kind gives pydantic's text.
 _ERROR_TEXTS: Final = {
     "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
     "bool_type": "must be true or false",
     "string_type": "must be a string",
     "list_type": "must be a list",
@@ -85,6 +87,8 @@ def validation_reason(exc: pydantic.ValidationError | RequestValidationError) ->
         if isinstance(exc, RequestValidationError) and loc and loc[0] in _REQUEST_PARTS:
             loc = loc[1:]
         where = ""
+        if err["type"] in ("json_invalid", "json_type"):
+            loc = []  # pydantic locates a JSON syntax error by character, not by field
         for p in loc:
             where += f"[{p}]" if isinstance(p, int) else (f".{p}" if where else str(p))
         parts.append(f"{where or 'body'}: {_error_text(err)}")

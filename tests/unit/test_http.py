@@ -70,9 +70,10 @@ def test_readyz(ready: dict[str, Any] | Exception, status: int) -> None:
 
 
 @pytest.mark.parametrize(("body", "reason"), [
-    ({"name": "a", "count": -1}, "count: Input should be greater than or equal to 0"),
-    ({"count": 1}, "name: Field required"),
-    ([1, 2], "body: Input should be a valid dictionary"),
+    ({"name": "a", "count": -1}, "count: must be >= 0"),
+    ({"count": 1}, "name: is required"),
+    ([1, 2], "body: must be a JSON object"),
+    ({"name": 5, "count": "x"}, "name: must be a string; count: must be an integer"),
 ])
 def test_bad_input_is_a_400_naming_the_field(client: TestClient, body: Any,
                                              reason: str) -> None:
@@ -85,7 +86,7 @@ def test_malformed_json_is_a_400(client: TestClient) -> None:
     got = client.post("/things", content=b'{"name": ', headers={"content-type":
                                                                  "application/json"})
     assert got.status_code == 400
-    assert got.json()["reason"].startswith("invalid JSON"), got.json()
+    assert got.json() == {"reason": "body: is not valid JSON"}
 
 
 def test_api_error_keeps_its_status_reason_and_headers(client: TestClient) -> None:

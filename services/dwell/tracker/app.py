@@ -75,7 +75,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         try:
             body = await request.json()
         except ValueError:
-            raise ApiError(400, "invalid JSON body") from None
+            raise ApiError(400, "body: is not valid JSON") from None
         try:
             settings_ = subscriptions.validate(body)
         except ValueError as exc:

@@ -45,7 +45,7 @@ def test_bad_subscription_settings_are_a_400(client: TestClient, path: str, body
 def test_malformed_json_is_a_400(client: TestClient) -> None:
     got = client.put(f"{BASE}/s1", content=b"{nope", headers={"content-type":
                                                               "application/json"})
-    assert (got.status_code, got.json()) == (400, {"reason": "invalid JSON body"})
+    assert (got.status_code, got.json()) == (400, {"reason": "body: is not valid JSON"})
 
 
 @pytest.mark.parametrize("path", [
