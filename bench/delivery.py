@@ -3,8 +3,8 @@ Redis (database 9, flushed; the shared policy service keeps the profile's own da
 Kafka. Every measured part runs as its own process, so no two share a GIL:
 
 1. Fixed-delay throughput: N messages written to dwell.delayed with one deliverAt and
-   indexed in-process, then one drain round timed per copy path (driver, kafka-source,
-   tasks; see dwell_spark.drain.choose_path) on an in-process Spark session that runs
+   indexed in-process, then one drain round timed per copy path (driver, tasks; see
+   dwell_spark.drain.choose_path) on an in-process Spark session that runs
    nothing else. Target >= 50,000 msg/s. The session is stopped before section 2.
 2. Uniform delays: the stack is started as real processes (`python -m dwell.tracker` with a
    fresh group starting at the end of dwell.delayed, `python -m dwell_spark` with the drain
@@ -148,12 +148,11 @@ def section_throughput(st: devstack.Stack, redis_url: str, sizes: list[int], tmp
     # One drainer for every round, as in the app (its Kafka clients live across rounds).
     d = Drainer(spark, settings, r)
     try:
-        throughput(d, 2000, "kafka-source")  # warm-up: JVM, workers, the driver's clients
-        throughput(d, 2000, "tasks")
+        throughput(d, 2000, "tasks")  # warm-up: JVM, workers, the driver's clients
         throughput(d, 2000, "driver")
         for n in sizes:
             best = ("", 0.0)
-            for path in ("driver", "kafka-source", "tasks"):
+            for path in ("driver", "tasks"):
                 rate = throughput(d, n, path)
                 print(f"  {n:>7} msgs  {path:<13} {rate:>9,.0f} msg/s  "
                       f"{'MET' if rate >= 50000 else 'missed'}", flush=True)

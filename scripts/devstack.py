@@ -422,7 +422,7 @@ def _ensure_dwell_topics(stack: Stack) -> None:
         "import sys; from dwell.adapters.kafka import ensure_dwell_topics;"
         "ensure_dwell_topics(sys.argv[1])"
     )
-    if VENV_PY.exists() and (ROOT / "services" / "dwell" / "adapters" / "kafka.py").exists():
+    if VENV_PY.exists() and (ROOT / "services" / "dwell" / "adapters" / "kafka").is_dir():
         subprocess.run([str(VENV_PY), "-c", code, stack.kafka_bootstrap], check=True)
 
 

@@ -57,11 +57,14 @@ from dwell.tracker import subscriptions as registry
 from dwell.tracker.index import SubscriptionIndex
 
 from . import metrics
-from .drain import FETCH_MAX_WAIT_MS, TopicCache, write_ranges
+from .drain import TopicCache, write_ranges
 from .records import Range
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.backoff")
+# kafka.fetch.max.wait.ms of the dwell.acks source: at Kafka's default (500 ms) a
+# micro-batch's fetch of a few fresh events waits it out.
+FETCH_MAX_WAIT_MS = 10
 
 # Backoff objects stay JSON text (Spark keeps a nested object's raw text for a string field).
 EVENT_SCHEMA = StructType([
@@ -290,7 +293,6 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
            .option("subscribe", names.ACKS)
            .option("startingOffsets", settings.acks_starting_offsets)
            .option("failOnDataLoss", "false")
-           # A micro-batch's read of one event took ~540 ms at Kafka's default, ~60 ms now.
            .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
            .load())
     return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))

@@ -1,14 +1,13 @@
 """The drain: each trigger claims the due buckets of every topic's index and every
 subscription's redelivery index (the tracker's Lua claim, so two drainers never emit one
 bucket), copies the indexed records from their source topic to the ready / retry topic
-through Spark (ranges spread over executors, written with Spark's Kafka sink), and only
-then completes the claims. A crash between write and complete re-emits the bucket once
-its lease expires; the SDK drops the repeats by (dwell-message-id, redelivery count)."""
+(on the driver, or spread over Spark tasks; see choose_path), and only then completes
+the claims. A crash between write and complete re-emits the bucket once its lease
+expires; the SDK drops the repeats by (dwell-message-id, redelivery count)."""
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -16,11 +15,9 @@ from dataclasses import dataclass
 from itertools import groupby
 
 import numpy as np
-import pandas as pd
 import redis as redislib
 from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from dwell import keys, memory
 from dwell.adapters import kafka
@@ -38,7 +35,6 @@ from dwell.tracker.recovery import mark_record, write_marks
 
 from . import metrics
 from .records import (
-    LATENESS_BOUNDS_MS,
     MAX_GAP,
     Copier,
     CopyStats,
@@ -50,18 +46,11 @@ from .records import (
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.drain")
-# kafka.fetch.max.wait.ms of Spark's Kafka source where it reads offset ranges it knows
-# exist: at Kafka's default (500 ms) a fetch for a few fresh records waited it out.
-FETCH_MAX_WAIT_MS = 10
 # A round this large leaves freed memory behind in the allocator: give it back.
 RELEASE_AFTER_RECORDS = 10_000
 # A topic whose copy failed is retried alone, after a wait that doubles with each failure
 # in a row, from the drain's lease up to this.
 FAILING_RETRY_MAX_MS = 300_000
-
-# Header names the JVM copy replaces or drops (the Python copy: records.output_record); a
-# re-filed copy's dwell-origin and dwell-message-id (dwell.tracker.restage) are kept.
-_DROPPED = "'dwell-key', 'dwell-tick-time', 'dwell-origin', 'dwell-message-id'"
 
 
 @dataclass
@@ -95,31 +84,16 @@ class TopicCache:
 
 
 def choose_path(settings: SparkSettings, ranges: Sequence[Range]) -> str:
-    """Which copy runs a round (numbers measured by bench/delivery.py on local[2]):
+    """Which copy runs a round (bench/delivery.py compares them):
 
     - ``driver``: up to ``drain_local_max_records`` records, copied by the lean Python
-      loop on the driver: no Spark job to schedule (a job costs 0.3-1 s even for one
-      record), so small rounds stay on time.
-    - ``kafka-source`` (only with ``drain_jvm_copy``): larger rounds of delayed messages
-      whose ranges are dense (the offsets read, first..last per partition, at most
-      ``drain_dense_factor`` times the records wanted): Spark's batch Kafka source reads
-      first..last of each partition in parallel tasks, a broadcast join keeps the indexed
-      offsets, Spark's Kafka sink writes; no Python touches a record.
-    - ``tasks``: every other larger round (scattered, redeliveries, or dense without
-      ``drain_jvm_copy``): the same lean Python copy, with the (source, partition) runs
-      spread over Spark tasks.
+      loop on the driver: no Spark job to schedule (a job's fixed cost is paid even for
+      one record), so small rounds stay on time.
+    - ``tasks``: every larger round: the same lean Python copy, with the (source,
+      partition) runs spread over Spark tasks.
     """
     n = sum(r.size for r in ranges)
-    if n <= settings.drain_local_max_records:
-        return "driver"
-    if not settings.drain_jvm_copy or any(r.subscription is not None for r in ranges):
-        return "tasks"
-    bounds: dict[tuple[str, int], tuple[int, int]] = {}
-    for r in ranges:
-        lo, hi = bounds.get((r.source, r.partition), (r.first, r.last))
-        bounds[(r.source, r.partition)] = (min(lo, r.first), max(hi, r.last))
-    read = sum(hi - lo + 1 for lo, hi in bounds.values())
-    return "kafka-source" if read <= settings.drain_dense_factor * n else "tasks"
+    return "driver" if n <= settings.drain_local_max_records else "tasks"
 
 
 def write_ranges(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
@@ -143,8 +117,6 @@ def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
     path = path or choose_path(settings, ranges)
     if path == "driver":
         stats = copier.copy(ranges) if copier else copy_ranges(bootstrap, ranges, codec)
-    elif path == "kafka-source":
-        stats = copy_with_kafka_source(spark, bootstrap, ranges, codec)
     else:
         groups = spans(ranges)
         slices = max(1, min(len(groups), spark.sparkContext.defaultParallelism * 2))
@@ -155,86 +127,10 @@ def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
     return stats
 
 
-def copy_with_kafka_source(spark: SparkSession, bootstrap: str,
-                           ranges: Sequence[Range], compression_type: str = "none") -> CopyStats:
-    """The ``kafka-source`` path of :func:`choose_path` (delayed messages only)."""
-    bounds: dict[str, dict[str, list[int]]] = {}
-    for r in ranges:
-        lo_hi = bounds.setdefault(r.source, {}).setdefault(str(r.partition), [r.first, r.last])
-        lo_hi[0], lo_hi[1] = min(lo_hi[0], r.first), max(lo_hi[1], r.last)
-    wanted = spark.createDataFrame(pd.DataFrame({
-        "w_source": [r.source for r in ranges], "w_partition": [r.partition for r in ranges],
-        "w_offsets": [r.wanted() for r in ranges], "w_target": [r.target for r in ranges]}))
-    wanted = wanted.select("w_source", "w_partition", "w_target",
-                           F.explode("w_offsets").alias("w_offset"))
-    records = (spark.read.format("kafka")
-               .option("kafka.bootstrap.servers", bootstrap)
-               .option("assign", json.dumps({t: [int(p) for p in ps]
-                                             for t, ps in bounds.items()}))
-               .option("startingOffsets", json.dumps(
-                   {t: {p: lo for p, (lo, _) in ps.items()} for t, ps in bounds.items()}))
-               .option("endingOffsets", json.dumps(
-                   {t: {p: hi + 1 for p, (_, hi) in ps.items()} for t, ps in bounds.items()}))
-               .option("includeHeaders", "true")
-               .option("kafka.isolation.level", "read_committed")
-               .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
-               .load())
-    # records["offset"], not records.offset: DataFrame.offset is a method.
-    joined = records.join(F.broadcast(wanted), (records["topic"] == wanted["w_source"])
-                          & (records["partition"] == wanted["w_partition"])
-                          & (records["offset"] == wanted["w_offset"]))
-
-    def header(name: str) -> str:
-        return f"try_element_at(filter(headers, h -> h.key = '{name}'), -1).value"
-
-    late = F.expr(f"unix_millis(now()) - cast(cast({header('dwell-deliver-at')} "
-                  "AS STRING) AS BIGINT)")
-    out = joined.select(
-        F.col("w_target").alias("topic"),
-        F.expr(header("dwell-key")).alias("key"),
-        F.col("value"),
-        F.expr(f"""concat(filter(coalesce(headers, array()), h -> h.key NOT IN ({_DROPPED})),
-            array(named_struct('key', 'dwell-origin',
-                               'value', coalesce(
-                                   CASE WHEN topic = '{names.REFILED}'
-                                        THEN {header('dwell-origin')} END,
-                                   cast(concat(partition, ':', offset) AS BINARY))),
-                  named_struct('key', 'dwell-message-id',
-                               'value', coalesce({header('dwell-message-id')},
-                                   cast(concat(topic, ':', partition, ':', offset)
-                                        AS BINARY)))))""").alias("headers"),
-        late.alias("late"))
-    # Observation does not fire on the Kafka sink's save (tried on 4.2.0), so the copy is
-    # cached, counted and histogrammed by one job and written from the cache by a second.
-    out = out.persist()
-    try:
-        m = out.agg(F.count(F.lit(1)).alias("n"),
-                    F.sum(F.coalesce("late", F.lit(0))).alias("late_sum"),
-                    *[F.count_if(F.col("late") <= b).alias(f"le{b}")
-                      for b in LATENESS_BOUNDS_MS],
-                    F.count("late").alias("late_n")).first()
-        (out.drop("late").write.format("kafka")
-         .option("kafka.bootstrap.servers", bootstrap)
-         .option("kafka.acks", "all")
-         .option("kafka.enable.idempotence", "true")
-         .option("kafka.compression.type", compression_type)
-         .option("kafka.linger.ms", "5")
-         .option("kafka.batch.size", str(1 << 20))
-         .save())
-    finally:
-        out.unpersist()
-    # Spark fixes now() per query: lateness here is as of the counting job, before the
-    # write (at most one write's duration early).
-    cum = [int(m[f"le{b}"] or 0) for b in LATENESS_BOUNDS_MS] + [int(m["late_n"] or 0)]
-    stats = CopyStats(written=int(m["n"]), lateness_sum_ms=float(m["late_sum"] or 0))
-    stats.lateness_counts = [c - p for c, p in zip(cum, [0, *cum[:-1]], strict=True)]
-    return stats
-
-
 def _spans(offsets: BitMap64, max_gap: int) -> Iterator[tuple[np.ndarray, int, int]]:
     """The sorted offsets as one array, and (start, end) slices of it whose neighbours are
-    at most ``max_gap`` apart; numpy, since the pure-Python coalesce cost 0.25 s per 100k
-    offsets."""
+    at most ``max_gap`` apart; numpy, since a bucket may hold millions of offsets and a
+    Python loop over them would delay the round."""
     a = np.frombuffer(offsets.to_array(), dtype=np.uint64).astype(np.int64)
     cuts = (np.flatnonzero(np.diff(a) > max_gap) + 1).tolist()
     for lo, hi in zip([0, *cuts], [*cuts, len(a)], strict=True):

@@ -1,8 +1,8 @@
 """Copying indexed records from their source topic to the ready / retry / DLQ topic in
 Python (on the driver for small rounds, inside Spark tasks for large scattered ones), with
 dwell's headers (docs/internals.md). The lean loop works on confluent-kafka's messages
-directly: building a `Record` with a header dict and a Future per record cost ~60 µs of a
-~70 µs record in the profile (pyinstrument / cProfile of a 100k-record round)."""
+directly: building a `Record` with a header dict and a Future per record would cost far
+more than the copy itself."""
 
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ def is_dead_letter(rng: Range) -> bool:
 def spans(ranges: Iterable[Range], max_gap: int = MAX_GAP) -> list[list[Range]]:
     """Group ranges of one (source, partition) that lie within ``max_gap`` offsets of each
     other: each group is read in one pass, because re-positioning a consumer costs a
-    fetch round trip (measured: one seek per range made 20k scattered offsets take
-    minutes), while reading past a few unwanted records costs next to nothing."""
+    fetch round trip (one seek per range would make scattered offsets crawl), while
+    reading past a few unwanted records costs next to nothing."""
     out: list[list[Range]] = []
     end = 0  # the highest offset of the current group: ranges of topics sharing a
     # partition overlap, so a group's end is not its last range's
@@ -181,29 +181,19 @@ def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord: 
 
 @dataclass(slots=True)
 class _Cursor:
-    """Reading position of one (source, partition) in :func:`copy_ranges`."""
+    """Where the copy of one (source, partition) stands in :func:`_copy_records`: its
+    groups of ranges (see :func:`spans`), read one after another in offset order."""
 
-    tp: tuple[str, int]
     groups: list[list[Range]] = field(default_factory=list)
+    lasts: list[int] = field(default_factory=list)  # the highest offset of each group
     g: int = 0  # current group
     i: int = 0  # first range of the group that the next record can still fall in
-    expect: int = 0  # next offset wanted
-    last: int = 0  # last offset of the current group
-    done: bool = False
 
-    def start(self) -> int:
-        group = self.groups[self.g]
-        self.i, self.expect, self.last = 0, group[0].first, max(r.last for r in group)
-        return self.expect
-
-    def next_group(self) -> bool:
-        """Move to the next group; False (and done) when there is none."""
-        self.g += 1
-        if self.g >= len(self.groups):
-            self.done = True
-            return False
-        self.start()
-        return True
+    def add(self, group: list[Range]) -> None:
+        self.groups.append(group)
+        # Ranges of topics sharing a partition overlap: a group's end is not its last
+        # range's.
+        self.lasts.append(max(r.last for r in group))
 
 
 def _reader(bootstrap: str) -> kafka.Consumer:
@@ -231,8 +221,8 @@ def copy_ranges(bootstrap: str, ranges: Sequence[Range],
 
 class Copier:
     """:func:`copy_ranges` with one consumer and producer kept from round to round (the
-    driver's copies): a fresh pair costs ~100 ms a round (connections, the idempotent
-    producer's id), which small rounds feel as lateness. After a failed round both are
+    driver's copies): a fresh pair costs a round its connections and the idempotent
+    producer's id, which small rounds feel as lateness. After a failed round both are
     dropped and the next round starts afresh."""
 
     def __init__(self, bootstrap: str, compression_type: str = "none") -> None:
@@ -248,13 +238,10 @@ class Copier:
                           _writer(self.bootstrap, self.compression_type))
         consumer, producer = self._pair
         try:
-            stats = _copy(consumer, producer, ranges)
+            return _copy(consumer, producer, ranges)
         except BaseException:
             self.close()
             raise
-        # Nothing fetched for this round is read by the next: it assigns afresh.
-        consumer.unassign()
-        return stats
 
     def close(self) -> None:
         pair, self._pair = self._pair, None
@@ -265,10 +252,9 @@ class Copier:
 
 def _copy(consumer: kafka.Consumer, producer: kafka.BulkProducer,
           ranges: Sequence[Range]) -> CopyStats:
-    consumer.learn(r.source for r in ranges)
     # A round allocates a few tuples and lists per record that all live until it ends:
-    # the cyclic collector would walk them again and again (measured: the record copy
-    # cost 5-9 us with it, 2.7 us without). Refcounting frees them after the round.
+    # the cyclic collector would walk them again and again, for nothing: refcounting
+    # frees them after the round.
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -283,61 +269,39 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
     stats = CopyStats()
     out: list[kafka.OutRecord] = []
     deliver_at: list[bytes] = []
-    # One cursor per (source, partition), all assigned at once so their fetches overlap
-    # (read one after another, each partition's first fetch cost ~0.2 s); a partition
-    # with several spans seeks to the next one when it finishes one.
-    cursors = {}
+    cursors: dict[tuple[str, int], _Cursor] = {}
     for group in spans(ranges):
-        tp = (group[0].source, group[0].partition)
-        cursors.setdefault(tp, _Cursor(tp)).groups.append(group)
-    consumer.assign([(t, p, c.start()) for (t, p), c in cursors.items()])
-    active = len(cursors)
-    # A deadline on progress, not on the round: a round of any size goes on while records
-    # keep coming, and fails (into its lease retry) once none came for READ_TIMEOUT_S.
-    deadline = time.monotonic() + READ_TIMEOUT_S
-    while active:
-        if time.monotonic() > deadline:
-            raise kafka.KafkaUnavailable(
-                "nothing read for {}s: {}".format(READ_TIMEOUT_S, ", ".join(
-                    f"{t}[{p}] {c.expect}..{c.last}" for (t, p), c in cursors.items()
-                    if not c.done)))
-        # Ask for exactly what is left: consume() returns as soon as it has that many,
-        # where a larger ask waits out its timeout.
-        left = sum(c.last - c.expect + 1 for c in cursors.values() if not c.done)
-        msgs = consumer.poll_messages(max(1, min(left, 100000)), 0.2)
-        if msgs:
-            deadline = time.monotonic() + READ_TIMEOUT_S
-        sought: set[tuple[str, int]] = set()
-        for msg in msgs:
-            c = cursors.get((msg.topic(), msg.partition()))
-            off = msg.offset()
-            if c is None or c.done or off < c.expect or c.tp in sought:
-                # Prefetched past a finished span, or before a seek; or read before this
-                # batch's seek of the partition: the next batch starts where it sought.
-                continue
-            c.expect = off + 1
-            group = c.groups[c.g]
-            while c.i < len(group) and off > group[c.i].last:
-                c.i += 1
-            # Ranges may overlap (one message redelivered to two subscriptions).
-            j = c.i
-            while j < len(group) and group[j].first <= off:
-                rng = group[j]
-                if off <= rng.last and (rng.offsets is None or off in rng.offsets):
-                    out.append(output_record(rng, msg, deliver_at))
-                    if rng.subscription is None:
-                        pass
-                    elif is_dead_letter(rng):
-                        stats.dead_letters += 1
-                    else:
-                        stats.redeliveries[rng.counts.get(off, 1)] += 1
-                j += 1
-            if off >= c.last:
-                if c.next_group():
-                    kafka.seek(consumer, {c.tp: c.expect})
-                    sought.add(c.tp)
+        cursors.setdefault((group[0].source, group[0].partition), _Cursor()).add(group)
+    # Each group is one span of the read: read in one pass, sought from one to the next.
+    # The deadline is on progress, not on the round: a round of any size goes on while
+    # records keep coming, and fails (into its lease retry) once none came for
+    # READ_TIMEOUT_S.
+    for msg in kafka.read_spans(
+            consumer, {tp: [(g[0].first, last) for g, last in zip(c.groups, c.lasts,
+                                                                  strict=True)]
+                       for tp, c in cursors.items()}, READ_TIMEOUT_S):
+        c = cursors[(msg.topic(), msg.partition())]
+        off = msg.offset()
+        if off > c.lasts[c.g]:
+            while off > c.lasts[c.g]:
+                c.g += 1
+            c.i = 0
+        group = c.groups[c.g]
+        while c.i < len(group) and off > group[c.i].last:
+            c.i += 1
+        # Ranges may overlap (one message redelivered to two subscriptions).
+        j = c.i
+        while j < len(group) and group[j].first <= off:
+            rng = group[j]
+            if off <= rng.last and (rng.offsets is None or off in rng.offsets):
+                out.append(output_record(rng, msg, deliver_at))
+                if rng.subscription is None:
+                    pass
+                elif is_dead_letter(rng):
+                    stats.dead_letters += 1
                 else:
-                    active -= 1
+                    stats.redeliveries[rng.counts.get(off, 1)] += 1
+            j += 1
         # Hand records to the producer as they are read: sending overlaps reading, and
         # the first copies are out while the rest of a large round is still being read.
         # Nothing of a chunk is kept once it is handed over, so a round of any size

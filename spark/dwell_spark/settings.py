@@ -20,19 +20,11 @@ class SparkSettings(CommonSettings):
     drain_trigger_ms: int = Field(250, ge=10)
     drain_max_buckets: int = Field(100, ge=1)
     drain_lease_ms: int = Field(30000, ge=1000)
-    # Which copy runs a round (dwell_spark.drain.choose_path, figures in bench/delivery.py):
-    # rounds up to drain_local_max_records records are copied on the driver; larger ones
-    # run as a Spark job: Python copies in Spark tasks, or, with drain_jvm_copy, through
-    # Spark's Kafka source and sink when dense (offsets read <= drain_dense_factor x
-    # records wanted). Measured on local[2] (2 cores shared with Kafka), 20k / 100k records:
-    # driver 68-72k / 79-87k msg/s, tasks 16k / 48-60k, kafka-source 8-10k / 26-34k (an
-    # earlier session). Six runs of a later session: 20k driver 60-73k, tasks 24-41k; 100k
-    # driver 48-74k, tasks 55-67k (never below 50k); 200k driver 65-73k, tasks 56-71k,
-    # kafka-source 38-44k. So the driver takes rounds up to 50k records, tasks the rest;
-    # the JVM copy never wins on one box (it may with executors on other machines).
+    # Which copy runs a round (dwell_spark.drain.choose_path; bench/delivery.py compares
+    # them): rounds up to drain_local_max_records records are copied on the driver, which
+    # schedules no Spark job; larger ones are spread over Spark tasks, whose parallel
+    # copies outweigh the job's fixed cost only for large rounds.
     drain_local_max_records: int = Field(50000, ge=0)
-    drain_jvm_copy: bool = False
-    drain_dense_factor: float = Field(2.0, ge=1.0)
 
     # Prometheus /metrics, /healthz, /readyz of the Spark app (127.0.0.1 unless http_host).
     spark_metrics_port: int = Field(8084, ge=0, le=65535)

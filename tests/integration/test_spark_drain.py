@@ -105,7 +105,7 @@ def test_due_bucket_goes_to_ready_topic_with_headers(spark_env, unique: str,  # 
     assert drainer.run_once(now) == 0
 
 
-@pytest.mark.parametrize("path", ["driver", "kafka-source", "tasks"])
+@pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_a_bucket_in_both_delay_logs_drains_with_the_originals_ids(
         spark_env, unique: str, path: str) -> None:  # noqa: ANN001
     """Records the tracker re-filed (dwell.delayed.refiled, index fields from
@@ -254,7 +254,7 @@ def test_bulk_producer_writes_everything_and_flush_raises_on_a_rejected_record(
         p.close(1.0)
 
 
-@pytest.mark.parametrize("path", ["driver", "tasks", "kafka-source"])
+@pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_topics_interleaved_on_one_partition_each_get_only_their_records(
         spark_env, unique: str, path: str) -> None:  # noqa: ANN001
     """Two topics' records alternate on one partition of dwell.delayed, so each topic's

@@ -128,7 +128,7 @@ class Ingress:
                     self.error = str(exc)
                     log.warning("ingress batch failed, re-reading it: %s", exc)
                     producer = self._recover(producer)
-                    kafka.seek(consumer, _first_offsets(records))
+                    consumer.seek(_first_offsets(records))
                     time.sleep(0.5)
         finally:
             consumer.close()

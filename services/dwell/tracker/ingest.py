@@ -23,7 +23,6 @@ from pyroaring import BitMap64
 
 from dwell import keys, memory
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
-from dwell.adapters.kafka import seek as kafka_seek
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
 from dwell.tracker.index import TopicIndex, append_positions, scripts
 from dwell.tracker.metrics import (
@@ -465,7 +464,7 @@ class IngestLoop:
             if part + base not in behind and (self.topic, part) not in first:
                 first[(self.topic, part)] = off
         if first:
-            kafka_seek(self.consumer, first)
+            self.consumer.seek(first)
         return True
 
     def _rebuild(self, behind: dict[int, int | None], written: dict[int, int]) -> None:
@@ -491,7 +490,7 @@ class IngestLoop:
             seek[(self.topic, f - base)] = start
             self.ingest.begin_rebuild(f, written[f], delivered.get(f, BitMap64()))
             REBUILDS.labels("stale" if held is not None else "lost").inc()
-        kafka_seek(self.consumer, seek)
+        self.consumer.seek(seek)
         with self._lock:
             for (_, p), start in seek.items():
                 self._written_pos[p + base] = start

@@ -31,16 +31,8 @@ def test_by_default_the_driver_takes_rounds_up_to_50k_records() -> None:
 def test_rounds_up_to_the_local_limit_stay_on_the_driver() -> None:
     small = [Range("ready", names.DELAYED, 0, 0, 99_999)]
     assert choose_path(settings(), small) == "driver"
-    assert choose_path(settings(drain_jvm_copy=True), small) == "driver"
 
 
-def test_larger_rounds_run_as_python_copies_in_spark_tasks_by_default() -> None:
+def test_larger_rounds_run_as_python_copies_in_spark_tasks() -> None:
     for ranges in (DENSE, SCATTERED, REDELIVERY):
         assert choose_path(settings(), ranges) == "tasks"
-
-
-def test_the_jvm_copy_takes_dense_delayed_rounds_only_when_asked() -> None:
-    s = settings(drain_jvm_copy=True)
-    assert choose_path(s, DENSE) == "kafka-source"
-    assert choose_path(s, SCATTERED) == "tasks"
-    assert choose_path(s, REDELIVERY) == "tasks"

@@ -1,0 +1,52 @@
+"""The one place that talks to Kafka, over confluent-kafka (librdkafka): producers,
+the consumer, admin helpers and offset scans. Everything else in dwell sees `Record`,
+futures and plain dicts, and imports them from here."""
+
+from confluent_kafka import OFFSET_BEGINNING, Message
+
+from .admin import (
+    DWELL_TOPIC_DEFAULTS,
+    admin,
+    end_offsets,
+    ensure_dwell_topics,
+    ensure_topic,
+    partitions,
+    ping,
+    start_group_at_end,
+    topic_names,
+)
+from .consumer import Columns, Consumer, next_offsets
+from .errors import KafkaUnavailable, TopicRefused
+from .producer import BulkProducer, Producer, TransactionalProducer
+from .record import Headers, OutRecord, Record
+from .scan import SCAN_CONFIG, read_all, read_from, read_offsets, read_spans
+
+__all__ = [
+    "DWELL_TOPIC_DEFAULTS",
+    "OFFSET_BEGINNING",
+    "SCAN_CONFIG",
+    "BulkProducer",
+    "Columns",
+    "Consumer",
+    "Headers",
+    "KafkaUnavailable",
+    "Message",
+    "OutRecord",
+    "Producer",
+    "Record",
+    "TopicRefused",
+    "TransactionalProducer",
+    "admin",
+    "end_offsets",
+    "ensure_dwell_topics",
+    "ensure_topic",
+    "next_offsets",
+    "partitions",
+    "ping",
+    "read_all",
+    "read_from",
+    "read_offsets",
+    "read_spans",
+    "start_group_at_end",
+    "topic_names",
+]

@@ -1,0 +1,119 @@
+"""Cluster administration: topics (creating dwell's own, listing, partitions), end
+offsets, reachability, and starting a consumer group at the end of its topics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import Consumer as _Consumer
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dwell.core import topics as names
+
+from .consumer import Consumer, watermarks
+from .errors import KafkaUnavailable, TopicRefused
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap,
+                        "socket.connection.setup.timeout.ms": 5000})
+
+
+def ping(bootstrap: str, timeout: float = 2.0) -> bool:
+    try:
+        return bool(admin(bootstrap).list_topics(timeout=timeout).brokers)
+    except KafkaException:
+        return False
+
+
+def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: int = 1,
+                 config: Mapping[str, str] | None = None, timeout: float = 15.0) -> bool:
+    """Create a topic unless it exists; True when this call created it. An existing topic
+    is taken as it is (its partition count is not checked against ``partitions``).
+    TopicRefused when Kafka refuses the name, KafkaUnavailable when it cannot answer."""
+    client = admin(bootstrap)
+    futures = client.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=replication,
+                  config=dict(config or {}))], operation_timeout=timeout)
+    try:
+        futures[name].result(timeout)
+        created = True
+    except KafkaException as exc:
+        code = exc.args[0].code()
+        if code == KafkaError.TOPIC_EXCEPTION:
+            raise TopicRefused(exc.args[0].str()) from exc
+        if code != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise KafkaUnavailable(f"cannot create topic {name}: {exc}") from exc
+        created = False
+    # Metadata for a new topic reaches every client a moment later.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = client.list_topics(name, timeout=timeout)
+        t = md.topics.get(name)
+        if t is not None and t.error is None and (
+                not created or len(t.partitions) >= partitions):
+            return created
+        time.sleep(0.05)
+    raise KafkaUnavailable(f"topic {name} not visible after {timeout}s")
+
+
+DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
+    names.POLICIES: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                         "segment.ms": "3600000"}),
+    names.PUBLISH: (4, {}),
+    names.PUBLISH_RESULTS: (4, {}),
+    names.DELAYED: (4, {}),
+    names.REFILED: (4, {}),
+    names.ACKS: (4, {}),
+    names.DELIVERED: (4, {}),
+}
+
+
+def ensure_dwell_topics(bootstrap: str, replication: int = 1,
+                        partitions: Mapping[str, int] | None = None) -> None:
+    for name, (default_parts, config) in DWELL_TOPIC_DEFAULTS.items():
+        parts = (partitions or {}).get(name, default_parts)
+        ensure_topic(bootstrap, name, parts, replication, config)
+
+
+def topic_names(bootstrap: str, timeout: float = 15.0) -> set[str]:
+    """Every topic the cluster has (one metadata request)."""
+    try:
+        return set(admin(bootstrap).list_topics(timeout=timeout).topics)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"list_topics: {exc}") from exc
+
+
+def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
+    """The partition ids of an existing topic; KafkaUnavailable when it is not there."""
+    md = admin(bootstrap).list_topics(topic, timeout=timeout)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        raise KafkaUnavailable(f"topic {topic} not found")
+    return sorted(t.partitions)
+
+
+def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, int]:
+    """The high watermark (next offset to be written) of every partition of a topic."""
+    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader"})
+    try:
+        return {p: watermarks(c, topic, p, timeout)[1]
+                for p in partitions(bootstrap, topic, timeout)}
+    finally:
+        c.close()
+
+
+def start_group_at_end(bootstrap: str, group_id: str, topics: Iterable[str]) -> None:
+    """Commit the current end offsets of ``topics`` (created when missing) for a fresh
+    consumer group, so that it reads only what is written from now on."""
+    c = Consumer(bootstrap, group_id)
+    try:
+        offsets: dict[tuple[str, int], int] = {}
+        for t in topics:
+            ensure_topic(bootstrap, t, DWELL_TOPIC_DEFAULTS.get(t, (1, {}))[0])
+            offsets |= {(t, p): o for p, o in end_offsets(bootstrap, t).items()}
+        c.commit(offsets)
+    finally:
+        c.close()

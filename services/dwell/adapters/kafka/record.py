@@ -1,0 +1,41 @@
+"""The shapes records take on their way in and out of Kafka: `Record` for what is read,
+`OutRecord` for batches handed to a producer, `Headers` for what callers pass."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import Message
+
+Headers = Mapping[str, bytes | str]
+# (topic, value, key, encoded headers, timestamp ms) for Producer.send_many
+OutRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+    timestamp_ms: int
+
+    def header(self, name: str) -> str | None:
+        raw = self.headers.get(name)
+        return raw.decode() if raw is not None else None
+
+
+def record_of(msg: Message) -> Record:
+    hdrs = msg.headers() or []
+    ts_type, ts = msg.timestamp()
+    return Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                  {k: (v if v is not None else b"") for k, v in hdrs}, ts)
+
+
+def encode_headers(headers: Headers | None) -> list[tuple[str, bytes]] | None:
+    if not headers:
+        return None
+    return [(k, v.encode() if isinstance(v, str) else v) for k, v in headers.items()]
