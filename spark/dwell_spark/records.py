@@ -16,20 +16,21 @@ from dataclasses import dataclass, field
 import numpy as np
 from pyroaring import BitMap64
 
+from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id
 
 # Headers a copy sets itself, replacing any the source record carries.
-_ORIGIN = "dwell-origin"
-_MESSAGE_ID = "dwell-message-id"
-_COUNT = "dwell-redelivery-count"
-_SUBSCRIPTION = "dwell-subscription"
-_DELIVER_AT = "dwell-deliver-at"
+_ORIGIN = hdr.ORIGIN
+_MESSAGE_ID = hdr.MESSAGE_ID
+_COUNT = hdr.REDELIVERY_COUNT
+_SUBSCRIPTION = hdr.SUBSCRIPTION
+_DELIVER_AT = hdr.DELIVER_AT
 # Headers not copied: those that only make sense on dwell.delayed (the copy carries the
 # key itself) and those the copy sets. A ready-topic record's dwell-origin (where it came
 # from out of dwell.delayed) stays; a redelivery's count and subscription are re-set.
-_DROP_READY = frozenset(("dwell-key", "dwell-tick-time", _MESSAGE_ID))
+_DROP_READY = frozenset((hdr.KEY, hdr.TICK_TIME, _MESSAGE_ID))
 _DROP_DELAYED = _DROP_READY | {_ORIGIN}
 _REDELIVERY = frozenset((_COUNT, _SUBSCRIPTION))
 READ_TIMEOUT_S = 30.0
@@ -154,9 +155,9 @@ def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord: 
     if rng.source == names.REFILED:
         # A copy the tracker re-filed (dwell.tracker.restage): it carries the original's
         # dwell-origin and dwell-message-id.
-        drop, key, origin = _DROP_READY, d.get("dwell-key"), []
+        drop, key, origin = _DROP_READY, d.get(hdr.KEY), []
     elif rng.source == names.DELAYED:
-        drop, key = _DROP_DELAYED, d.get("dwell-key")
+        drop, key = _DROP_DELAYED, d.get(hdr.KEY)
         origin = [(_ORIGIN, b"%d:%d" % (rng.partition, off))]
     else:
         drop, key, origin = _DROP_READY, msg.key(), []

@@ -40,12 +40,12 @@ from dwell.core.policy import (
     resolve_policy,
 )
 from dwell.core.topics import TopicName
+from dwell.headers import VERSION
 
 from .metrics import POLICY_VERSION_APPLIED
 
 log = logging.getLogger("dwell.admission.cache")
 
-VERSION_HEADER = "dwell-version"
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -118,7 +118,7 @@ class PolicyCache:
         kind, _, name = scope.partition(":")
         doc = orjson.loads(value) if value is not None else None
         if doc is None:
-            raw = headers.get(VERSION_HEADER)
+            raw = headers.get(VERSION)
             version = int(raw) if raw else 0
         else:
             version = int(doc["version"])

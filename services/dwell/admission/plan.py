@@ -33,6 +33,7 @@ from dwell.core import topics as names
 from dwell.core.admit import Decision, Override, Reject, admit
 from dwell.core.policy import EffectivePolicy
 from dwell.core.topics import TopicName
+from dwell.headers import DELIVER_AT, KEY, PRODUCER, PUBLISH_TIME, SEQUENCE_ID, TICK_TIME, TOPIC
 
 from . import native
 from .cache import BoundedCache, PolicyCache
@@ -105,7 +106,7 @@ def _decided(decision: Decision, tick_b: bytes, ready: str) -> Decided:
         result["delayIgnored"] = delay_ignored
     delay_h: Headers = ()
     if decision.delayed:
-        delay_h = (("dwell-deliver-at", b"%d" % decision.deliver_at), ("dwell-tick-time", tick_b))
+        delay_h = ((DELIVER_AT, b"%d" % decision.deliver_at), (TICK_TIME, tick_b))
     counts = type(decision) is Override and decision.counts_as_override
     return Decided(result, delay_h, int(counts),
                    _head(result, names.DELAYED if delay_h else ready))
@@ -137,10 +138,10 @@ class Planner:
         now = int(self.clock() * 1000)
         topic_b, ready = self._topic_bytes(topic)
         decide = self._decider(topic, now, ready)
-        topic_h = ("dwell-topic", topic_b)
-        producer_h = ("dwell-producer", (req.producerName or "").encode())
+        topic_h = (TOPIC, topic_b)
+        producer_h = (PRODUCER, (req.producerName or "").encode())
         # The dwell headers every message of the request gets when it has no eventTime.
-        now_hs = [topic_h, ("dwell-publish-time", b"%d" % now), producer_h]
+        now_hs = [topic_h, (PUBLISH_TIME, b"%d" % now), producer_h]
         default_encoding = req.payloadEncoding
         max_payload = s.max_payload_bytes
         # admit() is a pure function of these and of what `decide` holds fixed for the
@@ -211,16 +212,16 @@ class Planner:
                 headers = props_h + now_hs if props_h else now_hs.copy()
             else:
                 headers = props_h.copy() if props_h else []
-                headers += (topic_h, ("dwell-publish-time", b"%d" % publish_time), producer_h)
+                headers += (topic_h, (PUBLISH_TIME, b"%d" % publish_time), producer_h)
             seq = m.sequenceId
             if seq is not None:
-                headers.append(("dwell-sequence-id", b"%d" % seq))
+                headers.append((SEQUENCE_ID, b"%d" % seq))
             key = m.key
             key_b = key.encode() if key is not None else None
             if delay_h:
                 headers += delay_h
                 if key_b is not None:
-                    headers.append(("dwell-key", key_b))
+                    headers.append((KEY, key_b))
                 sends.append((delayed_topic, payload, topic_b, headers, publish_time))
                 delayed += 1
             else:

@@ -16,13 +16,13 @@ import logging
 
 import orjson
 
+from dwell import headers
 from dwell.adapters import kafka
 from dwell.core import topics
 from dwell.policy.store import PolicyStore
 
 log = logging.getLogger("dwell.policy.feed")
 
-VERSION_HEADER = "dwell-version"
 # A scope rewritten faster than Kafka acknowledges is left to the next catch-up after this.
 _MAX_ROUNDS = 5
 
@@ -35,7 +35,7 @@ def record_version(record: kafka.Record) -> int | None:
     """The version a feed record carries, or None for a record that is not the policy
     service's (the topic is shared, so foreign records are skipped, not fatal)."""
     try:
-        header = record.header(VERSION_HEADER)
+        header = record.header(headers.VERSION)
         if header is not None:
             return int(header)
         if record.value is None:
@@ -77,7 +77,7 @@ class PolicyFeed:
 
     async def _send(self, scope: str, version: int, value: bytes | None) -> None:
         fut = self._producer.send(topics.POLICIES, value, key=scope,
-                                  headers={VERSION_HEADER: str(version)})
+                                  headers={headers.VERSION: str(version)})
         try:
             await asyncio.wait_for(asyncio.wrap_future(fut), self._timeout_s + 1)
         except (kafka.KafkaUnavailable, TimeoutError) as exc:
