@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import devstack  # noqa: E402
 from dwell.adapters.kafka import Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
-from dwell.tracker import subscriptions
-from dwell.tracker.index import TopicIndex, append_positions
+from dwell.index import buckets, subscriptions
+from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.ingest import HEADERS, IngestLoop
 
 OUT = Path(__file__).parent / "out"
@@ -82,7 +82,7 @@ def index_only(url: str, topic: str, cols: tuple[np.ndarray, ...]) -> dict[str, 
     t = time.perf_counter()
     for s in range(0, n, BATCH):
         pipe = r.pipeline(transaction=False)
-        append_positions(pipe, topic, *(c[s:s + BATCH] for c in cols))
+        append_positions(pipe, buckets.scripts(r), topic, *(c[s:s + BATCH] for c in cols))
         pipe.execute()
     append_s = time.perf_counter() - t
     idx = TopicIndex(r, topic)

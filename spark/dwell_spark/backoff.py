@@ -53,8 +53,8 @@ from dwell.core.backoff import (
 )
 from dwell.core.positions import parse_message_id
 from dwell.core.topics import TopicName, dlq_topic
-from dwell.tracker import subscriptions as registry
-from dwell.tracker.index import SubscriptionIndex
+from dwell.index import subscriptions as registry
+from dwell.index.redelivery import SubscriptionIndex
 
 from . import metrics
 from .drain import FETCH_MAX_WAIT_MS, TopicCache, write_ranges

@@ -27,13 +27,9 @@ from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition, format_message_id
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
-from dwell.tracker.index import (
-    ClaimedBucket,
-    SubscriptionIndex,
-    TopicIndex,
-    due_subscriptions,
-    due_topics,
-)
+from dwell.index.buckets import ClaimedBucket
+from dwell.index.redelivery import SubscriptionIndex, due_subscriptions
+from dwell.index.topic import TopicIndex, due_topics
 from dwell.tracker.recovery import mark_record, write_marks
 
 from . import metrics

@@ -20,8 +20,8 @@ from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.core.backoff import ExponentialRedeliveryBackoff
 from dwell.core.positions import format_message_id
-from dwell.tracker import subscriptions
-from dwell.tracker.index import SubscriptionIndex
+from dwell.index import subscriptions
+from dwell.index.redelivery import SubscriptionIndex
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "spark"))

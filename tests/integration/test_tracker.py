@@ -25,7 +25,9 @@ from dwell.adapters.kafka import (
 )
 from dwell.adapters.redis import connect
 from dwell.core import topics as names
-from dwell.tracker.index import SubscriptionIndex, TopicIndex, bucket_starts
+from dwell.core.buckets import bucket_start
+from dwell.index.redelivery import SubscriptionIndex
+from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import HEADERS, Ingest, IngestLoop
 from dwell.tracker.stats import HISTOGRAM_BOUNDS_MS
 
@@ -458,7 +460,7 @@ def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstr
 
     _wait(indexed, 60, "admission's messages indexed")
     # deliverAt = publishTime + 5000, so the buckets lie within the 1 s tick of that window
-    lo, hi = bucket_starts(before + 5000, TICK), bucket_starts(after + 5000, TICK)
+    lo, hi = bucket_start(before + 5000, TICK), bucket_start(after + 5000, TICK)
     assert all(lo <= b <= hi for b in idx.buckets())
     tracker.stop()
     admission.stop()

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request, Response
 from dwell import keys
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app
-from dwell.tracker import subscriptions
+from dwell.index import subscriptions
 from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.restage import Restager

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -23,10 +24,12 @@ from prometheus_client import Counter, Histogram
 from pyroaring import BitMap64
 
 from dwell import keys, memory
+from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
 from dwell.adapters.kafka import seek as kafka_seek
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
-from dwell.tracker.index import TopicIndex, append_positions, scripts
+from dwell.index import buckets
+from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.recovery import committed_lowmarks, read_marks
 
 log = logging.getLogger("dwell.tracker.ingest")
@@ -34,6 +37,9 @@ log = logging.getLogger("dwell.tracker.ingest")
 DELIVER_AT: Final = "dwell-deliver-at"
 TICK_TIME: Final = "dwell-tick-time"
 HEADERS: Final = (DELIVER_AT, TICK_TIME)
+# The ingest's own script (its progress per delay-log partition); the index's are in
+# dwell/index/lua.
+LUA_DIR: Final = Path(__file__).parent / "lua"
 
 # Fixed-delay detection state (PIP-448) kept in the topic's stats HASH.
 HIGHEST_FIELD: Final = "highestDeliverAt"
@@ -200,11 +206,12 @@ class Ingest:
             log.warning("skipped %d dwell.delayed records without key/deliver-at/tick-time", bad)
         started = time.perf_counter()
         pipe = self.redis.pipeline(transaction=False)
+        index_scripts = buckets.scripts(self.redis)
         indexed = 0
         now = int(time.time() * 1000)
         for topic, idx in rows:
             cols = (parts[idx], offs[idx], da[idx], tick[idx])
-            append_positions(pipe, topic, *cols)
+            append_positions(pipe, index_scripts, topic, *cols)
             self._detect(pipe, topic, *cols)
             self.dirty_topics.add(topic)
             indexed += len(idx)
@@ -214,7 +221,8 @@ class Ingest:
         args: list[int | str] = []
         for f, o in reached.items():
             args += [f, self.expect.get(f, ""), o]
-        scripts(self.redis).ingested(keys=[keys.INGESTED], args=args, client=pipe)
+        redis_adapter.scripts(self.redis, LUA_DIR).run("ingested", [keys.INGESTED], args,
+                                                    client=pipe)
         pipe.execute()
         self.expect |= reached
         for f, o in reached.items():

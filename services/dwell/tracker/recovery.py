@@ -30,7 +30,7 @@ from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition
-from dwell.tracker.index import decode, encode, unpack_deltas
+from dwell.index.roaring import decode, encode, unpack_deltas
 
 log = logging.getLogger("dwell.tracker.recovery")
 

@@ -18,8 +18,9 @@ from prometheus_client.registry import Collector
 from dwell import keys
 from dwell.core.buckets import bucket_due_cutoff
 from dwell.core.topics import TopicName
-from dwell.tracker import subscriptions
-from dwell.tracker.index import SubscriptionIndex, TopicIndex
+from dwell.index import subscriptions
+from dwell.index.redelivery import SubscriptionIndex
+from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD
 
 log = logging.getLogger("dwell.tracker.stats")

@@ -11,7 +11,7 @@ import redis as redislib
 
 from dwell import keys
 from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeout_ms
-from dwell.tracker.index import SubscriptionIndex
+from dwell.index.redelivery import SubscriptionIndex
 
 FIELDS: Final = ("ackTimeoutMs", "ackTimeoutRedeliveryBackoff", "negativeAckRedeliveryBackoff",
                  "maxRedeliverCount")

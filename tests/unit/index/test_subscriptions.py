@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dwell.tracker.subscriptions import validate
+from dwell.index.subscriptions import validate
 
 
 @pytest.mark.parametrize(("body", "reason"), [
