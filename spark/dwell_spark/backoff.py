@@ -51,6 +51,7 @@ from dwell.core.backoff import (
     ack_timeout_redelivery_at,
     nack_redelivery_at,
 )
+from dwell.core.buckets import bucket_start
 from dwell.core.positions import parse_message_id
 from dwell.core.topics import TopicName, dlq_topic
 from dwell.index import subscriptions as registry
@@ -199,7 +200,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
                 emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
 
         def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> tuple | None:
-            bucket = at - at % tick_ms
+            bucket = bucket_start(at, tick_ms)
             if max_r is not None and count >= max_r:
                 if dead_now:
                     emit(DLQ, at, None, count)
