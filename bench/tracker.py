@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import devstack  # noqa: E402
 from dwell.adapters.kafka import Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import buckets, subscriptions
 from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.ingest import HEADERS, IngestLoop
@@ -247,7 +248,7 @@ def main() -> None:
             ours[kind] = {}
             for subs in (1, 10, 1000):
                 for s in range(subs):
-                    subscriptions.put(r, topic, f"sub-{s}", {"ackTimeoutMs": 0})
+                    subscriptions.put(r, topic, f"sub-{s}", SubscriptionSettings())
                 bs = index_bytes(url, topic) / n
                 ours[kind][subs] = bs
                 reg = r.memory_usage(f"dwell:subs:{{{topic}}}", samples=0) / n

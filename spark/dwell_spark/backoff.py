@@ -53,6 +53,7 @@ from dwell.core.backoff import (
 )
 from dwell.core.buckets import bucket_start
 from dwell.core.positions import parse_message_id
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic
 from dwell.index import subscriptions as registry
 from dwell.index.redelivery import SubscriptionIndex
@@ -107,7 +108,7 @@ DEFAULT_TICK_MS = 100
 # and a busy subscription costs one Redis read per worker per TTL.
 REGISTRY_TTL_MS = int(os.environ.get("DWELL_BACKOFF_REGISTRY_TTL_MS", "2000"))
 
-Lookup = Callable[[str, str], "dict[str, Any] | None"]
+Lookup = Callable[[str, str], "SubscriptionSettings | None"]
 
 
 def _backoff(raw: Any) -> ExponentialRedeliveryBackoff | None:
@@ -122,7 +123,7 @@ def _opt_int(v: Any) -> int | None:
 
 # Per Python worker (workers are reused across batches): Redis clients and registry reads.
 _clients: dict[str, redislib.Redis] = {}
-_cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
+_cache: dict[tuple[str, str, str], tuple[float, SubscriptionSettings | None]] = {}
 _lock = threading.Lock()
 
 
@@ -135,7 +136,7 @@ class RegistryLookup:
     redis_url: str
     ttl_ms: int = REGISTRY_TTL_MS
 
-    def __call__(self, topic: str, sub: str) -> dict[str, Any] | None:
+    def __call__(self, topic: str, sub: str) -> SubscriptionSettings | None:
         key = (self.redis_url, topic, sub)
         now = time.monotonic()
         hit = _cache.get(key)
@@ -150,9 +151,9 @@ class RegistryLookup:
         return found
 
 
-def fill_settings(events: pd.DataFrame, settings: dict[str, Any] | None) -> pd.DataFrame:
-    """``events`` with the registered ``settings`` (tracker registry JSON) on every row
-    that carries none (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
+def fill_settings(events: pd.DataFrame, settings: SubscriptionSettings | None) -> pd.DataFrame:
+    """``events`` with the registered ``settings`` on every row that carries none
+    (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
     if settings is None:
         return events
     bare = events["ackTimeoutMs"].isna()
@@ -161,11 +162,13 @@ def fill_settings(events: pd.DataFrame, settings: dict[str, Any] | None) -> pd.D
     events = events.astype({"ackTimeoutMs": "object", "maxRedeliverCount": "object",
                             "ackTimeoutRedeliveryBackoff": "object",
                             "negativeAckRedeliveryBackoff": "object"})
-    events.loc[bare, "ackTimeoutMs"] = int(settings.get("ackTimeoutMs") or 0)
+    # The rows take the settings in their dwell.acks shape (backoffs as JSON text).
+    fields = settings.to_json()
+    events.loc[bare, "ackTimeoutMs"] = fields["ackTimeoutMs"]
     for name in ("ackTimeoutRedeliveryBackoff", "negativeAckRedeliveryBackoff"):
-        raw = settings.get(name)
+        raw = fields[name]
         events.loc[bare, name] = json.dumps(raw) if raw is not None else None
-    events.loc[bare, "maxRedeliverCount"] = settings.get("maxRedeliverCount")
+    events.loc[bare, "maxRedeliverCount"] = fields["maxRedeliverCount"]
     return events
 
 

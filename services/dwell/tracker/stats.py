@@ -56,7 +56,7 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
         le = str(HISTOGRAM_BOUNDS_MS[i]) if i < len(HISTOGRAM_BOUNDS_MS) else "+Inf"
         histogram.append({"le": le, "count": cum})
     subs = {}
-    for name in subscriptions.list_all(r, topic):
+    for name in subscriptions.names(r, topic):
         sidx = SubscriptionIndex(r, topic, name)
         subs[name] = {"pendingRedeliveries": sum(sidx.counts().values()),
                       "redeliveryIndexBytes": sidx.memory_bytes()}

@@ -17,6 +17,7 @@ import pandas as pd
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from dwell.core.backoff import ExponentialRedeliveryBackoff
+from dwell.core.subscriptions import SubscriptionSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
 from dwell_spark.backoff import (  # noqa: E402
@@ -135,11 +136,10 @@ def test_a_pending_dead_letter_from_an_older_checkpoint_still_fires_on_its_timer
 
 
 def test_events_without_settings_take_the_registry() -> None:
-    registered = {"ackTimeoutMs": 2000, "ackTimeoutRedeliveryBackoff": BACKOFF.to_json(),
-                  "negativeAckRedeliveryBackoff": None, "maxRedeliverCount": 3}
+    registered = SubscriptionSettings(2000, BACKOFF, None, 3)
     asked = []
 
-    def lookup(topic: str, sub: str) -> dict[str, Any]:
+    def lookup(topic: str, sub: str) -> SubscriptionSettings:
         asked.append((topic, sub))
         return registered
 
@@ -156,11 +156,10 @@ def test_sdk_events_keep_their_own_settings() -> None:
     frame = events(sdk_event("delivered", 1, ackTimeoutMs=0),
                    {"event": "nack", "topic": KEY[0], "subscription": KEY[1],
                     "messageId": KEY[2], "ts": 2})
-    filled = fill_settings(frame, {"ackTimeoutMs": 5000, "maxRedeliverCount": 1,
-                                   "ackTimeoutRedeliveryBackoff": None,
-                                   "negativeAckRedeliveryBackoff": {"minDelayMs": 100}})
+    nack = ExponentialRedeliveryBackoff(min_delay_ms=100)
+    filled = fill_settings(frame, SubscriptionSettings(5000, None, nack, 1))
     assert filled["ackTimeoutMs"].tolist() == [0, 5000]
-    assert filled["negativeAckRedeliveryBackoff"].tolist()[1] == '{"minDelayMs": 100}'
+    assert json.loads(filled["negativeAckRedeliveryBackoff"].tolist()[1]) == nack.to_json()
     # Unregistered subscription: nothing to fill, Pulsar's defaults apply (no ack
     # timeout; a nack comes back after the fixed 60 s delay).
     s = group_state()
