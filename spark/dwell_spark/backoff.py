@@ -22,19 +22,18 @@ The subscription settings ride on each event (the SDK copies what it registered 
 tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` absent: a
 plain Kafka consumer that registered its subscription over the tracker's HTTP API) takes
 them from the tracker's subscription registry in Redis, cached per Python worker for
-REGISTRY_TTL_MS. Replays after a crash are harmless: index adds are set unions, removes
+backoff_registry_ttl_ms. Replays after a crash are harmless: index adds are set unions, removes
 of what is gone are no-ops, and the redelivery count is written, not incremented."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import pandas as pd
 import redis as redislib
@@ -80,8 +79,7 @@ EVENT_SCHEMA = StructType([
 ])
 # The pending redelivery (or dead letter) of one message: due at ``dueAt`` in the index
 # bucket ``bucket`` (field and offset follow from the messageId), as redelivery
-# ``redeliveryCount``. No bucket: a dead letter the state's timer sends (state written
-# before dead letters went through the index; none is written now).
+# ``redeliveryCount``. The state's timer only drops it once an ack can no longer matter.
 STATE_SCHEMA = StructType([
     StructField("dueAt", LongType()),
     StructField("bucket", LongType()),
@@ -97,16 +95,13 @@ OUTPUT_SCHEMA = StructType([
     StructField("redeliveryCount", LongType()),
 ])
 SCHEDULE, DEAD, CANCEL, DLQ, ACK = "schedule", "dead", "cancel", "dlq", "ack"
-# How long the state of a scheduled redelivery outlives its due time: an ack within it
-# still reaches the index entry (a no-op once the drain has claimed it). After it the
-# state goes; the redelivered copy's own events start a new one.
-STATE_GRACE_MS = int(os.environ.get("DWELL_BACKOFF_STATE_GRACE_MS", "60000"))
-# The redelivery index's bucket width when step() is called without one (tests).
-DEFAULT_TICK_MS = 100
-# How long a Python worker trusts what it read from the subscription registry (also for
-# "not registered"): a re-registration reaches events without settings within this time,
-# and a busy subscription costs one Redis read per worker per TTL.
-REGISTRY_TTL_MS = int(os.environ.get("DWELL_BACKOFF_REGISTRY_TTL_MS", "2000"))
+# The settings' defaults, for step() and RegistryLookup built without them (tests).
+# start() hands the configured values to the state function and the lookup, which
+# carry them to the executors' Python workers (those do not see the driver's DWELL_*
+# environment).
+DEFAULT_TICK_MS: Final = SparkSettings.model_fields["redelivery_tick_ms"].default
+DEFAULT_STATE_GRACE_MS: Final = SparkSettings.model_fields["backoff_state_grace_ms"].default
+DEFAULT_REGISTRY_TTL_MS: Final = SparkSettings.model_fields["backoff_registry_ttl_ms"].default
 
 Lookup = Callable[[str, str], "SubscriptionSettings | None"]
 
@@ -134,7 +129,7 @@ class RegistryLookup:
     clients and cache live in the worker's module state."""
 
     redis_url: str
-    ttl_ms: int = REGISTRY_TTL_MS
+    ttl_ms: int = DEFAULT_REGISTRY_TTL_MS
 
     def __call__(self, topic: str, sub: str) -> SubscriptionSettings | None:
         key = (self.redis_url, topic, sub)
@@ -174,11 +169,13 @@ def fill_settings(events: pd.DataFrame, settings: SubscriptionSettings | None) -
 
 def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
          state: GroupState, lookup: Lookup | None = None,
-         tick_ms: int = DEFAULT_TICK_MS) -> Iterator[pd.DataFrame]:
+         tick_ms: int = DEFAULT_TICK_MS,
+         grace_ms: int = DEFAULT_STATE_GRACE_MS) -> Iterator[pd.DataFrame]:
     """applyInPandasWithState function for one (topic, subscription, messageId): the
     index writes (``schedule`` / ``cancel``), dead letters and acks its events call for,
     in event order. ``lookup(topic, sub)`` supplies the settings of events that carry
-    none; ``tick_ms`` is the redelivery index's bucket width."""
+    none; ``tick_ms`` is the redelivery index's bucket width; ``grace_ms`` how long a
+    scheduled redelivery's state outlives its due time (backoff_state_grace_ms)."""
     topic, sub, mid = key
     out: list[tuple] = []
 
@@ -186,11 +183,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
         out.append((topic, sub, mid, action, at, bucket, count))
 
     if state.hasTimedOut:
-        due, bucket, count = state.get
         state.remove()
-        if _opt_int(bucket) is None:
-            # Unacked past maxRedeliverCount, from an older checkpoint: dead-letter now.
-            emit(DLQ, int(due), None, int(count))
     else:
         cur = tuple(state.get) if state.exists else None
         events = pd.concat(list(batches)).sort_values("ts", kind="stable")
@@ -199,7 +192,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
 
         def cancel() -> None:
             # Whatever is pending is superseded (a newer delivery, a nack, an ack).
-            if cur is not None and _opt_int(cur[1]) is not None:
+            if cur is not None:
                 emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
 
         def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> tuple | None:
@@ -240,7 +233,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
             state.update(cur)
             # Kept for acks that may still cancel the entry, then dropped (at the first
             # micro-batch after that: batches run only when events come).
-            until = int(cur[0]) + STATE_GRACE_MS
+            until = int(cur[0]) + grace_ms
             state.setTimeoutDuration(max(1, until - int(time.time() * 1000)))
         elif state.exists:
             state.remove()
@@ -333,12 +326,13 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
     scheduler = Scheduler(spark, settings, redis)
     warmed = threading.Event()
     metrics.expect_query("backoff")
-    lookup = RegistryLookup(settings.redis_url)
+    lookup = RegistryLookup(settings.redis_url, settings.backoff_registry_ttl_ms)
     tick = settings.redelivery_tick_ms
+    grace = settings.backoff_state_grace_ms
 
     def _step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
               state: GroupState) -> Iterator[pd.DataFrame]:
-        return step(key, batches, state, lookup, tick)
+        return step(key, batches, state, lookup, tick, grace)
 
     def _batch(df: DataFrame, _batch_id: int) -> None:
         rows = df.collect()
