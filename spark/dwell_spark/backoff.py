@@ -42,7 +42,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.backoff import (
@@ -265,8 +264,7 @@ class Scheduler:
                 # is stored as -(count + 1), which tells the drain to send it to the DLQ
                 # (drain.redelivery_ranges).
                 count = int(row.redeliveryCount)
-                self.redis.hset(keys.sub_counts(row.topic, row.subscription), row.messageId,
-                                count if row.action == SCHEDULE else -count - 1)
+                idx.store_count(row.messageId, count if row.action == SCHEDULE else -count - 1)
                 idx.add([(source, partition, offset, int(row.at))], tick)
             elif row.action == CANCEL:
                 idx.remove(source, partition, offset, int(row.bucket))

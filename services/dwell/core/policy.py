@@ -28,9 +28,6 @@ class DelayedDeliveryPolicies(pydantic.BaseModel):
     maxDeliveryDelayInMillis: _Millis | None = None
     fixedDeliveryDelayInMillis: _Millis | None = None
 
-    def is_empty(self) -> bool:
-        return all(getattr(self, name) is None for name in type(self).model_fields)
-
 
 _MESSAGES: Final = {
     "int_type": "must be an integer",

@@ -101,13 +101,10 @@ class SubscriptionIndex(BucketIndex):
         return self._claim(now_ms if cutoff_ms is None else cutoff_ms, now_ms, max_buckets,
                            lease_ms)
 
-    def increment_redelivery_count(self, message_id: str) -> int:
-        return int(self.redis.hincrby(keys.sub_counts(self.topic, self.subscription),
-                                      message_id, 1))
-
-    def redelivery_count(self, message_id: str) -> int:
-        raw = self.redis.hget(keys.sub_counts(self.topic, self.subscription), message_id)
-        return int(raw) if raw is not None else 0
+    def store_count(self, message_id: str, count: int) -> None:
+        """Record the count the drain gives a message's pending entry (keys.sub_counts:
+        -(count + 1) marks a dead letter)."""
+        self.redis.hset(keys.sub_counts(self.topic, self.subscription), message_id, count)
 
     def stored_counts(self, message_ids: Sequence[str]) -> list[int]:
         """The stored redelivery counts of messages (0 when none), in one HMGET."""

@@ -12,7 +12,7 @@ import redis as redislib
 
 from dwell import keys
 from dwell.adapters.redis import Scripts
-from dwell.core.buckets import bucket_due_cutoff, bucket_starts
+from dwell.core.buckets import bucket_due_cutoff, bucket_starts, is_bucket_due
 from dwell.index.buckets import BucketIndex, ClaimedBucket
 from dwell.index.roaring import DELTA_DTYPE, pack_deltas
 
@@ -123,6 +123,6 @@ def due_topics(r: redislib.Redis, now_ms: int, strict: bool) -> list[str]:
     ticks = pipe.execute()
     out = []
     for (t, score), tick in zip(cands, ticks, strict=True):
-        if score <= bucket_due_cutoff(now_ms, int(tick or 1), strict):
+        if is_bucket_due(int(score), int(tick or 1), now_ms, strict):
             out.append(t.decode())
     return out
