@@ -1,14 +1,12 @@
 """The one module that opens Redis connections and loads Lua scripts.
 
 Scripts live as files `<name>-<numKeys>.lua` (BullMQ's layout), possibly including
-shared files from `includes/`; `scripts(client, folder)` loads a folder once per client
-and calls each script by SHA, reloading it after a Redis restart."""
+shared files from `includes/`; `Scripts(client, folder)` runs them on a client."""
 
 from __future__ import annotations
 
+import functools
 import re
-import threading
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,39 +50,39 @@ def script_source(path: Path) -> str:
     return _INCLUDE.sub(include, path.read_text())
 
 
+@functools.cache
+def _folder(folder: Path) -> dict[str, tuple[int, str]]:
+    """name -> (number of keys, source with includes expanded) of a folder's scripts, read
+    once per process."""
+    out: dict[str, tuple[int, str]] = {}
+    for path in sorted(folder.glob("*.lua")):
+        name, _, n = path.stem.rpartition("-")
+        out[name] = (int(n), script_source(path))
+    return out
+
+
 class Scripts:
-    """The Lua scripts of one folder, registered on one client (sync or asyncio) with
-    redis-py's `register_script`: `scripts.run("claim", keys, args)` returns what the
-    script returns (an awaitable on an asyncio client); `client=` sends it on a pipeline
-    of that client instead."""
+    """The Lua scripts of one folder on one client (sync or asyncio):
+    `scripts.run("claim", keys, args)` returns what the script returns (an awaitable on
+    an asyncio client); `client=` sends it on a pipeline of that client instead. Each
+    script is registered with redis-py's `register_script` the first time it runs, and
+    redis-py calls it by SHA, loading it again after a Redis restart."""
 
     def __init__(self, client: Any, folder: Path) -> None:
-        self.num_keys: dict[str, int] = {}
+        self._client = client
+        self._folder = _folder(folder)
         self._scripts: dict[str, Any] = {}
-        for path in sorted(folder.glob("*.lua")):
-            name, _, n = path.stem.rpartition("-")
-            self.num_keys[name] = int(n)
-            self._scripts[name] = client.register_script(script_source(path))
+
+    @property
+    def num_keys(self) -> dict[str, int]:
+        return {name: n for name, (n, _) in self._folder.items()}
 
     def run(self, name: str, keys: Sequence[str], args: Sequence[Any],
             client: Any = None) -> Any:
-        if len(keys) != self.num_keys[name]:
-            raise ValueError(f"{name}: {len(keys)} keys, the script takes {self.num_keys[name]}")
-        return self._scripts[name](keys=keys, args=args, client=client)
-
-
-# Per client, the folders loaded on it: a script is hashed and registered once per client,
-# and the entry goes with the client.
-_loaded: weakref.WeakKeyDictionary[Any, dict[Path, Scripts]] = weakref.WeakKeyDictionary()
-_loaded_lock = threading.Lock()
-
-
-def scripts(client: Any, folder: Path) -> Scripts:
-    """The scripts of ``folder`` on ``client`` (a sync or asyncio Redis), loaded once."""
-    per_client = _loaded.get(client)
-    if per_client is None or folder not in per_client:
-        with _loaded_lock:
-            per_client = _loaded.setdefault(client, {})
-            if folder not in per_client:
-                per_client[folder] = Scripts(client, folder)
-    return per_client[folder]
+        n, source = self._folder[name]
+        if len(keys) != n:
+            raise ValueError(f"{name}: {len(keys)} keys, the script takes {n}")
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self._client.register_script(source)
+        return script(keys=keys, args=args, client=client)

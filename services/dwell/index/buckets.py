@@ -29,9 +29,9 @@ MERGED: Final = 1
 CHANGED: Final = 0
 
 
-def scripts(r: Any) -> redis_adapter.Scripts:
-    """The index's Lua scripts on client ``r`` (loaded once per client)."""
-    return redis_adapter.scripts(r, LUA_DIR)
+def scripts(r: redislib.Redis) -> redis_adapter.Scripts:
+    """The index's Lua scripts on client ``r``."""
+    return redis_adapter.Scripts(r, LUA_DIR)
 
 
 @dataclass(frozen=True, slots=True)

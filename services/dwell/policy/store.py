@@ -105,7 +105,7 @@ def _policy(raw: bytes | None) -> DelayedDeliveryPolicies | None:
 class PolicyStore:
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
-        self._scripts = redis_adapter.scripts(client, LUA)
+        self._scripts = redis_adapter.Scripts(client, LUA)
 
     async def _run(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
         return await self._scripts.run(script, keys_, args)

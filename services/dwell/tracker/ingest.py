@@ -109,6 +109,8 @@ class Ingest:
     def __init__(self, r: redislib.Redis, source: str = DELAYED_TOPIC,
                  field_base: int = 0) -> None:
         self.redis = r
+        self._scripts = redis_adapter.Scripts(r, LUA_DIR)
+        self._index_scripts = buckets.scripts(r)
         self.source = source
         self.field_base = field_base
         self._fixed: dict[str, _FixedDelay] = {}
@@ -206,12 +208,11 @@ class Ingest:
             log.warning("skipped %d dwell.delayed records without key/deliver-at/tick-time", bad)
         started = time.perf_counter()
         pipe = self.redis.pipeline(transaction=False)
-        index_scripts = buckets.scripts(self.redis)
         indexed = 0
         now = int(time.time() * 1000)
         for topic, idx in rows:
             cols = (parts[idx], offs[idx], da[idx], tick[idx])
-            append_positions(pipe, index_scripts, topic, *cols)
+            append_positions(pipe, self._index_scripts, topic, *cols)
             self._detect(pipe, topic, *cols)
             self.dirty_topics.add(topic)
             indexed += len(idx)
@@ -221,8 +222,7 @@ class Ingest:
         args: list[int | str] = []
         for f, o in reached.items():
             args += [f, self.expect.get(f, ""), o]
-        redis_adapter.scripts(self.redis, LUA_DIR).run("ingested", [keys.INGESTED], args,
-                                                    client=pipe)
+        self._scripts.run("ingested", [keys.INGESTED], args, client=pipe)
         pipe.execute()
         self.expect |= reached
         for f, o in reached.items():
