@@ -1,7 +1,9 @@
-"""The index layer: the Roaring index in Redis (PIP-448): a topic's delayed positions, and one
-subscription's redeliveries, as `bucketStart -> field -> BitMap64(offsets)`.
+"""The index layer, used by the tracker and the Spark job alike: the Roaring index in
+Redis (PIP-448) of a topic's delayed positions, and of one subscription's redeliveries,
+as `bucketStart -> field -> BitMap64(offsets)`.
 
-The tracker writes it and the drain/backoff job reads it (sync redis client):
+The tracker writes it and the drain/backoff job claims from it (sync redis client;
+`from dwell.index import topic`):
 
     idx = topic.TopicIndex(redis, "persistent://t/ns/x")
     for b in idx.claim(now_ms, max_buckets=100, lease_ms=30_000, strict=False):
