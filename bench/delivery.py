@@ -110,7 +110,7 @@ def pct(xs: list[int] | np.ndarray) -> str:
 # -- 1. throughput of one drain round (in-process Spark, nothing else running)
 
 def section_throughput(st: devstack.Stack, redis_url: str, sizes: list[int], tmp: Path) -> None:
-    from dwell.tracker.index import TopicIndex
+    from dwell.index.topic import TopicIndex
     from dwell_spark import drain
     from dwell_spark.__main__ import session
     from dwell_spark.drain import Drainer

@@ -32,7 +32,7 @@ import devstack  # noqa: E402
 from dwell import keys  # noqa: E402
 from dwell.adapters.kafka import BulkProducer, Consumer, Producer, ensure_topic  # noqa: E402
 from dwell.adapters.redis import connect  # noqa: E402
-from dwell.tracker.index import TopicIndex  # noqa: E402
+from dwell.index.topic import TopicIndex  # noqa: E402
 from dwell.tracker.ingest import HEADERS, IngestLoop  # noqa: E402
 from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks  # noqa: E402
 

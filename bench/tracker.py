@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import devstack  # noqa: E402
 from dwell.adapters.kafka import Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
-from dwell.tracker import subscriptions
-from dwell.tracker.index import TopicIndex, append_positions
+from dwell.core.subscriptions import SubscriptionSettings
+from dwell.index import buckets, subscriptions
+from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.ingest import HEADERS, IngestLoop
 
 OUT = Path(__file__).parent / "out"
@@ -82,7 +83,7 @@ def index_only(url: str, topic: str, cols: tuple[np.ndarray, ...]) -> dict[str, 
     t = time.perf_counter()
     for s in range(0, n, BATCH):
         pipe = r.pipeline(transaction=False)
-        append_positions(pipe, topic, *(c[s:s + BATCH] for c in cols))
+        append_positions(pipe, buckets.scripts(r), topic, *(c[s:s + BATCH] for c in cols))
         pipe.execute()
     append_s = time.perf_counter() - t
     idx = TopicIndex(r, topic)
@@ -247,7 +248,7 @@ def main() -> None:
             ours[kind] = {}
             for subs in (1, 10, 1000):
                 for s in range(subs):
-                    subscriptions.put(r, topic, f"sub-{s}", {"ackTimeoutMs": 0})
+                    subscriptions.put(r, topic, f"sub-{s}", SubscriptionSettings())
                 bs = index_bytes(url, topic) / n
                 ours[kind][subs] = bs
                 reg = r.memory_usage(f"dwell:subs:{{{topic}}}", samples=0) / n

@@ -36,10 +36,6 @@ def sub_index(topic: str, subscription: str) -> str:
     return f"dwell:sub:{{{topic}}}:{subscription}:idx"
 
 
-def sub_bucket(topic: str, subscription: str, bucket_start: int) -> str:
-    return f"dwell:sub:{{{topic}}}:{subscription}:bkt:{bucket_start}"
-
-
 def sub_prefix(topic: str, subscription: str) -> str:
     return f"dwell:sub:{{{topic}}}:{subscription}:"
 

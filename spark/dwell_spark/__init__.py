@@ -1,3 +1,3 @@
 """dwell's Spark application: the drain (due buckets → ready and retry topics) and the
 backoff job (dwell.acks → redelivery indexes and dead letters). Run `python -m dwell_spark`
-from `spark/`. Every rule comes from dwell.core and dwell.tracker.index."""
+from `spark/`. Every rule comes from dwell.core and dwell.index."""

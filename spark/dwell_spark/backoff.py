@@ -22,19 +22,18 @@ The subscription settings ride on each event (the SDK copies what it registered 
 tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` absent: a
 plain Kafka consumer that registered its subscription over the tracker's HTTP API) takes
 them from the tracker's subscription registry in Redis, cached per Python worker for
-REGISTRY_TTL_MS. Replays after a crash are harmless: index adds are set unions, removes
+backoff_registry_ttl_ms. Replays after a crash are harmless: index adds are set unions, removes
 of what is gone are no-ops, and the redelivery count is written, not incremented."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import pandas as pd
 import redis as redislib
@@ -43,7 +42,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.backoff import (
@@ -51,10 +49,12 @@ from dwell.core.backoff import (
     ack_timeout_redelivery_at,
     nack_redelivery_at,
 )
+from dwell.core.buckets import bucket_start
 from dwell.core.positions import parse_message_id
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic
-from dwell.tracker import subscriptions as registry
-from dwell.tracker.index import SubscriptionIndex
+from dwell.index import subscriptions as registry
+from dwell.index.redelivery import SubscriptionIndex
 
 from . import metrics
 from .drain import TopicCache, write_ranges
@@ -81,8 +81,7 @@ EVENT_SCHEMA = StructType([
 ])
 # The pending redelivery (or dead letter) of one message: due at ``dueAt`` in the index
 # bucket ``bucket`` (field and offset follow from the messageId), as redelivery
-# ``redeliveryCount``. No bucket: a dead letter the state's timer sends (state written
-# before dead letters went through the index; none is written now).
+# ``redeliveryCount``. The state's timer only drops it once an ack can no longer matter.
 STATE_SCHEMA = StructType([
     StructField("dueAt", LongType()),
     StructField("bucket", LongType()),
@@ -98,18 +97,15 @@ OUTPUT_SCHEMA = StructType([
     StructField("redeliveryCount", LongType()),
 ])
 SCHEDULE, DEAD, CANCEL, DLQ, ACK = "schedule", "dead", "cancel", "dlq", "ack"
-# How long the state of a scheduled redelivery outlives its due time: an ack within it
-# still reaches the index entry (a no-op once the drain has claimed it). After it the
-# state goes; the redelivered copy's own events start a new one.
-STATE_GRACE_MS = int(os.environ.get("DWELL_BACKOFF_STATE_GRACE_MS", "60000"))
-# The redelivery index's bucket width when step() is called without one (tests).
-DEFAULT_TICK_MS = 100
-# How long a Python worker trusts what it read from the subscription registry (also for
-# "not registered"): a re-registration reaches events without settings within this time,
-# and a busy subscription costs one Redis read per worker per TTL.
-REGISTRY_TTL_MS = int(os.environ.get("DWELL_BACKOFF_REGISTRY_TTL_MS", "2000"))
+# The settings' defaults, for step() and RegistryLookup built without them (tests).
+# start() hands the configured values to the state function and the lookup, which
+# carry them to the executors' Python workers (those do not see the driver's DWELL_*
+# environment).
+DEFAULT_TICK_MS: Final = SparkSettings.model_fields["redelivery_tick_ms"].default
+DEFAULT_STATE_GRACE_MS: Final = SparkSettings.model_fields["backoff_state_grace_ms"].default
+DEFAULT_REGISTRY_TTL_MS: Final = SparkSettings.model_fields["backoff_registry_ttl_ms"].default
 
-Lookup = Callable[[str, str], "dict[str, Any] | None"]
+Lookup = Callable[[str, str], "SubscriptionSettings | None"]
 
 
 def _backoff(raw: Any) -> ExponentialRedeliveryBackoff | None:
@@ -124,7 +120,7 @@ def _opt_int(v: Any) -> int | None:
 
 # Per Python worker (workers are reused across batches): Redis clients and registry reads.
 _clients: dict[str, redislib.Redis] = {}
-_cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
+_cache: dict[tuple[str, str, str], tuple[float, SubscriptionSettings | None]] = {}
 _lock = threading.Lock()
 
 
@@ -135,9 +131,9 @@ class RegistryLookup:
     clients and cache live in the worker's module state."""
 
     redis_url: str
-    ttl_ms: int = REGISTRY_TTL_MS
+    ttl_ms: int = DEFAULT_REGISTRY_TTL_MS
 
-    def __call__(self, topic: str, sub: str) -> dict[str, Any] | None:
+    def __call__(self, topic: str, sub: str) -> SubscriptionSettings | None:
         key = (self.redis_url, topic, sub)
         now = time.monotonic()
         hit = _cache.get(key)
@@ -152,9 +148,9 @@ class RegistryLookup:
         return found
 
 
-def fill_settings(events: pd.DataFrame, settings: dict[str, Any] | None) -> pd.DataFrame:
-    """``events`` with the registered ``settings`` (tracker registry JSON) on every row
-    that carries none (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
+def fill_settings(events: pd.DataFrame, settings: SubscriptionSettings | None) -> pd.DataFrame:
+    """``events`` with the registered ``settings`` on every row that carries none
+    (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
     if settings is None:
         return events
     bare = events["ackTimeoutMs"].isna()
@@ -163,21 +159,25 @@ def fill_settings(events: pd.DataFrame, settings: dict[str, Any] | None) -> pd.D
     events = events.astype({"ackTimeoutMs": "object", "maxRedeliverCount": "object",
                             "ackTimeoutRedeliveryBackoff": "object",
                             "negativeAckRedeliveryBackoff": "object"})
-    events.loc[bare, "ackTimeoutMs"] = int(settings.get("ackTimeoutMs") or 0)
+    # The rows take the settings in their dwell.acks shape (backoffs as JSON text).
+    fields = settings.to_json()
+    events.loc[bare, "ackTimeoutMs"] = fields["ackTimeoutMs"]
     for name in ("ackTimeoutRedeliveryBackoff", "negativeAckRedeliveryBackoff"):
-        raw = settings.get(name)
+        raw = fields[name]
         events.loc[bare, name] = json.dumps(raw) if raw is not None else None
-    events.loc[bare, "maxRedeliverCount"] = settings.get("maxRedeliverCount")
+    events.loc[bare, "maxRedeliverCount"] = fields["maxRedeliverCount"]
     return events
 
 
 def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
          state: GroupState, lookup: Lookup | None = None,
-         tick_ms: int = DEFAULT_TICK_MS) -> Iterator[pd.DataFrame]:
+         tick_ms: int = DEFAULT_TICK_MS,
+         grace_ms: int = DEFAULT_STATE_GRACE_MS) -> Iterator[pd.DataFrame]:
     """applyInPandasWithState function for one (topic, subscription, messageId): the
     index writes (``schedule`` / ``cancel``), dead letters and acks its events call for,
     in event order. ``lookup(topic, sub)`` supplies the settings of events that carry
-    none; ``tick_ms`` is the redelivery index's bucket width."""
+    none; ``tick_ms`` is the redelivery index's bucket width; ``grace_ms`` how long a
+    scheduled redelivery's state outlives its due time (backoff_state_grace_ms)."""
     topic, sub, mid = key
     out: list[tuple] = []
 
@@ -185,11 +185,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
         out.append((topic, sub, mid, action, at, bucket, count))
 
     if state.hasTimedOut:
-        due, bucket, count = state.get
         state.remove()
-        if _opt_int(bucket) is None:
-            # Unacked past maxRedeliverCount, from an older checkpoint: dead-letter now.
-            emit(DLQ, int(due), None, int(count))
     else:
         cur = tuple(state.get) if state.exists else None
         events = pd.concat(list(batches)).sort_values("ts", kind="stable")
@@ -198,11 +194,11 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
 
         def cancel() -> None:
             # Whatever is pending is superseded (a newer delivery, a nack, an ack).
-            if cur is not None and _opt_int(cur[1]) is not None:
+            if cur is not None:
                 emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
 
         def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> tuple | None:
-            bucket = at - at % tick_ms
+            bucket = bucket_start(at, tick_ms)
             if max_r is not None and count >= max_r:
                 if dead_now:
                     emit(DLQ, at, None, count)
@@ -239,7 +235,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
             state.update(cur)
             # Kept for acks that may still cancel the entry, then dropped (at the first
             # micro-batch after that: batches run only when events come).
-            until = int(cur[0]) + STATE_GRACE_MS
+            until = int(cur[0]) + grace_ms
             state.setTimeoutDuration(max(1, until - int(time.time() * 1000)))
         elif state.exists:
             state.remove()
@@ -271,8 +267,7 @@ class Scheduler:
                 # is stored as -(count + 1), which tells the drain to send it to the DLQ
                 # (drain.redelivery_ranges).
                 count = int(row.redeliveryCount)
-                self.redis.hset(keys.sub_counts(row.topic, row.subscription), row.messageId,
-                                count if row.action == SCHEDULE else -count - 1)
+                idx.store_count(row.messageId, count if row.action == SCHEDULE else -count - 1)
                 idx.add([(source, partition, offset, int(row.at))], tick)
             elif row.action == CANCEL:
                 idx.remove(source, partition, offset, int(row.bucket))
@@ -331,12 +326,13 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
     scheduler = Scheduler(spark, settings, redis)
     warmed = threading.Event()
     metrics.expect_query("backoff")
-    lookup = RegistryLookup(settings.redis_url)
+    lookup = RegistryLookup(settings.redis_url, settings.backoff_registry_ttl_ms)
     tick = settings.redelivery_tick_ms
+    grace = settings.backoff_state_grace_ms
 
     def _step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
               state: GroupState) -> Iterator[pd.DataFrame]:
-        return step(key, batches, state, lookup, tick)
+        return step(key, batches, state, lookup, tick, grace)
 
     def _batch(df: DataFrame, _batch_id: int) -> None:
         rows = df.collect()

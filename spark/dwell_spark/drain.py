@@ -22,15 +22,12 @@ from pyspark.sql import DataFrame, SparkSession
 from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
+from dwell.core.buckets import bucket_due_cutoff
 from dwell.core.positions import field_partition, format_message_id
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
-from dwell.tracker.index import (
-    ClaimedBucket,
-    SubscriptionIndex,
-    TopicIndex,
-    due_subscriptions,
-    due_topics,
-)
+from dwell.index.buckets import ClaimedBucket
+from dwell.index.redelivery import SubscriptionIndex, due_subscriptions
+from dwell.index.topic import TopicIndex, due_topics
 from dwell.tracker.recovery import mark_record, write_marks
 
 from . import metrics
@@ -233,7 +230,7 @@ class Drainer:
                 continue
             sidx = SubscriptionIndex(self.redis, topic, sub)
             # Redeliveries are never early: only buckets whose last millisecond passed.
-            cutoff = now_ms - s.redelivery_tick_ms + 1
+            cutoff = bucket_due_cutoff(now_ms, s.redelivery_tick_ms, strict=True)
             for b in sidx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, cutoff):
                 mine = redelivery_ranges(sidx, b)
                 dead = tuple(format_message_id(r.source, r.partition, o)

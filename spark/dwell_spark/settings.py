@@ -39,6 +39,14 @@ class SparkSettings(CommonSettings):
     # Where a fresh checkpoint starts reading dwell.acks ("earliest" loses no event).
     acks_starting_offsets: Literal["earliest", "latest"] = "earliest"
     redelivery_tick_ms: int = Field(100, ge=1)
+    # How long the state of a scheduled redelivery outlives its due time: an ack within it
+    # still reaches the index entry (a no-op once the drain has claimed it). After it the
+    # state goes; the redelivered copy's own events start a new one.
+    backoff_state_grace_ms: int = Field(60000, ge=0)
+    # How long a Python worker trusts what it read from the subscription registry (also
+    # for "not registered"): a re-registration reaches events without settings within
+    # this time, and a busy subscription costs one Redis read per worker per TTL.
+    backoff_registry_ttl_ms: int = Field(2000, ge=0)
     # Shuffle partitions of the backoff state (fixed once a checkpoint exists). Each is
     # one state task per micro-batch, ~200 ms on local[2] even when idle: one is enough
     # until the events outgrow a core.

@@ -19,7 +19,7 @@ from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.client import Producer
 from dwell.core.topics import TopicName
-from dwell.tracker.index import TopicIndex
+from dwell.index.topic import TopicIndex
 
 from .conftest import (
     DRAIN_LEASE_MS,

@@ -15,7 +15,7 @@ import pytest
 from conftest import wait_for
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
-from dwell.tracker.index import TopicIndex
+from dwell.index.topic import TopicIndex
 from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
 
 pytestmark = pytest.mark.integration

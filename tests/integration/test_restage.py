@@ -14,7 +14,7 @@ from conftest import wait_for
 from dwell.adapters.kafka import Producer, ensure_topic, read_from
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
-from dwell.tracker.index import TopicIndex
+from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, IngestLoop
 from dwell.tracker.restage import PIECE_RECORDS, Restager
 

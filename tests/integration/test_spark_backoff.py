@@ -20,8 +20,9 @@ from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.core.backoff import ExponentialRedeliveryBackoff
 from dwell.core.positions import format_message_id
-from dwell.tracker import subscriptions
-from dwell.tracker.index import SubscriptionIndex
+from dwell.core.subscriptions import SubscriptionSettings
+from dwell.index import subscriptions
+from dwell.index.redelivery import SubscriptionIndex
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "spark"))
@@ -46,14 +47,13 @@ def test_registry_lookup_reads_and_caches(redis_url: str, unique: str) -> None:
     backoff = ExponentialRedeliveryBackoff(1000, 4000, 2)
     lookup = RegistryLookup(redis_url, ttl_ms=300)
     assert lookup(topic, "sub") is None  # not registered (cached too)
-    subscriptions.put(r, topic, "sub", subscriptions.validate(
-        {"ackTimeoutMs": 2000, "ackTimeoutRedeliveryBackoff": backoff.to_json()}))
+    subscriptions.put(r, topic, "sub", SubscriptionSettings(2000, backoff))
     assert lookup(topic, "sub") is None  # still the cached answer
     deadline = time.monotonic() + 5
     while (found := lookup(topic, "sub")) is None:
         assert time.monotonic() < deadline, "registration never seen"
         time.sleep(0.05)
-    assert found["ackTimeoutMs"] == 2000
+    assert found.ack_timeout_ms == 2000
 
     # A plain consumer's delivered event (no settings, no count) schedules its redelivery
     # with the registered settings, at once, on the PIP-130 schedule.

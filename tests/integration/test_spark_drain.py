@@ -20,7 +20,8 @@ from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id, index_field
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
-from dwell.tracker.index import SubscriptionIndex, TopicIndex
+from dwell.index.redelivery import SubscriptionIndex
+from dwell.index.topic import TopicIndex
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "spark"))

@@ -25,7 +25,9 @@ from dwell.adapters.kafka import (
 )
 from dwell.adapters.redis import connect
 from dwell.core import topics as names
-from dwell.tracker.index import SubscriptionIndex, TopicIndex, bucket_starts
+from dwell.core.buckets import bucket_start
+from dwell.index.redelivery import SubscriptionIndex
+from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import HEADERS, Ingest, IngestLoop
 from dwell.tracker.stats import HISTOGRAM_BOUNDS_MS
 
@@ -409,7 +411,7 @@ def test_subscription_registration_and_validation(services, redis_url, unique, d
         assert http.get(f"{base}/sub").json()["maxRedeliverCount"] == 3
         sidx = SubscriptionIndex(r, topic, "sub")
         assert sidx.add([("t.ns.x", 0, 42, 1_900_000_000_000)], TICK) == 1
-        assert sidx.increment_redelivery_count("t.ns.x:0:42") == 1
+        sidx.store_count("t.ns.x:0:42", 1)
         stats = http.get(f"/v1/topics/persistent/{unique}/ns/x/stats").json()
         assert stats["subscriptions"]["sub"]["pendingRedeliveries"] == 1
         assert http.delete(f"{base}/sub").status_code == 204
@@ -458,7 +460,7 @@ def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstr
 
     _wait(indexed, 60, "admission's messages indexed")
     # deliverAt = publishTime + 5000, so the buckets lie within the 1 s tick of that window
-    lo, hi = bucket_starts(before + 5000, TICK), bucket_starts(after + 5000, TICK)
+    lo, hi = bucket_start(before + 5000, TICK), bucket_start(after + 5000, TICK)
     assert all(lo <= b <= hi for b in idx.buckets())
     tracker.stop()
     admission.stop()

@@ -1,10 +1,13 @@
 """The one module that opens Redis connections and loads Lua scripts.
 
-Scripts live as files `<name>-<numKeys>.lua` (BullMQ's layout); `Scripts` loads
-each once per client and calls it by SHA, reloading after a Redis restart."""
+Scripts live as files `<name>-<numKeys>.lua` (BullMQ's layout), possibly including
+shared files from `includes/`; `Scripts(client, folder)` runs them on a client."""
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +37,52 @@ def connect_async(url: str) -> aredis.Redis:
                                  retry_on_error=[redis.ConnectionError])
 
 
+# `--- @include "<name>"` on a line of its own stands for the text of
+# `includes/<name>.lua` next to the script (BullMQ's includes): Lua shared by scripts is
+# written once and each script still runs as one EVALSHA.
+_INCLUDE = re.compile(r'^--- @include "([\w-]+)"[ \t]*$', re.M)
+
+
+def script_source(path: Path) -> str:
+    """The text of the Lua script at ``path``, its includes expanded."""
+    def include(m: re.Match[str]) -> str:
+        return (path.parent / "includes" / f"{m.group(1)}.lua").read_text().rstrip("\n")
+    return _INCLUDE.sub(include, path.read_text())
+
+
+@functools.cache
+def _folder(folder: Path) -> dict[str, tuple[int, str]]:
+    """name -> (number of keys, source with includes expanded) of a folder's scripts, read
+    once per process."""
+    out: dict[str, tuple[int, str]] = {}
+    for path in sorted(folder.glob("*.lua")):
+        name, _, n = path.stem.rpartition("-")
+        out[name] = (int(n), script_source(path))
+    return out
+
+
 class Scripts:
-    """Lua scripts of one folder, registered on a (sync) client: `scripts.claim(keys, args)`."""
+    """The Lua scripts of one folder on one client (sync or asyncio):
+    `scripts.run("claim", keys, args)` returns what the script returns (an awaitable on
+    an asyncio client); `client=` sends it on a pipeline of that client instead. Each
+    script is registered with redis-py's `register_script` the first time it runs, and
+    redis-py calls it by SHA, loading it again after a Redis restart."""
 
-    def __init__(self, client: redis.Redis, folder: Path) -> None:
+    def __init__(self, client: Any, folder: Path) -> None:
         self._client = client
-        self.num_keys: dict[str, int] = {}
-        for path in sorted(folder.glob("*.lua")):
-            name, _, n = path.stem.rpartition("-")
-            self.num_keys[name] = int(n)
-            setattr(self, name, client.register_script(path.read_text()))
+        self._folder = _folder(folder)
+        self._scripts: dict[str, Any] = {}
 
-    def __getattr__(self, name: str) -> Any:  # for type checkers: scripts are dynamic
-        raise AttributeError(f"no Lua script named {name!r}")
+    @property
+    def num_keys(self) -> dict[str, int]:
+        return {name: n for name, (n, _) in self._folder.items()}
+
+    def run(self, name: str, keys: Sequence[str], args: Sequence[Any],
+            client: Any = None) -> Any:
+        n, source = self._folder[name]
+        if len(keys) != n:
+            raise ValueError(f"{name}: {len(keys)} keys, the script takes {n}")
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self._client.register_script(source)
+        return script(keys=keys, args=args, client=client)

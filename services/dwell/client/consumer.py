@@ -18,7 +18,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -26,6 +25,7 @@ from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeout_ms
 from dwell.core.positions import format_message_id
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, retry_topic, validate_subscription
 
 DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
@@ -108,6 +108,11 @@ class Consumer:
         self.ack_timeout_backoff = ack_timeout_redelivery_backoff
         self.nack_backoff = negative_ack_redelivery_backoff
         self.max_redeliver_count = max_redeliver_count
+        self.settings = SubscriptionSettings(self.ack_timeout_ms, ack_timeout_redelivery_backoff,
+                                             negative_ack_redelivery_backoff,
+                                             max_redeliver_count)
+        # What the tracker registers and every event carries (unset fields left out).
+        self._settings_json = self.settings.to_json(omit_unset=True)
         self._bootstrap = bootstrap or os.environ.get("DWELL_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
         self._tracker = (tracker_url or os.environ.get("DWELL_TRACKER_URL", DEFAULT_TRACKER_URL))
         self.ready_topic = self.topic.kafka_topic
@@ -135,15 +140,8 @@ class Consumer:
         t = self.topic
         url = (f"{self._tracker.rstrip('/')}/v1/topics/{t.domain}/{t.tenant}/{t.namespace}/"
                f"{t.local}/subscriptions/{self.subscription}")
-        body: dict[str, Any] = {"ackTimeoutMs": self.ack_timeout_ms}
-        if self.ack_timeout_backoff is not None:
-            body["ackTimeoutRedeliveryBackoff"] = self.ack_timeout_backoff.to_json()
-        if self.nack_backoff is not None:
-            body["negativeAckRedeliveryBackoff"] = self.nack_backoff.to_json()
-        if self.max_redeliver_count is not None:
-            body["maxRedeliverCount"] = self.max_redeliver_count
         try:
-            resp = httpx.put(url, json=body, timeout=10)
+            resp = httpx.put(url, json=self._settings_json, timeout=10)
         except httpx.HTTPError as exc:
             raise SubscribeError(f"tracker unreachable at {self._tracker}: {exc}") from exc
         if resp.status_code >= 300:
@@ -206,17 +204,11 @@ class Consumer:
         self._consumer.commit(self._offsets.committable())
 
     def _emit(self, event: str, msg: Message) -> None:
-        body = {"event": event, "topic": str(self.topic), "subscription": self.subscription,
-                "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
-                "ts": int(time.time() * 1000), "ackTimeoutMs": self.ack_timeout_ms}
         # Settings ride along so the backoff job needs no lookup per event
         # (ARCHITECTURE.md's dwell.acks row); the tracker's registration is the record.
-        if self.ack_timeout_backoff is not None:
-            body["ackTimeoutRedeliveryBackoff"] = self.ack_timeout_backoff.to_json()
-        if self.nack_backoff is not None:
-            body["negativeAckRedeliveryBackoff"] = self.nack_backoff.to_json()
-        if self.max_redeliver_count is not None:
-            body["maxRedeliverCount"] = self.max_redeliver_count
+        body = {"event": event, "topic": str(self.topic), "subscription": self.subscription,
+                "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
+                "ts": int(time.time() * 1000), **self._settings_json}
         # Wait for the write: offsets are committed on the strength of this event.
         self._events.send(names.ACKS, json.dumps(body).encode(), key=self._event_key).result(30)
 

@@ -129,13 +129,6 @@ def validate_ack_timeout_ms(ms: int) -> int:
     return ms
 
 
-def validate_nack_delay_ms(ms: int) -> int:
-    """Return ``ms`` if it is a usable negative-ack delay (non-negative)."""
-    if ms < 0:
-        raise ValueError("negative ack redelivery delay must be >= 0")
-    return ms
-
-
 def ack_timeout_redelivery_at(
     delivered_ts: int,
     ack_timeout_ms: int,
@@ -143,7 +136,7 @@ def ack_timeout_redelivery_at(
     redelivery_count: int,
 ) -> int:
     """When a message delivered at ``delivered_ts`` and never acked comes back (PIP-130)."""
-    extra = backoff.next(redelivery_count) if backoff is not None else 0
+    extra = next_delay(redelivery_count, backoff) if backoff is not None else 0
     return delivered_ts + ack_timeout_ms + extra
 
 
@@ -159,5 +152,5 @@ def nack_redelivery_at(
     NegativeAcksTracker does so a tight nack loop cannot spin.
     """
     if backoff is not None:
-        return nack_ts + backoff.next(redelivery_count)
+        return nack_ts + next_delay(redelivery_count, backoff)
     return nack_ts + max(nack_delay_ms, MIN_NACK_DELAY_MS)

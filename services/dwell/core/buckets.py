@@ -3,6 +3,9 @@ buckets (and messages) are due at a given ``now``."""
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
+
 
 def _check_tick(tick_time_ms: int) -> None:
     if tick_time_ms < 1:
@@ -13,6 +16,15 @@ def bucket_start(deliver_at: int, tick_time_ms: int) -> int:
     """The bucket holding ``deliver_at``: ``deliver_at`` floored to a multiple of the tick."""
     _check_tick(tick_time_ms)
     # Python's % floors, so negative times land in the bucket below, not above.
+    return deliver_at - deliver_at % tick_time_ms
+
+
+def bucket_starts(deliver_at: npt.NDArray[np.int64],
+                  tick_time_ms: npt.NDArray[np.int64] | int) -> npt.NDArray[np.int64]:
+    """`bucket_start` of each ``deliver_at``, vectorised; ``tick_time_ms`` is one tick or
+    one per position. numpy's % floors like Python's."""
+    if np.any(np.asarray(tick_time_ms) < 1):
+        raise ValueError("tick_time_ms must be >= 1")
     return deliver_at - deliver_at % tick_time_ms
 
 

@@ -3,8 +3,9 @@ and their resolution into the one effective policy a topic runs with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import Annotated, Final, TypeVar
 
 import pydantic
 from pydantic import ConfigDict, Field
@@ -13,6 +14,7 @@ MAX_LONG: Final = 2**63 - 1
 
 _Millis = Annotated[int, Field(ge=0, le=MAX_LONG)]
 _Tick = Annotated[int, Field(ge=1, le=MAX_LONG)]
+_T = TypeVar("_T")
 
 
 class DelayedDeliveryPolicies(pydantic.BaseModel):
@@ -25,9 +27,6 @@ class DelayedDeliveryPolicies(pydantic.BaseModel):
     tickTime: _Tick | None = None
     maxDeliveryDelayInMillis: _Millis | None = None
     fixedDeliveryDelayInMillis: _Millis | None = None
-
-    def is_empty(self) -> bool:
-        return all(getattr(self, name) is None for name in type(self).model_fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,17 +77,18 @@ def resolve_policy(
     a max silently stores 0 and lifts a broker-wide limit; dwell lets unset fields inherit.
     """
 
-    def pick(field: str, fallback: Any) -> Any:
-        for level in (topic, namespace):
-            if level is not None:
-                value = getattr(level, field)
-                if value is not None:
-                    return value
+    levels = [p for p in (topic, namespace) if p is not None]
+
+    def pick(field: Callable[[DelayedDeliveryPolicies], _T | None], fallback: _T) -> _T:
+        for level in levels:
+            value = field(level)
+            if value is not None:
+                return value
         return fallback
 
     return EffectivePolicy(
-        active=pick("active", broker.enabled),
-        tick_time_ms=pick("tickTime", broker.tick_time_ms),
-        max_delay_ms=pick("maxDeliveryDelayInMillis", broker.max_delay_ms),
-        fixed_delay_ms=pick("fixedDeliveryDelayInMillis", broker.fixed_delay_ms),
+        active=pick(lambda p: p.active, broker.enabled),
+        tick_time_ms=pick(lambda p: p.tickTime, broker.tick_time_ms),
+        max_delay_ms=pick(lambda p: p.maxDeliveryDelayInMillis, broker.max_delay_ms),
+        fixed_delay_ms=pick(lambda p: p.fixedDeliveryDelayInMillis, broker.fixed_delay_ms),
     )

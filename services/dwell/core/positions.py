@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 _NUMBER = re.compile(r"[0-9]+")
-
-
-@dataclass(frozen=True, order=True, slots=True)
-class Position:
-    """A record's place in a Kafka topic; orders like Pulsar's (ledger, entry)."""
-
-    partition: int
-    offset: int
 
 
 # A topic index's fields name partitions of the delay log: below this, of `dwell.delayed`;

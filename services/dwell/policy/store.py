@@ -17,6 +17,7 @@ import redis.asyncio as aredis
 from pydantic import ConfigDict
 
 from dwell import keys
+from dwell.adapters import redis as redis_adapter
 from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import TopicName
 from dwell.http import ApiError
@@ -104,11 +105,10 @@ def _policy(raw: bytes | None) -> DelayedDeliveryPolicies | None:
 class PolicyStore:
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
-        self._scripts = {path.stem.rpartition("-")[0]: client.register_script(path.read_text())
-                         for path in sorted(LUA.glob("*.lua"))}
+        self._scripts = redis_adapter.Scripts(client, LUA)
 
     async def _run(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
-        return await self._scripts[script](keys=keys_, args=args)
+        return await self._scripts.run(script, keys_, args)
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())

@@ -10,9 +10,10 @@ import redis as redislib
 from fastapi import FastAPI, Request, Response
 
 from dwell import keys
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app
-from dwell.tracker import subscriptions
+from dwell.index import subscriptions
 from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.restage import Restager
@@ -77,11 +78,11 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         except ValueError:
             raise ApiError(400, "body: is not valid JSON") from None
         try:
-            settings_ = subscriptions.validate(body)
+            settings_ = SubscriptionSettings.from_json(body)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         subscriptions.put(r, name, sub, settings_)
-        return settings_
+        return settings_.to_json()
 
     @app.get(base + "/subscriptions/{sub}")
     def get_subscription(kind: str, tenant: str, namespace: str, topic: str,
@@ -89,7 +90,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         found = subscriptions.get(r, _topic(kind, tenant, namespace, topic), _sub(sub))
         if found is None:
             raise ApiError(404, "Subscription not found")
-        return found
+        return found.to_json()
 
     @app.delete(base + "/subscriptions/{sub}", status_code=204)
     def delete_subscription(kind: str, tenant: str, namespace: str, topic: str,
@@ -114,7 +115,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats")
     def pulsar_topic_stats(tenant: str, namespace: str, topic: str) -> dict[str, Any]:
         name = _topic("persistent", tenant, namespace, topic)
-        if not r.sismember(keys.TOPICS, name) and not subscriptions.list_all(r, name):
+        if not r.sismember(keys.TOPICS, name) and not subscriptions.names(r, name):
             raise ApiError(404, "Topic not found")
         s = stats_of(name)
         # PIP-448: the index is shared, so every subscription reports the topic's figures.

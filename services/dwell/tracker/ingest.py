@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -22,9 +23,11 @@ import redis as redislib
 from pyroaring import BitMap64
 
 from dwell import keys, memory
+from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
-from dwell.tracker.index import TopicIndex, append_positions, scripts
+from dwell.index import buckets
+from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.metrics import (
     COMPACTED,
     FLUSH_SECONDS,
@@ -41,6 +44,9 @@ log = logging.getLogger("dwell.tracker.ingest")
 DELIVER_AT: Final = "dwell-deliver-at"
 TICK_TIME: Final = "dwell-tick-time"
 HEADERS: Final = (DELIVER_AT, TICK_TIME)
+# The ingest's own script (its progress per delay-log partition); the index's are in
+# dwell/index/lua.
+LUA_DIR: Final = Path(__file__).parent / "lua"
 
 # Fixed-delay detection state (PIP-448) kept in the topic's stats HASH.
 HIGHEST_FIELD: Final = "highestDeliverAt"
@@ -94,6 +100,8 @@ class Ingest:
     def __init__(self, r: redislib.Redis, source: str = DELAYED_TOPIC,
                  field_base: int = 0) -> None:
         self.redis = r
+        self._scripts = redis_adapter.Scripts(r, LUA_DIR)
+        self._index_scripts = buckets.scripts(r)
         self.source = source
         self.field_base = field_base
         self._fixed: dict[str, _FixedDelay] = {}
@@ -195,7 +203,7 @@ class Ingest:
         now = int(time.time() * 1000)
         for topic, idx in rows:
             cols = (parts[idx], offs[idx], da[idx], tick[idx])
-            append_positions(pipe, topic, *cols)
+            append_positions(pipe, self._index_scripts, topic, *cols)
             self._detect(pipe, topic, *cols)
             self.dirty_topics.add(topic)
             indexed += len(idx)
@@ -205,7 +213,7 @@ class Ingest:
         args: list[int | str] = []
         for f, o in reached.items():
             args += [f, self.expect.get(f, ""), o]
-        scripts(self.redis).ingested(keys=[keys.INGESTED], args=args, client=pipe)
+        self._scripts.run("ingested", [keys.INGESTED], args, client=pipe)
         pipe.execute()
         self.expect |= reached
         for f, o in reached.items():

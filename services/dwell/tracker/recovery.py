@@ -29,7 +29,7 @@ from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition
-from dwell.tracker.index import decode, encode, unpack_deltas
+from dwell.index.roaring import decode, encode, unpack_deltas
 from dwell.tracker.metrics import MARKS_WRITTEN
 
 log = logging.getLogger("dwell.tracker.recovery")

@@ -41,7 +41,8 @@ from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import REFILED_FIELD_BASE, field_partition, format_message_id
-from dwell.tracker.index import ClaimedBucket, TopicIndex
+from dwell.index.buckets import ClaimedBucket
+from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
 from dwell.tracker.metrics import RESTAGE_SECONDS, RESTAGED
 from dwell.tracker.recovery import mark_record, write_marks

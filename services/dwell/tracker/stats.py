@@ -14,8 +14,10 @@ import redis as redislib
 
 from dwell import keys
 from dwell.core.buckets import bucket_due_cutoff
-from dwell.tracker import metrics, subscriptions
-from dwell.tracker.index import SubscriptionIndex, TopicIndex
+from dwell.index import subscriptions
+from dwell.index.redelivery import SubscriptionIndex
+from dwell.index.topic import TopicIndex
+from dwell.tracker import metrics
 from dwell.tracker.ingest import FIXED_FIELD
 
 log = logging.getLogger("dwell.tracker.stats")
@@ -51,7 +53,7 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
         le = str(HISTOGRAM_BOUNDS_MS[i]) if i < len(HISTOGRAM_BOUNDS_MS) else "+Inf"
         histogram.append({"le": le, "count": cum})
     subs = {}
-    for name in subscriptions.list_all(r, topic):
+    for name in subscriptions.names(r, topic):
         sidx = SubscriptionIndex(r, topic, name)
         subs[name] = {"pendingRedeliveries": sum(sidx.counts().values()),
                       "redeliveryIndexBytes": sidx.memory_bytes()}

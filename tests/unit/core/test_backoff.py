@@ -12,7 +12,6 @@ from dwell.core.backoff import (
     nack_redelivery_at,
     next_delay,
     validate_ack_timeout_ms,
-    validate_nack_delay_ms,
 )
 
 B = ExponentialRedeliveryBackoff
@@ -106,12 +105,6 @@ def test_ack_timeout_accepts(ms: int) -> None:
 def test_ack_timeout_rejects(ms: int) -> None:
     with pytest.raises(ValueError, match="0 \\(off\\) or at least 1000 ms"):
         validate_ack_timeout_ms(ms)
-
-
-def test_nack_delay_validation() -> None:
-    assert validate_nack_delay_ms(0) == 0
-    with pytest.raises(ValueError, match=">= 0"):
-        validate_nack_delay_ms(-1)
 
 
 def test_pip130_schedule() -> None:

@@ -35,9 +35,8 @@ def test_accepts_full_pulsar_body() -> None:
 
 
 def test_null_means_unset() -> None:
-    assert P.model_validate_json('{"tickTime": null}').is_empty()
-    assert P().is_empty()
-    assert not P(active=False).is_empty()
+    assert P.model_validate_json('{"tickTime": null}') == P()
+    assert P(active=False) != P()
 
 
 def test_limits_accepted() -> None:

@@ -4,21 +4,12 @@ from hypothesis import strategies as st
 
 from dwell.core.positions import (
     REFILED_FIELD_BASE,
-    Position,
     coalesce,
     field_partition,
     format_message_id,
     index_field,
     parse_message_id,
 )
-
-
-def test_position_orders_like_ledger_entry() -> None:
-    assert sorted([Position(1, 0), Position(0, 9), Position(0, 2)]) == [
-        Position(0, 2),
-        Position(0, 9),
-        Position(1, 0),
-    ]
 
 
 def test_message_id() -> None:

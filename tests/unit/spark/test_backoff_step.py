@@ -17,16 +17,17 @@ import pandas as pd
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from dwell.core.backoff import ExponentialRedeliveryBackoff
+from dwell.core.subscriptions import SubscriptionSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
 from dwell_spark.backoff import (  # noqa: E402
     ACK,
     CANCEL,
     DEAD,
+    DEFAULT_STATE_GRACE_MS,
     DLQ,
     EVENT_SCHEMA,
     SCHEDULE,
-    STATE_GRACE_MS,
     STATE_SCHEMA,
     fill_settings,
     step,
@@ -82,7 +83,7 @@ def test_state_timer_only_cleans_up_a_scheduled_redelivery() -> None:
     [(_, at, _, _)] = run(s, events(sdk_event("delivered", now, ackTimeoutMs=2000)))
     # Spark's timer is set well past the due time: the index does the redelivery; the
     # state only waits for late acks (timeout = batch time + duration).
-    assert s._timeout_timestamp >= at + STATE_GRACE_MS - 1000  # ms of test runtime
+    assert s._timeout_timestamp >= at + DEFAULT_STATE_GRACE_MS - 1000  # ms of test runtime
     fired = group_state(s.get, timed_out=True)
     assert run(fired) == [] and not fired.exists
 
@@ -130,16 +131,11 @@ def test_unacked_past_max_goes_into_the_index_as_a_dead_letter_unless_acked() ->
     assert not acked.exists
 
 
-def test_a_pending_dead_letter_from_an_older_checkpoint_still_fires_on_its_timer() -> None:
-    assert run(group_state((2100, None, 2), timed_out=True)) == [(DLQ, 2100, None, 2)]
-
-
 def test_events_without_settings_take_the_registry() -> None:
-    registered = {"ackTimeoutMs": 2000, "ackTimeoutRedeliveryBackoff": BACKOFF.to_json(),
-                  "negativeAckRedeliveryBackoff": None, "maxRedeliverCount": 3}
+    registered = SubscriptionSettings(2000, BACKOFF, None, 3)
     asked = []
 
-    def lookup(topic: str, sub: str) -> dict[str, Any]:
+    def lookup(topic: str, sub: str) -> SubscriptionSettings:
         asked.append((topic, sub))
         return registered
 
@@ -156,11 +152,10 @@ def test_sdk_events_keep_their_own_settings() -> None:
     frame = events(sdk_event("delivered", 1, ackTimeoutMs=0),
                    {"event": "nack", "topic": KEY[0], "subscription": KEY[1],
                     "messageId": KEY[2], "ts": 2})
-    filled = fill_settings(frame, {"ackTimeoutMs": 5000, "maxRedeliverCount": 1,
-                                   "ackTimeoutRedeliveryBackoff": None,
-                                   "negativeAckRedeliveryBackoff": {"minDelayMs": 100}})
+    nack = ExponentialRedeliveryBackoff(min_delay_ms=100)
+    filled = fill_settings(frame, SubscriptionSettings(5000, None, nack, 1))
     assert filled["ackTimeoutMs"].tolist() == [0, 5000]
-    assert filled["negativeAckRedeliveryBackoff"].tolist()[1] == '{"minDelayMs": 100}'
+    assert json.loads(filled["negativeAckRedeliveryBackoff"].tolist()[1]) == nack.to_json()
     # Unregistered subscription: nothing to fill, Pulsar's defaults apply (no ack
     # timeout; a nack comes back after the fixed 60 s delay).
     s = group_state()

@@ -32,6 +32,8 @@
   Output:
     array of {bucketStart, {field, blob, ...}, deltas or false}, earliest first
 ]]
+--- @include "updateDueHint"
+
 local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", ARGV[5])
 for _, b in ipairs(expired) do
   redis.call("ZREM", KEYS[2], b)
@@ -64,16 +66,5 @@ for _, b in ipairs(due) do
   out[#out + 1] = {b, redis.call("LRANGE", claimed, 0, -1), redis.call("GET", claimedDelta)}
 end
 
-if ARGV[6] ~= "" then
-  local first = redis.call("ZRANGE", KEYS[1], 0, 0, "WITHSCORES")
-  local low = first[2]
-  for _, b in ipairs(redis.call("ZRANGE", KEYS[2], 0, -1)) do
-    if low == nil or tonumber(b) < tonumber(low) then low = b end
-  end
-  if low == nil then
-    redis.call("ZREM", KEYS[5], ARGV[6])
-  else
-    redis.call("ZADD", KEYS[5], low, ARGV[6])
-  end
-end
+updateDueHint(KEYS[1], KEYS[2], KEYS[5], ARGV[6])
 return out

@@ -19,23 +19,13 @@
     -1  LEASE_MISMATCH       the claim belongs to another lease (ours expired and was
                              re-claimed): do not treat the bucket as yours
 ]]
+--- @include "updateDueHint"
+
 local holder = redis.call("HGET", KEYS[2], ARGV[1])
 if not holder then return 0 end
 if holder ~= ARGV[2] then return -1 end
 redis.call("ZREM", KEYS[1], ARGV[1])
 redis.call("HDEL", KEYS[2], ARGV[1])
 redis.call("DEL", KEYS[3], KEYS[4])
-
-if ARGV[3] ~= "" then
-  local first = redis.call("ZRANGE", KEYS[5], 0, 0, "WITHSCORES")
-  local low = first[2]
-  for _, b in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
-    if low == nil or tonumber(b) < tonumber(low) then low = b end
-  end
-  if low == nil then
-    redis.call("ZREM", KEYS[6], ARGV[3])
-  else
-    redis.call("ZADD", KEYS[6], low, ARGV[3])
-  end
-end
+updateDueHint(KEYS[5], KEYS[1], KEYS[6], ARGV[3])
 return 1

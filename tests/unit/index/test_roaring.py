@@ -1,4 +1,4 @@
-"""Pure parts of the tracker index: delta packing, bucket math, blob round-trips and
+"""Pure parts of the index: delta packing, bucket math, blob round-trips and
 the compare-and-set digest (which merge-4.lua recomputes server side)."""
 
 from __future__ import annotations
@@ -10,15 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyroaring import BitMap64
 
-from dwell.core.buckets import bucket_start
-from dwell.tracker.index import (
-    bucket_digest,
-    bucket_starts,
-    decode,
-    encode,
-    pack_deltas,
-    unpack_deltas,
-)
+from dwell.core.buckets import bucket_start, bucket_starts
+from dwell.index.roaring import bucket_digest, decode, encode, pack_deltas, unpack_deltas
 
 offsets = st.lists(st.integers(0, 2**63 - 1), max_size=200)
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from dwell.tracker.subscriptions import validate
+from dwell.core.backoff import ExponentialRedeliveryBackoff
+from dwell.core.subscriptions import SubscriptionSettings
+
+
+def validate(body):  # noqa: ANN001, ANN201 - the registry's normalized JSON
+    return SubscriptionSettings.from_json(body).to_json()
 
 
 @pytest.mark.parametrize(("body", "reason"), [
@@ -37,3 +44,21 @@ def test_defaults_and_normalization():
     assert got["ackTimeoutRedeliveryBackoff"] == {"minDelayMs": 1000, "maxDelayMs": 600000,
                                                   "multiplier": 2.0}
     assert got["maxRedeliverCount"] == 5
+
+
+def test_json_round_trip_and_the_sdk_shape():
+    full = SubscriptionSettings(1000, ExponentialRedeliveryBackoff(100, 1000, 3.0), None, 2)
+    assert SubscriptionSettings.from_json(full.to_json()) == full
+    assert full.to_json(omit_unset=True) == {
+        "ackTimeoutMs": 1000, "maxRedeliverCount": 2,
+        "ackTimeoutRedeliveryBackoff": {"minDelayMs": 100, "maxDelayMs": 1000, "multiplier": 3.0}}
+    assert SubscriptionSettings().to_json(omit_unset=True) == {"ackTimeoutMs": 0}
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"ack_timeout_ms": 999}, "ackTimeoutMs: Ack timeout should be 0 (off) or at least 1000 ms"),
+    ({"max_redeliver_count": 0}, "maxRedeliverCount: MaxRedeliverCount must be > 0."),
+])
+def test_direct_construction_is_checked_too(kwargs, reason):  # noqa: ANN001
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        SubscriptionSettings(**kwargs)
