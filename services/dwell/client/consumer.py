@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeout_ms
@@ -168,9 +169,9 @@ class Consumer:
 
     def _accept(self, rec: kafka.Record) -> Message | None:
         tp = (rec.topic, rec.partition)
-        message_id = rec.header("dwell-message-id") or format_message_id(
+        message_id = rec.header(hdr.MESSAGE_ID) or format_message_id(
             rec.topic, rec.partition, rec.offset)
-        count = _int_header(rec, "dwell-redelivery-count") or 0
+        count = _int_header(rec, hdr.REDELIVERY_COUNT) or 0
         self._offsets.received(tp, rec.offset)
         dedupe = (message_id, count)
         if dedupe in self._seen:
@@ -182,7 +183,7 @@ class Consumer:
             self._seen.popitem(last=False)
         key = rec.key.decode() if rec.key is not None else None
         msg = Message(rec.value, key, properties_of(rec.headers), message_id, count,
-                      _int_header(rec, "dwell-deliver-at"), _int_header(rec, "dwell-publish-time"),
+                      _int_header(rec, hdr.DELIVER_AT), _int_header(rec, hdr.PUBLISH_TIME),
                       str(self.topic), rec.topic, rec.partition, rec.offset)
         self._emit("delivered", msg)
         if self.ack_timeout_ms > 0:

@@ -26,6 +26,7 @@ from dwell import keys, memory
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
+from dwell.headers import DELIVER_AT, TICK_TIME
 from dwell.index import buckets
 from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.metrics import (
@@ -41,9 +42,7 @@ from dwell.tracker.recovery import committed_lowmarks, read_marks
 
 log = logging.getLogger("dwell.tracker.ingest")
 
-DELIVER_AT: Final = "dwell-deliver-at"
-TICK_TIME: Final = "dwell-tick-time"
-HEADERS: Final = (DELIVER_AT, TICK_TIME)
+HEADERS: Final = (DELIVER_AT, TICK_TIME)  # the two the index needs of each record
 # The ingest's own script (its progress per delay-log partition); the index's are in
 # dwell/index/lua.
 LUA_DIR: Final = Path(__file__).parent / "lua"

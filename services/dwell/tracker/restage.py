@@ -41,6 +41,7 @@ from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import REFILED_FIELD_BASE, field_partition, format_message_id
+from dwell.headers import MESSAGE_ID, ORIGIN
 from dwell.index.buckets import ClaimedBucket
 from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
@@ -49,8 +50,6 @@ from dwell.tracker.recovery import mark_record, write_marks
 
 log = logging.getLogger("dwell.tracker.restage")
 
-MESSAGE_ID: Final = "dwell-message-id"
-ORIGIN: Final = "dwell-origin"
 # Offsets closer than this are read through rather than sought (a seek costs a fetch
 # round trip, ~as much as reading a couple of thousand records; see dwell_spark.records).
 MAX_GAP: Final = 2000
