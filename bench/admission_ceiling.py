@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import admission as bench  # noqa: E402  (bench/admission.py: the clients and the raw run)
+import admission as bench
 
 ROOT = bench.ROOT
 TOPIC = "persistent://bench/ceiling/load"

@@ -22,9 +22,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-from workload import Checker, FaultStack, Generator, now_ms  # noqa: E402
+from workload import Checker, FaultStack, Generator, now_ms
 
-from dwell.core.topics import TopicName  # noqa: E402
+from dwell.core.topics import TopicName
 
 
 def main() -> int:

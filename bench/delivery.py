@@ -175,7 +175,7 @@ def _quiet_sigint() -> None:
 
 def publisher(bootstrap: str, redis_url: str, kind: str, topics: list[str], rate: int,
               seconds: float, delay_ms: tuple[int, int], seed: int, zkey: str,
-              start: Any, done: Any, published: Any, due_by_end: Any) -> None:  # noqa: ANN401
+              start: Any, done: Any, published: Any, due_by_end: Any) -> None:
     """``rate`` msg/s for ``seconds`` in 0.1 s steps, deliverAt = now + uniform(delay_ms),
     seeded so dwell and the baseline get the same workload. kind "dwell": records to
     dwell.delayed (the tracker indexes them); kind "baseline": ZADD member -> deliverAt."""
@@ -211,7 +211,7 @@ def publisher(bootstrap: str, redis_url: str, kind: str, topics: list[str], rate
     done.set()
 
 
-def baseline_loop(bootstrap: str, redis_url: str, zkey: str, target: str, stop: Any) -> None:  # noqa: ANN401
+def baseline_loop(bootstrap: str, redis_url: str, zkey: str, target: str, stop: Any) -> None:
     """The naive baseline: poll a ZSET for due members every 10 ms, move them to Kafka."""
     _quiet_sigint()
     r = redis_adapter.connect(redis_url)
@@ -231,7 +231,7 @@ def baseline_loop(bootstrap: str, redis_url: str, zkey: str, target: str, stop: 
 
 
 def reader(bootstrap: str, topics: list[str], assigned: Any, stop: Any, want: Any,
-           out: Any) -> None:  # noqa: ANN401
+           out: Any) -> None:
     """Reads ``topics`` from their start; lateness = read time - dwell-deliver-at, one per
     Kafka key (a drain that re-emits a bucket sends a copy twice). Ends when ``stop`` is set
     or ``want`` (> 0) records were read; sends the lateness list on ``out``."""
@@ -272,7 +272,7 @@ class Procs:
         self.popen.append((name, proc, log))
         return log
 
-    def worker(self, target: Any, *args: Any) -> Any:  # noqa: ANN401
+    def worker(self, target: Any, *args: Any) -> Any:
         w = SPAWN.Process(target=target, args=args, daemon=True)
         w.start()
         self.workers.append(w)
@@ -338,7 +338,7 @@ def drain_lag(metrics_url: str) -> int:
 def load(procs: Procs, st: devstack.Stack, redis_url: str, kind: str, read_topics: list[str],
          topics: list[str], rate: int, seconds: float, delay_ms: tuple[int, int], seed: int,
          zkey: str = "", wait_all: float = 30,
-         on_tick: Any = None) -> tuple[np.ndarray, int, int]:  # noqa: ANN401
+         on_tick: Any = None) -> tuple[np.ndarray, int, int]:
     """One publisher process and one reader process; returns (lateness, published, due by
     the end). With ``wait_all`` > 0 the reader waits (up to that many seconds after the
     publisher ends) for every message, else it reads for 3 s more."""

@@ -23,6 +23,7 @@ CODE = ("services", "spark", "native/src")
 HEADER = re.compile(r"""["'](dwell-(?:deliver-at|tick-time|key|message-id|origin|topic|"""
                     r"""publish-time|producer|sequence-id|redelivery-count|subscription|"""
                     r"""version))["']""")
+SYS_PATH = re.compile(r"^\s*sys\.path\.insert\(", re.M)
 # The subscription settings' field names, quoted.
 SETTINGS = re.compile(r"""["'](ackTimeoutMs|ackTimeoutRedeliveryBackoff|"""
                       r"""negativeAckRedeliveryBackoff|maxRedeliverCount)["']""")
@@ -53,7 +54,8 @@ def measure(rev: str) -> dict[str, object]:
         if n:
             shape[name] = n
     return {"largest": largest, "headers": headers, "shape": shape,
-            "sys_path": sum(t.count("sys.path.insert") for t in everything.values())}
+            "sys_path": {n: len(SYS_PATH.findall(t)) for n, t in everything.items()
+                         if SYS_PATH.search(t)}}
 
 
 def main(before: str = typer.Option("HEAD~", help="the revision to compare from"),
@@ -82,7 +84,11 @@ def main(before: str = typer.Option("HEAD~", help="the revision to compare from"
         t.add_row(rev, str(len(shape)), str(sum(shape.values())),
                   ", ".join(f"{n} ({c})" for n, c in sorted(shape.items())))
     out.print(t)
-    out.print(f"sys.path.insert lines: before {b['sys_path']}, after {a['sys_path']}")
+    for rev, m in ((before, b), (after, a)):
+        lines: dict[str, int] = m["sys_path"]  # type: ignore[assignment]
+        tests = sum(n for f, n in lines.items() if f.startswith("tests/"))
+        out.print(f"sys.path.insert lines at {rev}: {sum(lines.values())} ({tests} in tests/; "
+                  f"{', '.join(sorted(f for f in lines if not f.startswith('tests/')))})")
 
 
 if __name__ == "__main__":

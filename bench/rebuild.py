@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from tracker import BATCH, PARTITIONS, T0, start_redis  # noqa: E402
+from tracker import BATCH, PARTITIONS, T0, start_redis
 
-import devstack  # noqa: E402
-from dwell import keys  # noqa: E402
-from dwell.adapters.kafka import BulkProducer, Consumer, Producer, ensure_topic  # noqa: E402
-from dwell.adapters.redis import connect  # noqa: E402
-from dwell.index.topic import TopicIndex  # noqa: E402
-from dwell.tracker.ingest import HEADERS, IngestLoop  # noqa: E402
-from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks  # noqa: E402
+import devstack
+from dwell import keys
+from dwell.adapters.kafka import BulkProducer, Consumer, Producer, ensure_topic
+from dwell.adapters.redis import connect
+from dwell.index.topic import TopicIndex
+from dwell.tracker.ingest import HEADERS, IngestLoop
+from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks
 
 TOPICS = 8
 
@@ -69,7 +69,7 @@ def consume_rate(bootstrap: str, log: str, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def pending(r, topics: list[str]) -> int:  # noqa: ANN001
+def pending(r, topics: list[str]) -> int:
     return sum(sum(TopicIndex(r, t).counts().values()) for t in topics)
 
 

@@ -24,7 +24,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-from workload import (  # noqa: E402
+from workload import (
     Checker,
     FaultStack,
     Generator,
@@ -35,7 +35,7 @@ from workload import (  # noqa: E402
     wait_delivered,
 )
 
-from dwell.core.topics import TopicName  # noqa: E402
+from dwell.core.topics import TopicName
 
 KILLABLE = FaultStack.DWELL
 

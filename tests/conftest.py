@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+import devstack
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
 
 # Tests under these folders run against the real servers: they carry the `integration`
 # marker, so `pytest -m "not integration"` is the loop that needs no server.
@@ -60,7 +60,7 @@ def kafka_bootstrap(stack: devstack.Stack) -> str:
     return stack.kafka_bootstrap
 
 
-def wait_for(pred, timeout: float, what: str, interval: float = 0.05):  # noqa: ANN001, ANN201
+def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
     """Poll ``pred`` until it returns something truthy (returned), or fail after ``timeout``
     seconds naming ``what``. Integration tests import it (`from conftest import wait_for`)."""
     deadline = time.monotonic() + timeout

@@ -315,14 +315,14 @@ def warm_up(bootstrap: str, done: threading.Event, compression_type: str = "none
             try:
                 p.send(names.ACKS, json.dumps(body).encode(),
                        key=f"{WARM_UP_TOPIC}/warm-up".encode()).result(10)
-            except Exception:  # noqa: BLE001 - Kafka down for now: try again
+            except Exception:
                 log.warning("backoff warm-up event not sent; retrying", exc_info=True)
             done.wait(WARM_UP_RESEND_S)
     finally:
         p.close()
 
 
-def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):  # noqa: ANN201
+def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     scheduler = Scheduler(spark, settings, redis)
     warmed = threading.Event()
     metrics.expect_query("backoff")

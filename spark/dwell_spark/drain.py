@@ -269,7 +269,7 @@ class Drainer:
             gclaims = [c for t in group for c in by_topic[t]]
             try:
                 written += self._deliver(gclaims, path)
-            except Exception as exc:  # noqa: BLE001 - Kafka, Redis or a Spark job
+            except Exception as exc:
                 failed.append((group, exc))
                 continue
             for t in group:
@@ -338,7 +338,7 @@ class Drainer:
                         len(group), exc)
 
 
-def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):  # noqa: ANN201
+def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     """The drain as a streaming query: a one-row source ticks every trigger, foreachBatch
     runs one claim-write-complete round on the driver."""
     drainer = Drainer(spark, settings, redis)
@@ -349,7 +349,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis): 
             drainer.run_once()
             if metrics.batch_done("drain"):
                 log.info("drain ready")
-        except Exception:  # noqa: BLE001 - Kafka, Redis or a Spark job; all retriable
+        except Exception:
             # Claims stay leased and come back after drain_lease_ms; keep the query alive.
             log.exception("drain round failed; its claims come back after the lease")
 

@@ -49,7 +49,7 @@ class _LastBatch(Collector):
         for q in list(self.queries):
             try:
                 progress = q.lastProgress
-            except Exception:  # noqa: BLE001 - a scrape reports what it can
+            except Exception:
                 continue
             if progress:
                 name = (progress.get("name") or "").removeprefix("dwell-")
@@ -140,7 +140,7 @@ def ready() -> bool:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path == "/metrics":
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
         elif self.path == "/healthz":

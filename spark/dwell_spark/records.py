@@ -142,7 +142,7 @@ def spans(ranges: Iterable[Range], max_gap: int = MAX_GAP) -> list[list[Range]]:
     return out
 
 
-def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord:  # noqa: ANN001
+def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord:
     """(topic, value, key, headers, None) of the copy of confluent-kafka message ``msg``
     (read from ``rng.source``, partition ``rng.partition``); appends its dwell-deliver-at
     (if any, as the header's bytes) to ``deliver_at`` for the lateness metric.

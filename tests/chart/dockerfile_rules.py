@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import tomllib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -25,14 +24,14 @@ from pathlib import Path
 
 from dockerfile_parse import DockerfileParser
 
+from dwell.admission.settings import AdmissionSettings
+from dwell.policy.settings import PolicySettings
+from dwell.tracker.settings import TrackerSettings
+from dwell_spark.settings import SparkSettings
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCKER = ROOT / "docker"
 ENTRYPOINT = DOCKER / "spark-entrypoint.sh"
-sys.path.insert(0, str(ROOT / "spark"))
-from dwell.admission.settings import AdmissionSettings  # noqa: E402
-from dwell.policy.settings import PolicySettings  # noqa: E402
-from dwell.tracker.settings import TrackerSettings  # noqa: E402
-from dwell_spark.settings import SparkSettings  # noqa: E402
 
 Problems = list[str]
 

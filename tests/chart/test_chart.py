@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import chart_schema
+import devstack
+from dwell.settings import CommonSettings
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "charts" / "dwell"
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "spark"))
-import chart_schema  # noqa: E402
-import devstack  # noqa: E402
-from dwell.settings import CommonSettings  # noqa: E402
 
 # Chart.yaml's kubeVersion is >=1.27; kubernetes-validate 1.37 knows up to 1.37.
 KUBE_VERSIONS = ("1.27.0", "1.37.0")

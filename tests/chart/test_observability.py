@@ -8,7 +8,6 @@ import importlib
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,12 +16,12 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
+import devstack
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 FILES = ROOT / "charts" / "dwell" / "files"
 RULES = FILES / "rules" / "dwell.rules.yaml"
 DASHBOARD = FILES / "dashboards" / "dwell.json"
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
 
 # Each service declares its metrics in one module; dwell.memory's allocator collector is
 # registered by every process.

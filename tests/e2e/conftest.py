@@ -40,14 +40,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+import devstack
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.client import Consumer, Message
 from dwell.core import topics as names
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
 
 TICK_MS = 1000
 
@@ -180,7 +179,7 @@ def _ok(r: httpx.Response) -> httpx.Response:
 
 
 @pytest.fixture(scope="package")
-def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:  # noqa: ANN001
+def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:
     redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{E2E_REDIS_DB}"
     redis_adapter.connect(redis_url).flushdb()
     group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
@@ -248,7 +247,7 @@ def new_tenant() -> str:
     return "t" + uuid.uuid4().hex[:10]
 
 
-def consumer(e2e: Stack, topic: str, sub: str, **kw) -> Consumer:  # noqa: ANN003
+def consumer(e2e: Stack, topic: str, sub: str, **kw) -> Consumer:
     return Consumer(topic, sub, bootstrap=e2e.bootstrap, tracker_url=e2e.tracker,
                     initial_position="earliest", **kw)
 

@@ -332,7 +332,7 @@ def runs(e2e: Stack) -> Iterator[dict[str, Future[dict[str, Any]]]]:
 
 # -- assertions
 
-def test_delayed_messages_reach_each_subscription_once_on_time(runs) -> None:  # noqa: ANN001
+def test_delayed_messages_reach_each_subscription_once_on_time(runs) -> None:
     res = runs["delays"].result(timeout=120)
     lateness: dict[int, list[int]] = {}
     for sub, msgs in res["got"].items():
@@ -352,7 +352,7 @@ def test_delayed_messages_reach_each_subscription_once_on_time(runs) -> None:  #
     print(f"lateness ms (received - deliverAt) by delay: {dict(sorted(lateness.items()))}")
 
 
-def test_refiled_delays_arrive_once_on_time(runs) -> None:  # noqa: ANN001
+def test_refiled_delays_arrive_once_on_time(runs) -> None:
     res = runs["refiled"].result(timeout=120)
     assert res["restaged"] >= len(res["ids"]), "the tracker re-filed them"
     assert sorted(r.msg.message_id for r in res["got"]) == sorted(res["ids"])
@@ -376,7 +376,7 @@ def test_max_delay_rejection_is_typed(e2e: Stack, unique: str) -> None:
         p.send(b"x", deliver_after=120000)
 
 
-def test_ack_timeout_redeliveries_follow_pip130_schedule(runs) -> None:  # noqa: ANN001
+def test_ack_timeout_redeliveries_follow_pip130_schedule(runs) -> None:
     res = runs["ack_timeout"].result(timeout=150)
     copies = res["copies"]
     assert [r.msg.message_id for r in copies] == [res["mid"]] * 5
@@ -390,7 +390,7 @@ def test_ack_timeout_redeliveries_follow_pip130_schedule(runs) -> None:  # noqa:
     assert res["after_ack"] is None, f"redelivered after the ack: {res['after_ack']}"
 
 
-def test_nack_backoff_gaps_then_dead_letter(runs) -> None:  # noqa: ANN001
+def test_nack_backoff_gaps_then_dead_letter(runs) -> None:
     res = runs["nack"].result(timeout=150)
     copies = res["copies"]
     assert [r.msg.message_id for r in copies] == [res["mid"]] * (MAX_REDELIVER + 1)
@@ -410,7 +410,7 @@ def test_nack_backoff_gaps_then_dead_letter(runs) -> None:  # noqa: ANN001
     assert dead.header("dwell-redelivery-count") == str(MAX_REDELIVER)
 
 
-def test_unacked_past_max_redeliver_count_goes_to_the_dlq_on_schedule(runs) -> None:  # noqa: ANN001
+def test_unacked_past_max_redeliver_count_goes_to_the_dlq_on_schedule(runs) -> None:
     res = runs["unacked_dead_letter"].result(timeout=120)
     first, again = res["copies"]
     assert (again.msg.message_id, again.msg.redelivery_count) == (res["mid"], 1)
@@ -426,7 +426,7 @@ def test_unacked_past_max_redeliver_count_goes_to_the_dlq_on_schedule(runs) -> N
     assert res["after_dead"] is None
 
 
-def test_backoff_schedule_survives_a_killed_consumer(runs) -> None:  # noqa: ANN001
+def test_backoff_schedule_survives_a_killed_consumer(runs) -> None:
     res = runs["consumer_killed"].result(timeout=150)
     assert res["child"] == (res["mid"], 0)
     first, again, third = res["copies"]
@@ -441,7 +441,7 @@ def test_backoff_schedule_survives_a_killed_consumer(runs) -> None:  # noqa: ANN
         assert w <= g <= w + redelivery_margin_ms(w), (n, w, g)
 
 
-def test_plain_kafka_consumer_gets_registered_settings(runs) -> None:  # noqa: ANN001
+def test_plain_kafka_consumer_gets_registered_settings(runs) -> None:
     res = runs["plain_kafka"].result(timeout=120)
     again = res["again"]
     assert res["first_mid"] == res["mid"]

@@ -26,7 +26,7 @@ from .conftest import Run, at_fault, rest_of_run
 pytestmark = pytest.mark.integration
 
 
-def _check(row) -> None:  # noqa: ANN001
+def _check(row) -> None:
     assert row.accepted > 0
     assert (row.lost, row.early, row.sdk_duplicates) == (0, 0, 0), row
 
@@ -37,7 +37,7 @@ def _kill_and_restart(stack: FaultStack, name: str) -> None:
 
 
 @pytest.mark.parametrize("process", ["policy", "admission", "tracker", "spark"])
-def test_kill9_process(workload, process: str) -> None:  # noqa: ANN001
+def test_kill9_process(workload, process: str) -> None:
     run: Run = workload()
     at_fault(run)
     _kill_and_restart(run.stack, process)
@@ -45,7 +45,7 @@ def test_kill9_process(workload, process: str) -> None:  # noqa: ANN001
     _check(run.finish(f"kill -9 {process}"))
 
 
-def test_kill9_spark_python_worker(workload) -> None:  # noqa: ANN001
+def test_kill9_spark_python_worker(workload) -> None:
     run: Run = workload()
     at_fault(run)
     # The backoff query's micro-batches run in Python workers, started when needed.
@@ -55,7 +55,7 @@ def test_kill9_spark_python_worker(workload) -> None:  # noqa: ANN001
     _check(run.finish("kill -9 spark python worker"))
 
 
-def test_kill9_sdk_consumer(workload) -> None:  # noqa: ANN001
+def test_kill9_sdk_consumer(workload) -> None:
     run: Run = workload()
     at_fault(run)
     run.sdk.kill()
@@ -64,7 +64,7 @@ def test_kill9_sdk_consumer(workload) -> None:  # noqa: ANN001
     _check(run.finish("kill -9 SDK consumer"))
 
 
-def test_redis_kill9_and_restart(workload) -> None:  # noqa: ANN001
+def test_redis_kill9_and_restart(workload) -> None:
     run: Run = workload()
     at_fault(run)
     _kill_and_restart(run.stack, "redis")
@@ -72,7 +72,7 @@ def test_redis_kill9_and_restart(workload) -> None:  # noqa: ANN001
     _check(run.finish("redis kill -9, restart"))
 
 
-def test_redis_restarted_without_its_data(workload) -> None:  # noqa: ANN001
+def test_redis_restarted_without_its_data(workload) -> None:
     """Redis back empty: its AOF and snapshot gone (a pod on a fresh volume, a failover
     to a replica that had nothing)."""
     run: Run = workload()
@@ -86,7 +86,7 @@ def test_redis_restarted_without_its_data(workload) -> None:  # noqa: ANN001
     _check(run.finish("redis restarted empty"))
 
 
-def test_redis_flushall(workload) -> None:  # noqa: ANN001
+def test_redis_flushall(workload) -> None:
     run: Run = workload()
     at_fault(run)
     redis.Redis.from_url(run.stack.redis_url).flushall()
@@ -94,7 +94,7 @@ def test_redis_flushall(workload) -> None:  # noqa: ANN001
     _check(run.finish("redis FLUSHALL"))
 
 
-def test_kafka_stopped_20s(workload) -> None:  # noqa: ANN001
+def test_kafka_stopped_20s(workload) -> None:
     run: Run = workload()
     at_fault(run)
     run.stack.stop("kafka")
@@ -108,7 +108,7 @@ def test_kafka_stopped_20s(workload) -> None:  # noqa: ANN001
     assert pub.refused > 0 and pub.refused_without_retry_after == 0, pub
 
 
-def test_same_tick_burst(workload) -> None:  # noqa: ANN001
+def test_same_tick_burst(workload) -> None:
     from .conftest import FULL
     size = 2_000_000 if FULL else 100_000
     run: Run = workload(start=False)
@@ -121,7 +121,7 @@ def test_same_tick_burst(workload) -> None:  # noqa: ANN001
     _check(run.finish(f"{size:,} messages, one tick", settle_s=300))
 
 
-def test_spark_restarted_with_backlog(workload) -> None:  # noqa: ANN001
+def test_spark_restarted_with_backlog(workload) -> None:
     from .conftest import FULL
     size = 500_000 if FULL else 50_000
     run: Run = workload(start=False)

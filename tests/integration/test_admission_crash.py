@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import sys
 import time
 import uuid
 from collections import Counter
@@ -22,12 +21,11 @@ import httpx
 import orjson
 import pytest
 
+import devstack
 from dwell.adapters import kafka
 from dwell.core import topics as names
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 DB = 12
 
 
-def _env(stack, unique: str) -> dict[str, str]:  # noqa: ANN001
+def _env(stack, unique: str) -> dict[str, str]:
     return {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
             "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
             "DWELL_TRACKER_GROUP_ID": f"trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
@@ -31,7 +31,7 @@ def _env(stack, unique: str) -> dict[str, str]:  # noqa: ANN001
 
 
 @pytest.fixture()
-def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
     env = _env(stack, unique)
     r = redis_adapter.connect(env["DWELL_REDIS_URL"])
     r.flushdb()
@@ -52,7 +52,7 @@ def _publish(bootstrap: str, log: str, topic: str, deliver_at: list[int]) -> Non
         p.close()
 
 
-def _positions(r, topic: str) -> set[tuple[int, int]]:  # noqa: ANN001
+def _positions(r, topic: str) -> set[tuple[int, int]]:
     idx = TopicIndex(r, topic)
     out = set()
     for b in idx.buckets():
@@ -61,7 +61,7 @@ def _positions(r, topic: str) -> set[tuple[int, int]]:  # noqa: ANN001
     return out
 
 
-def _drain_due(r, bootstrap: str, log: str, topic: str, now: int) -> set[tuple[int, int]]:  # noqa: ANN001
+def _drain_due(r, bootstrap: str, log: str, topic: str, now: int) -> set[tuple[int, int]]:
     """What dwell_spark.drain does with a due bucket, minus the copy."""
     idx = TopicIndex(r, topic)
     claims = idx.claim(now, 1000, 30_000, strict=False)
@@ -154,7 +154,7 @@ def test_index_lost_while_no_tracker_ran_is_rebuilt(tracker, kafka_bootstrap: st
     assert _rebuilds(svc.url) >= 1
 
 
-def test_index_lost_after_a_rebalance_is_rebuilt(tracker, services, stack,  # noqa: ANN001
+def test_index_lost_after_a_rebalance_is_rebuilt(tracker, services, stack,
                                                  kafka_bootstrap: str, unique: str) -> None:
     """A second replica joins the group (every partition is revoked and assigned again),
     then Redis loses the index: the owner of the topic's partition still knows what Redis

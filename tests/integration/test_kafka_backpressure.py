@@ -15,7 +15,7 @@ from dwell.adapters import kafka
 pytestmark = pytest.mark.integration
 
 
-def _within(seconds: float, fn) -> None:  # noqa: ANN001
+def _within(seconds: float, fn) -> None:
     """Run ``fn`` on a thread and fail if it does not return within ``seconds`` (a hang
     must fail the test, not the suite)."""
     err: list[BaseException] = []
@@ -23,7 +23,7 @@ def _within(seconds: float, fn) -> None:  # noqa: ANN001
     def run() -> None:
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:
             err.append(exc)
 
     t = threading.Thread(target=run, daemon=True)

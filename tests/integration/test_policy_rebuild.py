@@ -19,7 +19,7 @@ DB = 13
 
 
 @pytest.fixture(scope="module")
-def policy(services, stack):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+def policy(services, stack):  # type: ignore[no-untyped-def]
     url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
     redis_adapter.connect(url).flushdb()
     svc = services.start("policy", env={"DWELL_REDIS_URL": url,
@@ -55,7 +55,7 @@ def _answers(http: httpx.Client, paths: list[str]) -> list[tuple[int, object]]:
     return [(r.status_code, r.json()) for r in (http.get(p) for p in paths)]
 
 
-def test_flushed_store_answers_as_before(policy, unique: str) -> None:  # noqa: ANN001
+def test_flushed_store_answers_as_before(policy, unique: str) -> None:
     svc, r = policy
     with httpx.Client(base_url=svc.url, timeout=30) as http:
         paths = _fill(http, unique)
@@ -72,7 +72,7 @@ def test_flushed_store_answers_as_before(policy, unique: str) -> None:  # noqa: 
         assert 'dwell_policy_store_rebuilds_total{reason="lost"}' in metrics
 
 
-def test_flushed_store_is_rebuilt_without_a_call(policy, unique: str) -> None:  # noqa: ANN001
+def test_flushed_store_is_rebuilt_without_a_call(policy, unique: str) -> None:
     svc, r = policy
     with httpx.Client(base_url=svc.url, timeout=30) as http:
         _fill(http, unique)
@@ -83,7 +83,7 @@ def test_flushed_store_is_rebuilt_without_a_call(policy, unique: str) -> None:  
         time.sleep(0.05)
 
 
-def test_store_rolled_back_is_caught_up(policy, unique: str) -> None:  # noqa: ANN001
+def test_store_rolled_back_is_caught_up(policy, unique: str) -> None:
     """A Redis that comes back without its last writes (a restart from an older AOF, a
     replica that missed them): the epoch is there, the counter is behind the feed."""
     svc, r = policy

@@ -26,7 +26,7 @@ DB = 11
 
 
 @pytest.fixture()
-def redis_url(stack) -> str:  # noqa: ANN001
+def redis_url(stack) -> str:
     url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
     connect(url).flushdb()
     return url
@@ -41,7 +41,7 @@ def delayed_topic(kafka_bootstrap: str, unique: str) -> str:
 
 
 @pytest.fixture()
-def ingest(redis_url, kafka_bootstrap, delayed_topic, unique):  # noqa: ANN001, ANN201
+def ingest(redis_url, kafka_bootstrap, delayed_topic, unique):
     """The tracker's two ingest loops: the delay log, and the re-file log's copies."""
     loops = [IngestLoop(connect(redis_url), kafka_bootstrap, delayed_topic, f"trk-{unique}",
                         poll_timeout_ms=20),
@@ -58,7 +58,7 @@ def ingest(redis_url, kafka_bootstrap, delayed_topic, unique):  # noqa: ANN001, 
         t.join(10)
 
 
-def restager(r, bootstrap: str, delayed_topic: str, **kw) -> Restager:  # noqa: ANN001, ANN003
+def restager(r, bootstrap: str, delayed_topic: str, **kw) -> Restager:
     return Restager(r, bootstrap, delayed_topic=delayed_topic,
                     refiled_topic=f"{delayed_topic}.refiled",
                     **{"lead_ms": LEAD, "chunk_ms": CHUNK, **kw})
@@ -77,12 +77,12 @@ def _publish(bootstrap: str, delayed_topic: str, topic: str,
     return [(*f.result(), d) for f, d in zip(futs, deliver_ats, strict=True)]
 
 
-def _positions(r, topic: str) -> dict[int, dict[int, set[int]]]:  # noqa: ANN001
+def _positions(r, topic: str) -> dict[int, dict[int, set[int]]]:
     idx = TopicIndex(r, topic)
     return {b: {p: set(bm) for p, bm in idx.read_bucket(b).items()} for b in idx.buckets()}
 
 
-def _count(r, topic: str) -> int:  # noqa: ANN001
+def _count(r, topic: str) -> int:
     return sum(len(o) for fields in _positions(r, topic).values() for o in fields.values())
 
 
@@ -90,7 +90,7 @@ def _count(r, topic: str) -> int:  # noqa: ANN001
 
 @pytest.mark.parametrize("piece", [PIECE_RECORDS, 7], ids=["one-piece", "pieces-of-7"])
 def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
-        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, piece) -> None:  # noqa: ANN001
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, piece) -> None:
     """``pieces-of-7``: the round reads and writes 7 records at a time (a bucket's 40 go
     in several pieces, a piece spans two buckets); the log is the same."""
     r = connect(redis_url)
@@ -168,7 +168,7 @@ def _assert_left_alone(rs: Restager, topic: str, now: int) -> None:
 
 
 def test_fixed_delay_topics_are_left_in_place(redis_url, kafka_bootstrap, delayed_topic,
-                                              unique, ingest) -> None:  # noqa: ANN001
+                                              unique, ingest) -> None:
     r = connect(redis_url)
     topic = f"persistent://t/ns/fixed-{unique}"
     now = int(time.time() * 1000)
@@ -181,7 +181,7 @@ def test_fixed_delay_topics_are_left_in_place(redis_url, kafka_bootstrap, delaye
 
 
 def test_a_restage_of_another_delayed_topic_leaves_the_topic_alone(
-        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:  # noqa: ANN001
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:
     r = connect(redis_url)
     topic = f"persistent://t/ns/foreign-{unique}"
     now = int(time.time() * 1000)
@@ -194,7 +194,7 @@ def test_a_restage_of_another_delayed_topic_leaves_the_topic_alone(
 
 
 def test_a_failed_round_loses_nothing(redis_url, kafka_bootstrap, delayed_topic, unique,
-                                      ingest) -> None:  # noqa: ANN001
+                                      ingest) -> None:
     """Kafka unreachable mid-round: the claims stay leased, then return to the index with
     every original position, and the chunk is re-filed by the next round."""
     r = connect(redis_url)
@@ -229,7 +229,7 @@ def test_a_failed_round_loses_nothing(redis_url, kafka_bootstrap, delayed_topic,
 
 
 def test_a_chunk_refiled_again_keeps_the_originals_ids(
-        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:  # noqa: ANN001
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:
     """Copies in the re-file log can be claimed again (a mark that fell behind): they are
     re-filed from there, still naming the original record."""
     r = connect(redis_url)
@@ -269,7 +269,7 @@ def test_a_chunk_refiled_again_keeps_the_originals_ids(
 
 
 def test_kill_9_of_the_tracker_mid_restage_loses_nothing(
-        services, redis_url, kafka_bootstrap, delayed_topic, unique) -> None:  # noqa: ANN001
+        services, redis_url, kafka_bootstrap, delayed_topic, unique) -> None:
     """The tracker killed while a chunk is claimed and being copied: once its lease is
     over, the restarted tracker finds every original again (in place, or re-filed with
     its origin); repeats are allowed (the SDK drops them), losses are not."""

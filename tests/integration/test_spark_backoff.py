@@ -8,7 +8,6 @@ function runs without a JVM (GroupState is a plain Python object)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,7 @@ from dwell.core.positions import format_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "spark"))
-from dwell_spark.backoff import (  # noqa: E402
+from dwell_spark.backoff import (
     CANCEL,
     DEAD,
     EVENT_SCHEMA,
@@ -36,7 +32,9 @@ from dwell_spark.backoff import (  # noqa: E402
     Scheduler,
     step,
 )
-from dwell_spark.settings import SparkSettings  # noqa: E402
+from dwell_spark.settings import SparkSettings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TICK_MS = 100
 
@@ -72,7 +70,7 @@ def new_state(now: int, value: tuple | None = None) -> GroupState:
                       value is not None, False, False, -1, b"", STATE_SCHEMA)
 
 
-def run_step(topic: str, ev: dict, state: GroupState, lookup=None) -> list:  # noqa: ANN001
+def run_step(topic: str, ev: dict, state: GroupState, lookup=None) -> list:
     cols = [f.name for f in EVENT_SCHEMA.fields]
     frame = pd.DataFrame([{c: ev.get(c) for c in cols}], columns=cols)
     out = pd.concat(list(step((topic, ev["subscription"], ev["messageId"]), iter([frame]),

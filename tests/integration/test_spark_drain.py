@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import devstack
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -22,14 +23,11 @@ from dwell.core.positions import format_message_id, index_field
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
+from dwell_spark.__main__ import session
+from dwell_spark.drain import Drainer
+from dwell_spark.settings import SparkSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "spark"))
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
-from dwell_spark.__main__ import session  # noqa: E402
-from dwell_spark.drain import Drainer  # noqa: E402
-from dwell_spark.settings import SparkSettings  # noqa: E402
 
 DB = 8
 
@@ -72,7 +70,7 @@ def read(bootstrap: str, topic: str, n: int, timeout: float = 15) -> list[kafka.
 
 
 @pytest.mark.parametrize("local_max", [0, 2000], ids=["spark-job", "driver"])
-def test_due_bucket_goes_to_ready_topic_with_headers(spark_env, unique: str,  # noqa: ANN001
+def test_due_bucket_goes_to_ready_topic_with_headers(spark_env, unique: str,
                                                       local_max: int) -> None:
     spark, settings, r = spark_env
     settings = settings.model_copy(update={"drain_local_max_records": local_max})
@@ -108,7 +106,7 @@ def test_due_bucket_goes_to_ready_topic_with_headers(spark_env, unique: str,  # 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_a_bucket_in_both_delay_logs_drains_with_the_originals_ids(
-        spark_env, unique: str, path: str) -> None:  # noqa: ANN001
+        spark_env, unique: str, path: str) -> None:
     """Records the tracker re-filed (dwell.delayed.refiled, index fields from
     REFILED_FIELD_BASE) are drained beside originals, each with the id and origin of the
     record its producer wrote."""
@@ -145,7 +143,7 @@ def test_a_bucket_in_both_delay_logs_drains_with_the_originals_ids(
     assert TopicIndex(r, topic).buckets() == []
 
 
-def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> None:  # noqa: ANN001
+def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> None:
     spark, settings, r = spark_env
     settings = settings.model_copy(update={"drain_local_max_records": 0})
     topic = f"persistent://{unique}/ns/x"
@@ -171,7 +169,7 @@ def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> No
     assert sidx.buckets() == []
 
 
-def test_a_redelivery_bucket_emptied_by_acks_drains_with_the_rest(spark_env,  # noqa: ANN001
+def test_a_redelivery_bucket_emptied_by_acks_drains_with_the_rest(spark_env,
                                                                  unique: str) -> None:
     """Acks leave a bucket's field empty (the entry is removed, the field stays): the
     round still drains the other entries of the bucket and completes it."""
@@ -196,7 +194,7 @@ def test_a_redelivery_bucket_emptied_by_acks_drains_with_the_rest(spark_env,  # 
 
 
 @pytest.mark.parametrize("local_max", [0, 2000], ids=["spark-job", "driver"])
-def test_dead_letters_in_a_redelivery_bucket_go_to_the_dlq(spark_env, unique: str,  # noqa: ANN001
+def test_dead_letters_in_a_redelivery_bucket_go_to_the_dlq(spark_env, unique: str,
                                                             local_max: int) -> None:
     """The backoff writes an unacked message past maxRedeliverCount into the index with
     its count stored as -(count + 1): the drain sends it to the DLQ with that count,
@@ -257,7 +255,7 @@ def test_bulk_producer_writes_everything_and_flush_raises_on_a_rejected_record(
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_topics_interleaved_on_one_partition_each_get_only_their_records(
-        spark_env, unique: str, path: str) -> None:  # noqa: ANN001
+        spark_env, unique: str, path: str) -> None:
     """Two topics' records alternate on one partition of dwell.delayed, so each topic's
     bucket is a scattered span (a Range carrying its offsets): every path copies exactly
     the indexed offsets of each topic to that topic's ready topic."""
@@ -287,7 +285,7 @@ def _metric(name: str, **labels: str) -> float:
     return value or 0.0
 
 
-def test_a_topic_that_cannot_be_delivered_holds_no_other_back(spark_env,  # noqa: ANN001
+def test_a_topic_that_cannot_be_delivered_holds_no_other_back(spark_env,
                                                                unique: str) -> None:
     """The ready topic of one Pulsar topic refuses its records (its max.message.bytes is
     below their size, as an operator might set it): the other topic of the same rounds is

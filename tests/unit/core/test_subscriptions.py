@@ -10,7 +10,7 @@ from dwell.core.backoff import ExponentialRedeliveryBackoff
 from dwell.core.subscriptions import SubscriptionSettings
 
 
-def validate(body):  # noqa: ANN001, ANN201 - the registry's normalized JSON
+def validate(body):
     return SubscriptionSettings.from_json(body).to_json()
 
 
@@ -59,6 +59,6 @@ def test_json_round_trip_and_the_sdk_shape():
     ({"ack_timeout_ms": 999}, "ackTimeoutMs: Ack timeout should be 0 (off) or at least 1000 ms"),
     ({"max_redeliver_count": 0}, "maxRedeliverCount: MaxRedeliverCount must be > 0."),
 ])
-def test_direct_construction_is_checked_too(kwargs, reason):  # noqa: ANN001
+def test_direct_construction_is_checked_too(kwargs, reason):
     with pytest.raises(ValueError, match=re.escape(reason)):
         SubscriptionSettings(**kwargs)

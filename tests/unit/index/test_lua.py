@@ -22,7 +22,7 @@ def test_due_hint_is_shared() -> None:
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_header_lists_the_keys_the_name_says(path) -> None:  # noqa: ANN001
+def test_header_lists_the_keys_the_name_says(path) -> None:
     n = int(path.stem.rpartition("-")[2])
     listed = {int(k) for k in re.findall(r"^\s*KEYS\[(\d+)\]", path.read_text(), re.M)}
     assert listed == set(range(1, n + 1))

@@ -8,9 +8,7 @@ settings (plain Kafka consumers)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -18,9 +16,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from dwell.core.backoff import ExponentialRedeliveryBackoff
 from dwell.core.subscriptions import SubscriptionSettings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
-from dwell_spark.backoff import (  # noqa: E402
+from dwell_spark.backoff import (
     ACK,
     CANCEL,
     DEAD,
@@ -50,7 +46,7 @@ def events(*rows: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
 
 
-def run(state: GroupState, frame: pd.DataFrame | None = None, lookup=None) -> list[tuple]:  # noqa: ANN001
+def run(state: GroupState, frame: pd.DataFrame | None = None, lookup=None) -> list[tuple]:
     batches = iter([] if frame is None else [frame])
     out = pd.concat(list(step(KEY, batches, state, lookup, TICK)))
     return [tuple(None if pd.isna(v) else v for v in r)[3:]

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from pyroaring import BitMap64
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
-
-from pyroaring import BitMap64  # noqa: E402
-
-from dwell.core import topics as names  # noqa: E402
-from dwell_spark.drain import choose_path  # noqa: E402
-from dwell_spark.records import Range  # noqa: E402
-from dwell_spark.settings import SparkSettings  # noqa: E402
+from dwell.core import topics as names
+from dwell_spark.drain import choose_path
+from dwell_spark.records import Range
+from dwell_spark.settings import SparkSettings
 
 DENSE = [Range("ready", names.DELAYED, 0, 0, 199_999)]
 SCATTERED = [Range("ready", names.DELAYED, 0, 0, 999_999,

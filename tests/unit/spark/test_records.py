@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "spark"))
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from dwell.core import topics as names  # noqa: E402
-from dwell_spark.records import (  # noqa: E402
+from dwell.core import topics as names
+from dwell_spark.records import (
     LATENESS_BOUNDS_MS,
     CopyStats,
     Range,

@@ -15,7 +15,7 @@ _parts = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5),
 
 
 @given(_parts, st.integers(1, 100))
-def test_pieces_keep_every_position_in_order_and_stay_small(parts, size) -> None:  # noqa: ANN001
+def test_pieces_keep_every_position_in_order_and_stay_small(parts, size) -> None:
     uniq = {(b, f): offs for b, f, offs in parts}  # one bitmap per (bucket, field)
     ordered = sorted(((b, f, BitMap64(o)) for (b, f), o in uniq.items()), key=lambda x: x[:2])
     cut = list(pieces(ordered, size))
