@@ -43,6 +43,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dwell.adapters import kafka
+from dwell.core import subscriptions as subs
 from dwell.core import topics as names
 from dwell.core.backoff import (
     ExponentialRedeliveryBackoff,
@@ -74,10 +75,8 @@ EVENT_SCHEMA = StructType([
     StructField("messageId", StringType()),
     StructField("redeliveryCount", LongType()),
     StructField("ts", LongType()),
-    StructField("ackTimeoutMs", LongType()),
-    StructField("ackTimeoutRedeliveryBackoff", StringType()),
-    StructField("negativeAckRedeliveryBackoff", StringType()),
-    StructField("maxRedeliverCount", LongType()),
+    *(StructField(name, LongType() if name in subs.INTEGER_FIELDS else StringType())
+      for name in subs.FIELDS),
 ])
 # The pending redelivery (or dead letter) of one message: due at ``dueAt`` in the index
 # bucket ``bucket`` (field and offset follow from the messageId), as redelivery
@@ -153,19 +152,15 @@ def fill_settings(events: pd.DataFrame, settings: SubscriptionSettings | None) -
     (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
     if settings is None:
         return events
-    bare = events["ackTimeoutMs"].isna()
+    bare = events[subs.ACK_TIMEOUT_MS].isna()
     if not bare.any():
         return events
-    events = events.astype({"ackTimeoutMs": "object", "maxRedeliverCount": "object",
-                            "ackTimeoutRedeliveryBackoff": "object",
-                            "negativeAckRedeliveryBackoff": "object"})
+    events = events.astype(dict.fromkeys(subs.FIELDS, "object"))
     # The rows take the settings in their dwell.acks shape (backoffs as JSON text).
-    fields = settings.to_json()
-    events.loc[bare, "ackTimeoutMs"] = fields["ackTimeoutMs"]
-    for name in ("ackTimeoutRedeliveryBackoff", "negativeAckRedeliveryBackoff"):
-        raw = fields[name]
-        events.loc[bare, name] = json.dumps(raw) if raw is not None else None
-    events.loc[bare, "maxRedeliverCount"] = fields["maxRedeliverCount"]
+    for name, value in settings.to_json().items():
+        if name in subs.BACKOFF_FIELDS and value is not None:
+            value = json.dumps(value)
+        events.loc[bare, name] = value
     return events
 
 
@@ -189,7 +184,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
     else:
         cur = tuple(state.get) if state.exists else None
         events = pd.concat(list(batches)).sort_values("ts", kind="stable")
-        if lookup is not None and events["ackTimeoutMs"].isna().any():
+        if lookup is not None and events[subs.ACK_TIMEOUT_MS].isna().any():
             events = fill_settings(events, lookup(topic, sub))
 
         def cancel() -> None:

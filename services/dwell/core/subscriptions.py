@@ -11,8 +11,14 @@ from typing import Any, Final
 
 from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeout_ms
 
-FIELDS: Final = ("ackTimeoutMs", "ackTimeoutRedeliveryBackoff", "negativeAckRedeliveryBackoff",
-                 "maxRedeliverCount")
+# The JSON field names: integers (milliseconds, a count) and backoff objects.
+ACK_TIMEOUT_MS: Final = "ackTimeoutMs"
+ACK_TIMEOUT_BACKOFF: Final = "ackTimeoutRedeliveryBackoff"
+NACK_BACKOFF: Final = "negativeAckRedeliveryBackoff"
+MAX_REDELIVER_COUNT: Final = "maxRedeliverCount"
+FIELDS: Final = (ACK_TIMEOUT_MS, ACK_TIMEOUT_BACKOFF, NACK_BACKOFF, MAX_REDELIVER_COUNT)
+INTEGER_FIELDS: Final = (ACK_TIMEOUT_MS, MAX_REDELIVER_COUNT)
+BACKOFF_FIELDS: Final = (ACK_TIMEOUT_BACKOFF, NACK_BACKOFF)
 # Pulsar's ConsumerBuilderImpl.deadLetterPolicy check.
 MAX_REDELIVER_ERROR: Final = "MaxRedeliverCount must be > 0."
 
@@ -81,10 +87,10 @@ class SubscriptionSettings:
         ack = self.ack_timeout_redelivery_backoff
         nack = self.negative_ack_redelivery_backoff
         out: dict[str, Any] = {
-            "ackTimeoutMs": self.ack_timeout_ms,
-            "ackTimeoutRedeliveryBackoff": ack.to_json() if ack is not None else None,
-            "negativeAckRedeliveryBackoff": nack.to_json() if nack is not None else None,
-            "maxRedeliverCount": self.max_redeliver_count,
+            ACK_TIMEOUT_MS: self.ack_timeout_ms,
+            ACK_TIMEOUT_BACKOFF: ack.to_json() if ack is not None else None,
+            NACK_BACKOFF: nack.to_json() if nack is not None else None,
+            MAX_REDELIVER_COUNT: self.max_redeliver_count,
         }
         if omit_unset:
             return {k: v for k, v in out.items() if v is not None}
