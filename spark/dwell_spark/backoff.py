@@ -14,9 +14,8 @@ the limit goes into the redelivery index like a redelivery (``dead``: its count 
 as -(count + 1)), and the drain sends it to the DLQ instead of the retry topic once its
 ack timeout (plus backoff) has run out; an ack before then takes it out again. So the
 index does all the timing and the state's processing-time timers only clean up: the
-query runs no micro-batch without new events (``noDataMicroBatches`` off), and an idle
-app costs next to no CPU (0.10 of a core, against 0.6 when a batch ran every trigger to
-look for timeouts; local[2], measured).
+query runs no micro-batch without new events (``noDataMicroBatches`` off), so an idle
+app does not run a batch every trigger just to look for timeouts.
 
 The subscription settings ride on each event (the SDK copies what it registered at the
 tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` absent: a
