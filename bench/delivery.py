@@ -63,6 +63,7 @@ from dwell.adapters import kafka  # noqa: E402
 from dwell.adapters import redis as redis_adapter  # noqa: E402
 from dwell.core import topics as names  # noqa: E402
 from dwell.core.topics import TopicName  # noqa: E402
+from dwell.tracker import recovery  # noqa: E402
 
 TICK = 1000
 BENCH_REDIS_DB = 9
@@ -498,7 +499,7 @@ def main() -> None:
 
         # The stack. The tracker's fresh group starts where the delay logs end now.
         group = f"dwell-tracker-bench-{uuid.uuid4().hex[:8]}"
-        kafka.start_group_at_end(st.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
+        recovery.start_group_at_end(st.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
         svc = st.service_env()
         tracker = f"http://127.0.0.1:{free_port()}"
         procs.start("tracker", ["-m", "dwell.tracker"], svc | {

@@ -41,10 +41,10 @@ import httpx
 import pytest
 
 import devstack
-from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.client import Consumer, Message
 from dwell.core import topics as names
+from dwell.tracker import recovery
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -184,7 +184,7 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:
     redis_adapter.connect(redis_url).flushdb()
     group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
     # The fresh group starts where the delay logs end now, not at their beginning.
-    kafka.start_group_at_end(stack.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
+    recovery.start_group_at_end(stack.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
     policy = services.start("policy")
     # The suite publishes over HTTP only; no need to join the shared dwell.publish group.
     admission = services.start("admission", env={"DWELL_INGRESS_ENABLED": "false"})

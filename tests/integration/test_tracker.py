@@ -21,13 +21,13 @@ from dwell.adapters.kafka import (
     Producer,
     end_offsets,
     ensure_topic,
-    start_group_at_end,
 )
 from dwell.adapters.redis import connect
 from dwell.core import topics as names
 from dwell.core.buckets import bucket_start
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
+from dwell.tracker import recovery
 from dwell.tracker.ingest import HEADERS, Ingest, IngestLoop
 from dwell.tracker.stats import HISTOGRAM_BOUNDS_MS
 
@@ -431,8 +431,8 @@ def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstr
     env = _tracker_env(names.DELAYED)
     # dwell.delayed is shared with every other test and bench (millions of records): start
     # this tracker's group at its current end rather than re-reading all of it.
-    start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
-                       [names.DELAYED, names.REFILED])
+    recovery.start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
+                                [names.DELAYED, names.REFILED])
     tracker = services.start("tracker", env=env)
     topic = f"persistent://{unique}/ns/x"
     with httpx.Client(base_url=admission.url, timeout=30) as http:
@@ -462,6 +462,11 @@ def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstr
     # deliverAt = publishTime + 5000, so the buckets lie within the 1 s tick of that window
     lo, hi = bucket_start(before + 5000, TICK), bucket_start(after + 5000, TICK)
     assert all(lo <= b <= hi for b in idx.buckets())
+    # Started at the end, the tracker re-read nothing of what the delay log held before.
+    metrics = httpx.get(f"{tracker.url}/metrics", timeout=10).text
+    reread = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line.startswith("dwell_tracker_rebuild_positions_total{")]
+    assert sum(reread) == 0, reread
     tracker.stop()
     admission.stop()
     policy.stop()
