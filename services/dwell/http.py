@@ -188,10 +188,12 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
 
 
 def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
-    """Run `app` under uvicorn, with uvicorn's own HTTP implementation."""
+    """Run `app` under uvicorn, with uvicorn's own HTTP implementation. No dwell service
+    looks at a client's address, so uvicorn's proxy-headers middleware (which rewrites it
+    from X-Forwarded-For on every request from a trusted host) is left out."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     memory.configure()
     memory.Releaser().start()
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
-                log_level=settings.log_level, access_log=False)
+                log_level=settings.log_level, access_log=False, proxy_headers=False)
