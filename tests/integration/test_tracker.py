@@ -462,11 +462,13 @@ def test_publish_through_admission_is_indexed(services, redis_url, kafka_bootstr
     # deliverAt = publishTime + 5000, so the buckets lie within the 1 s tick of that window
     lo, hi = bucket_start(before + 5000, TICK), bucket_start(after + 5000, TICK)
     assert all(lo <= b <= hi for b in idx.buckets())
-    # Started at the end, the tracker re-read nothing of what the delay log held before.
+    # Started at the end, the tracker re-read nothing of what the delay log held before:
+    # its check finds no index entries for the group's offsets and rebuilds from the low
+    # watermarks, which start at the end too, so at most this test's own records.
     metrics = httpx.get(f"{tracker.url}/metrics", timeout=10).text
     reread = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
               if line.startswith("dwell_tracker_rebuild_positions_total{")]
-    assert sum(reread) == 0, reread
+    assert sum(reread) <= len(results), reread
     tracker.stop()
     admission.stop()
     policy.stop()
