@@ -42,21 +42,21 @@ from typing import Any
 import httpx
 import orjson
 
+import devstack
+from dwell.adapters import kafka
+from dwell.admission import native
+from dwell.admission.__main__ import GC_THRESHOLDS
+from dwell.admission.settings import AdmissionSettings
+from dwell.core import topics as names
+from dwell.core.admit import admit
+from dwell.core.policy import EffectivePolicy
+
 try:  # the client side of (b) on the same event loop as the server's
     from uvloop import run as run_async
 except ImportError:  # pragma: no cover - uvicorn[standard] brings it
     from asyncio import run as run_async
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
-from dwell.adapters import kafka  # noqa: E402
-from dwell.admission import native  # noqa: E402
-from dwell.admission.__main__ import GC_THRESHOLDS  # noqa: E402
-from dwell.admission.settings import AdmissionSettings  # noqa: E402
-from dwell.core import topics as names  # noqa: E402
-from dwell.core.admit import admit  # noqa: E402
-from dwell.core.policy import EffectivePolicy  # noqa: E402
 
 BATCH = 100
 PAYLOAD = "x" * 200

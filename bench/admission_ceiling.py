@@ -30,10 +30,8 @@ import sys
 import time
 from typing import Any
 
-import orjson
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import admission as bench
+import orjson
 
 ROOT = bench.ROOT
 TOPIC = "persistent://bench/ceiling/load"

@@ -15,13 +15,9 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import redis
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
 from workload import Checker, FaultStack, Generator, now_ms
 
 from dwell.core.topics import TopicName

@@ -55,15 +55,14 @@ from typing import Any
 import numpy as np
 import redis as redislib
 
+import devstack
+from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
+from dwell.core import topics as names
+from dwell.core.topics import TopicName
+from dwell.tracker import recovery
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "spark"))
-sys.path.insert(0, str(ROOT / "scripts"))
-import devstack  # noqa: E402
-from dwell.adapters import kafka  # noqa: E402
-from dwell.adapters import redis as redis_adapter  # noqa: E402
-from dwell.core import topics as names  # noqa: E402
-from dwell.core.topics import TopicName  # noqa: E402
-from dwell.tracker import recovery  # noqa: E402
 
 TICK = 1000
 BENCH_REDIS_DB = 9

@@ -21,11 +21,8 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from tracker import BATCH, PARTITIONS, T0, start_redis
 
 import devstack

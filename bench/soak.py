@@ -18,12 +18,8 @@ import random
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import redis
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
 from workload import (
     Checker,
     FaultStack,

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import devstack
 from dwell.adapters.kafka import Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect

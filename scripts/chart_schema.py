@@ -15,15 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dwell.admission.settings import AdmissionSettings
+from dwell.policy.settings import PolicySettings
+from dwell.settings import CommonSettings
+from dwell.tracker.settings import TrackerSettings
+from dwell_spark.settings import SparkSettings
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "charts" / "dwell" / "values.schema.json"
-sys.path.insert(0, str(ROOT / "spark"))
 
-from dwell.admission.settings import AdmissionSettings  # noqa: E402
-from dwell.policy.settings import PolicySettings  # noqa: E402
-from dwell.settings import CommonSettings  # noqa: E402
-from dwell.tracker.settings import TrackerSettings  # noqa: E402
-from dwell_spark.settings import SparkSettings  # noqa: E402
 
 # Settings the chart sets itself from other values (addresses, ports, the Spark master):
 # not for a `config:` map.

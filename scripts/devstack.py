@@ -61,11 +61,23 @@ def _stamp_ok(stamp: Path, digest: str) -> bool:
     return stamp.exists() and stamp.read_text() == digest
 
 
+def _dev_paths() -> None:
+    """Make the local stack (scripts/devstack.py) and the Spark app (spark/dwell_spark)
+    importable in .venv, as the editable install does for dwell itself, so that tests,
+    benches and scripts import them without touching sys.path."""
+    for site in VENV.glob("lib/python3*/site-packages"):
+        pth = site / "dwell-dev-paths.pth"
+        want = f"{ROOT / 'scripts'}\n{SPARK_DIR}\n"
+        if not pth.exists() or pth.read_text() != want:
+            pth.write_text(want)
+
+
 def install_python(extras: str = "dev,spark") -> None:
     """Create .venv and install dwell with its extras, once per pyproject change."""
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
     stamp = VENV / ".dwell-installed"
     if VENV_PY.exists() and _stamp_ok(stamp, digest):
+        _dev_paths()
         return
     t0 = time.monotonic()
     if not VENV_PY.exists():
@@ -74,6 +86,7 @@ def install_python(extras: str = "dev,spark") -> None:
     say(f"pip install -e '.[{extras}]' (first run downloads ~600 MB)")
     subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
                     "-e", f".[{extras}]"], check=True, cwd=ROOT)
+    _dev_paths()
     stamp.write_text(digest)
     say(f"python packages ready in {time.monotonic() - t0:.0f}s")
 
