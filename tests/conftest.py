@@ -72,6 +72,30 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def read_answers(sock: socket.socket, n: int,
+                 timeout: float = 5.0) -> list[tuple[int, dict[str, str], bytes]]:
+    """n HTTP/1.1 answers off a raw socket, each with a content-length (tests that speak
+    HTTP byte by byte: pipelining, 413 before the body, closed connections)."""
+    buf, out = b"", []
+    sock.settimeout(timeout)
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(out)} answers"
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines)
+        length = int(headers["content-length"])
+        while len(buf) < length:
+            chunk = sock.recv(65536)
+            assert chunk
+            buf += chunk
+        out.append((int(status_line.split()[1]), headers, buf[:length]))
+        buf = buf[length:]
+    return out
+
+
 @pytest.fixture()
 def unique() -> str:
     """A short unique name, so tests never see each other's tenants and topics."""

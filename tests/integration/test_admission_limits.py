@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
+from conftest import read_answers
 from dwell.adapters import kafka
 from dwell.core import topics as names
 
@@ -31,23 +32,6 @@ def admission(services: Any) -> Iterator[tuple[str, int]]:
     svc.stop()
 
 
-def read_answer(sock: socket.socket, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 answer with a content-length."""
-    sock.settimeout(timeout)
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed without an answer (got {buf!r})"
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode().split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines)
-    length = int(headers["content-length"])
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk
-        rest += chunk
-    return int(status_line.split()[1]), headers, rest[:length]
 
 
 def head(path: str, *headers: str) -> bytes:
@@ -68,7 +52,7 @@ def test_a_declared_body_over_the_limit_is_413_before_any_of_it_is_sent(
         # Only the head: the answer must not wait for the 10 MB it announces.
         sock.sendall(head(f"/topics/persistent/{unique}/ns/x",
                           f"content-length: {10 * 1024 * 1024}"))
-        status, headers, content = read_answer(sock)
+        status, headers, content = read_answers(sock, 1)[0]
     assert status == 413, content
     assert orjson.loads(content)["reason"] == (
         f"request body: {10 * 1024 * 1024} bytes; the limit is {LIMIT} bytes "
@@ -84,7 +68,7 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(
         # Never the terminating chunk: the answer must come from counting alone.
         for _ in range(LIMIT // len(chunk) + 1):
             sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        status, _, content = read_answer(sock)
+        status, _, content = read_answers(sock, 1)[0]
     assert status == 413, content
     assert orjson.loads(content)["reason"] == (
         f"request body: more than {LIMIT} bytes; the limit is {LIMIT} bytes "
@@ -102,7 +86,7 @@ def test_a_body_at_the_limit_is_served(admission: tuple[str, int], unique: str) 
                 sock.sendall(head(f"/topics/persistent/{unique}/ns/x",
                                   "transfer-encoding: chunked")
                              + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-            status, _, content = read_answer(sock)
+            status, _, content = read_answers(sock, 1)[0]
         # Past the limit check: the namespace does not exist.
         assert status == 404, (framing, content)
 
@@ -110,7 +94,7 @@ def test_a_body_at_the_limit_is_served(admission: tuple[str, int], unique: str) 
 def test_the_other_routes_are_held_to_the_limit_too(admission: tuple[str, int]) -> None:
     with socket.create_connection(admission) as sock:
         sock.sendall(head("/readyz", f"content-length: {LIMIT + 1}"))
-        status, _, content = read_answer(sock)
+        status, _, content = read_answers(sock, 1)[0]
     assert status == 413, content
     assert "(max_request_bytes)" in orjson.loads(content)["reason"]
 

@@ -20,6 +20,7 @@ import pytest
 import uvicorn
 from fastapi import Request
 
+from conftest import read_answers
 from dwell.admission.app import PublishFront, publish_parts
 from dwell.http import BodyLimit, create_app
 
@@ -77,28 +78,6 @@ def post(path: str, body: bytes, *headers: str) -> bytes:
     lines = [f"POST {path} HTTP/1.1", "host: admission", f"content-length: {len(body)}",
              "content-type: application/json", *headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def read_answers(sock: socket.socket, n: int) -> list[tuple[int, dict[str, str], bytes]]:
-    """n HTTP/1.1 answers off a socket, each with a content-length."""
-    buf, out = b"", []
-    sock.settimeout(5)
-    while len(out) < n:
-        while b"\r\n\r\n" not in buf:
-            chunk = sock.recv(65536)
-            assert chunk, f"connection closed after {len(out)} answers"
-            buf += chunk
-        head, _, buf = buf.partition(b"\r\n\r\n")
-        status_line, *lines = head.decode().split("\r\n")
-        headers = dict(line.lower().split(": ", 1) for line in lines)
-        length = int(headers["content-length"])
-        while len(buf) < length:
-            chunk = sock.recv(65536)
-            assert chunk
-            buf += chunk
-        out.append((int(status_line.split()[1]), headers, buf[:length]))
-        buf = buf[length:]
-    return out
 
 
 def request(method: str, path: str) -> dict[str, str]:
