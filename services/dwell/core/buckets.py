@@ -4,6 +4,11 @@ buckets (and messages) are due at a given ``now``."""
 from __future__ import annotations
 
 import numpy as np
+
+# np.unique imports numpy.ma (thousands of objects that then live for good) on its first
+# call. Imported at start, they do not land among a burst's short-lived objects, where
+# each would keep one of Python's object arenas resident after the burst.
+import numpy.ma
 import numpy.typing as npt
 
 
