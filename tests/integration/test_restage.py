@@ -330,8 +330,24 @@ def test_kill_9_of_the_tracker_mid_restage_loses_nothing(
           f"{sum(len(o) for fs in got.values() for o in fs.values()) - n} indexed twice")
 
 
+SLOW_SEND_S = 0.25
+
+
+@pytest.fixture()
+def slow_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow Kafka: every batch the restage hands its producer waits SLOW_SEND_S before
+    it goes (to the real broker)."""
+    send = BulkProducer.send_unreported
+
+    def slow(self, out, *args, **kw):
+        time.sleep(SLOW_SEND_S)
+        return send(self, out, *args, **kw)
+
+    monkeypatch.setattr(BulkProducer, "send_unreported", slow)
+
+
 def test_a_round_longer_than_its_lease_refiles_each_record_once(
-        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, monkeypatch) -> None:
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, slow_kafka) -> None:
     """A restage round slowed down by a slow Kafka (every batch it hands its producer
     waits 0.25 s before it goes) runs for several of its 1 s leases while another
     tracker's restage tries the same chunk every 50 ms: the round's leases are renewed,
@@ -353,13 +369,6 @@ def test_a_round_longer_than_its_lease_refiles_each_record_once(
     idx = TopicIndex(r, topic)
     idx.mark_restaged(k - 1)
     renewed = _metric("dwell_tracker_restage_lease_renewals_total")
-    send = BulkProducer.send_unreported
-
-    def slow(self, out, *args, **kw):
-        time.sleep(0.25)
-        return send(self, out, *args, **kw)
-
-    monkeypatch.setattr(BulkProducer, "send_unreported", slow)
     rs = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
     other = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
     stop, moved = threading.Event(), []
@@ -396,3 +405,46 @@ def test_a_round_longer_than_its_lease_refiles_each_record_once(
 
 def _metric(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, slow_kafka) -> None:
+    """Another round holds one of the round's buckets now (its lease id replaced ours, as
+    claim-5.lua leaves it after a lease ran out): the round's next renewal finds out, and
+    the round re-files none of that bucket's records, and neither marks nor completes it;
+    the other buckets are re-filed as usual."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/lost-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    n = 3000
+    rows = _publish(kafka_bootstrap, delayed_topic, topic,
+                    [k * CHUNK + d for _ in range(n // 3) for d in (3000, 1000, 2000)])
+    wait_for(lambda: _count(r, topic) == n, 20, "the ingest")
+    idx = TopicIndex(r, topic)
+    idx.mark_restaged(k - 1)
+    # Buckets are re-filed in order, 200 records a piece: the last one's turn comes after
+    # ten pieces, well after the next renewal.
+    taken = k * CHUNK + 3000
+    lost = _metric("dwell_tracker_restage_leases_lost_total")
+
+    def take_over() -> None:
+        wait_for(lambda: r.hexists(idx.keys.leases, taken), 10, "the claim", 0.005)
+        time.sleep(0.2)
+        r.hset(idx.keys.leases, taken, "another-round")
+
+    t = threading.Thread(target=take_over, daemon=True)
+    t.start()
+    rs = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
+    try:
+        rnd = rs.run_once(now)
+    finally:
+        t.join(10)
+        rs.close()
+    assert rnd.records == 2 * n // 3
+    origins = {c.header("dwell-origin")
+               for c in read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})}
+    assert origins == {f"{p}:{o}" for p, o, at in rows if at - at % TICK != taken}
+    assert _metric("dwell_tracker_restage_leases_lost_total") - lost == 1
+    assert r.hget(idx.keys.leases, taken) == b"another-round"
+    assert [int(b) for b in r.zrange(idx.keys.claims, 0, -1)] == [taken]

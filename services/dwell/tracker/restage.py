@@ -203,13 +203,16 @@ class Restager:
             write_marks(self._producer, [mark_record(self.topic, idx.topic, b.bucket_start,
                                                      b.positions) for idx, b in held])
             written = time.monotonic()
+            # The mark goes first: once a bucket is completed, its copies (indexed in it
+            # meanwhile) are live and unclaimed, and another replica's round that still
+            # saw the chunk as not done would re-file them.
+            for idx in {id(i): i for i, _ in claims}.values():
+                idx.mark_restaged(k)
             for idx, b in held:
                 if not idx.complete(b.bucket_start, b.lease_id):
                     RESTAGE_LEASES_LOST.inc()
                     log.warning("restage claim on %s bucket %s lost before completion",
                                 idx.topic, b.bucket_start)
-        for idx in {id(i): i for i, _ in claims}.values():
-            idx.mark_restaged(k)
         done_at = time.monotonic()
         rnd.timings_ms = {"claim": (claimed - started) * 1000,
                           "copy": (written - claimed) * 1000,
