@@ -2,7 +2,8 @@
 subscription's redelivery index (the tracker's Lua claim, so two drainers never emit one
 bucket), copies the indexed records from their source topic to the ready / retry topic
 (on the driver, or spread over Spark tasks; see choose_path), and only then completes
-the claims. A crash between write and complete re-emits the bucket once its lease
+the claims. While a round works its leases are renewed (dwell.index.leases), up to
+drain_max_round_ms. A crash between write and complete re-emits the bucket once its lease
 expires; the SDK drops the repeats by (dwell-message-id, redelivery count)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dwell.core.buckets import bucket_due_cutoff
 from dwell.core.positions import field_partition, format_message_id
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index.buckets import ClaimedBucket
+from dwell.index.leases import LeaseKeeper
 from dwell.index.redelivery import SubscriptionIndex, due_subscriptions
 from dwell.index.topic import TopicIndex, due_topics
 from dwell.tracker.recovery import mark_record, write_marks
@@ -35,6 +37,7 @@ from .records import (
     MAX_GAP,
     Copier,
     CopyStats,
+    LostClaims,
     Range,
     copy_ranges,
     is_dead_letter,
@@ -58,6 +61,8 @@ class Claim:
     ranges: list[Range]
     # messageIds of the bucket's dead letters, whose stored counts go once it is written.
     dead_letters: tuple[str, ...] = ()
+    # Its place in the round's claims (Range.claim, LeaseKeeper's claim numbers).
+    number: int = -1
 
 
 class TopicCache:
@@ -102,10 +107,12 @@ def write_ranges(spark: SparkSession, settings: SparkSettings, topics: TopicCach
 
 def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
          ranges: Sequence[Range], path: str | None = None,
-         copier: Copier | None = None) -> CopyStats:
+         copier: Copier | None = None, lost: LostClaims | None = None) -> CopyStats:
     """:func:`write_ranges` with what was written (for the metrics); ``path`` forces one
     of :func:`choose_path`'s answers (the bench compares them); ``copier`` (the driver's
-    long-lived Kafka clients) runs the ``driver`` path."""
+    long-lived Kafka clients) runs the ``driver`` path. ``lost`` (records.LostClaims)
+    stops the driver path's copy of claims whose lease was lost; Spark tasks copy their
+    ranges whole."""
     if not ranges:
         return CopyStats()
     topics.ensure([r.target for r in ranges])
@@ -113,7 +120,8 @@ def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
     codec = settings.kafka_compression_type
     path = path or choose_path(settings, ranges)
     if path == "driver":
-        stats = copier.copy(ranges) if copier else copy_ranges(bootstrap, ranges, codec)
+        stats = (copier.copy(ranges, lost) if copier
+                 else copy_ranges(bootstrap, ranges, codec, lost))
     else:
         groups = spans(ranges)
         slices = max(1, min(len(groups), spark.sparkContext.defaultParallelism * 2))
@@ -134,11 +142,12 @@ def _spans(offsets: BitMap64, max_gap: int) -> Iterator[tuple[np.ndarray, int, i
         yield a, lo, hi
 
 
-def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
+def topic_ranges(topic: str, bucket: ClaimedBucket, claim: int = -1) -> list[Range]:
     """One Range per span of a bucket's offsets (records.MAX_GAP apart at most), from
     `dwell.delayed` or the re-file log (dwell.core.positions.field_partition): a span
     whose offsets are not all consecutive (topics sharing a partition of dwell.delayed
-    interleave) carries its offsets, instead of becoming one Range per run."""
+    interleave) carries its offsets, instead of becoming one Range per run. ``claim``:
+    the bucket's number in its round (Range.claim)."""
     target = TopicName.parse(topic).kafka_topic
     out = []
     for f, offsets in bucket.positions.items():
@@ -150,15 +159,16 @@ def topic_ranges(topic: str, bucket: ClaimedBucket) -> list[Range]:
             first, last = int(a[lo]), int(a[hi - 1])
             dense = last - first + 1 == hi - lo
             out.append(Range(target, source, p, first, last,
-                             offsets=None if dense else BitMap64(a[lo:hi])))
+                             offsets=None if dense else BitMap64(a[lo:hi]), claim=claim))
     return out
 
 
-def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[Range]:
+def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket,
+                      claim: int = -1) -> list[Range]:
     """The claimed bucket's entries as ranges to the subscription's retry topic, with
     their redelivery counts; entries whose count is stored as -(count + 1) go to its DLQ
     with that count (dead letters, see dwell_spark.backoff). One range per run of
-    consecutive offsets with one target."""
+    consecutive offsets with one target. ``claim``: as for topic_ranges."""
     topic = TopicName.parse(index.topic)
     retry, dlq = retry_topic(topic, index.subscription), dlq_topic(topic, index.subscription)
     out = []
@@ -171,7 +181,7 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket) -> list[R
         for (_, dead), run in groupby(entries, key=lambda e: (e[1][0] - e[0], e[1][1] < 0)):
             counts = {o: (-c - 1 if dead else max(1, c)) for _, (o, c) in run}
             out.append(Range(dlq if dead else retry, source, int(part), min(counts),
-                             max(counts), index.subscription, counts))
+                             max(counts), index.subscription, counts, claim=claim))
     return out
 
 
@@ -212,6 +222,7 @@ class Drainer:
         return f is not None and now_ms < f.retry_at_ms
 
     def claim(self, now_ms: int) -> list[Claim]:
+        """Claim what is due; the ranges of claim ``i`` carry ``Range.claim == i``."""
         s = self.settings
         claims: list[Claim] = []
         due = due_topics(self.redis, now_ms, self.strict)
@@ -224,7 +235,8 @@ class Drainer:
                 continue
             idx = TopicIndex(self.redis, topic)
             for b in idx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, self.strict):
-                claims.append(Claim(idx, b, topic_ranges(topic, b)))
+                n = len(claims)
+                claims.append(Claim(idx, b, topic_ranges(topic, b, n), number=n))
         for topic, sub in subs:
             if self._waiting(topic, now_ms):
                 continue
@@ -232,10 +244,11 @@ class Drainer:
             # Redeliveries are never early: only buckets whose last millisecond passed.
             cutoff = bucket_due_cutoff(now_ms, s.redelivery_tick_ms, strict=True)
             for b in sidx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, cutoff):
-                mine = redelivery_ranges(sidx, b)
+                n = len(claims)
+                mine = redelivery_ranges(sidx, b, n)
                 dead = tuple(format_message_id(r.source, r.partition, o)
                              for r in mine if is_dead_letter(r) for o in r.counts)
-                claims.append(Claim(sidx, b, mine, dead))
+                claims.append(Claim(sidx, b, mine, dead, n))
         return claims
 
     def lag_ms(self, now_ms: int) -> int:
@@ -265,16 +278,23 @@ class Drainer:
         groups = [g for g in groups if g] + [[t] for t in by_topic if t in self.failing]
         written = 0
         failed: list[tuple[list[str], Exception]] = []
-        for group in groups:
-            gclaims = [c for t in group for c in by_topic[t]]
-            try:
-                written += self._deliver(gclaims, path)
-            except Exception as exc:
-                failed.append((group, exc))
-                continue
-            for t in group:
-                if self.failing.pop(t, None) is not None:
-                    log.info("topic %s delivers again", t)
+        # Every claim of the round stays ours while any group is written, the later
+        # groups' too.
+        with LeaseKeeper([(c.index, c.bucket) for c in claims], self.settings.drain_lease_ms,
+                         self.settings.drain_max_round_ms, renewed=metrics.LEASE_RENEWALS,
+                         lost=metrics.LEASES_LOST) as keeper:
+            for group in groups:
+                gclaims = [c for t in group for c in by_topic[t]]
+                try:
+                    written += self._deliver(gclaims, path, keeper)
+                except Exception as exc:
+                    # Its claims come back one lease after their last renewal.
+                    keeper.drop(c.number for c in gclaims)
+                    failed.append((group, exc))
+                    continue
+                for t in group:
+                    if self.failing.pop(t, None) is not None:
+                        log.info("topic %s delivers again", t)
         for group, exc in failed:
             # Only a topic that failed alone while others were delivered is the topic's own
             # fault; when nothing was (Kafka or Redis away), the leases pace the retries.
@@ -290,21 +310,30 @@ class Drainer:
                      len(self.failing))
         return written
 
-    def _deliver(self, claims: Sequence[Claim], path: str | None) -> int:
-        """Copy the records of ``claims``, mark them delivered, complete the claims."""
+    def _deliver(self, claims: Sequence[Claim], path: str | None,
+                 keeper: LeaseKeeper) -> int:
+        """Copy the records of ``claims``, mark them delivered, complete the claims.
+        ``keeper`` renews the round's leases: the copy stops writing a claim it lost, and
+        fails (RoundExpired) past the round's maximum time."""
         started = time.monotonic()
+        keeper.check()  # a group that starts after the round's maximum time fails at once
         ranges = [r for c in claims for r in c.ranges]
         path = path or choose_path(self.settings, ranges)
         written = copy(self.spark, self.settings, self.topics, ranges, path,
-                       self.copier).written
+                       self.copier, keeper.check).written
+        # A claim lost meanwhile is another drainer's now: it writes the marks and
+        # completes.
+        lost = keeper.lost
+        held = [c for c in claims if c.number not in lost]
         write_marks(self.marks, [mark_record(names.DELAYED, c.index.topic,
                                              c.bucket.bucket_start, c.bucket.positions)
-                                 for c in claims if isinstance(c.index, TopicIndex)])
+                                 for c in held if isinstance(c.index, TopicIndex)])
         copied = time.monotonic()
-        for c in claims:
+        for c in held:
             if not c.index.complete(c.bucket.bucket_start, c.bucket.lease_id):
                 # Our lease expired and another drainer holds the bucket: it re-emits,
                 # the SDK drops the repeats.
+                metrics.LEASES_LOST.inc()
                 log.warning("claim on bucket %s lost before completion", c.bucket.bucket_start)
             elif c.dead_letters:
                 # No event follows a dead letter (a redelivery's count stays until its ack).

@@ -30,6 +30,11 @@ TOPIC_FAILURES = Counter("dwell_drain_topic_failures_total", "Copies of a topic'
                          ["topic"], registry=REGISTRY)
 FAILING_TOPICS = Gauge("dwell_drain_failing_topics", "Topics whose last drain copy failed, "
                        "retried alone with a growing wait", registry=REGISTRY)
+LEASE_RENEWALS = Counter("dwell_drain_lease_renewals_total", "Leases of claimed buckets "
+                         "renewed while a drain round wrote them", registry=REGISTRY)
+LEASES_LOST = Counter("dwell_drain_leases_lost_total", "Claimed buckets whose lease another "
+                      "drainer took before the round completed them (their remaining records "
+                      "are not written by this round)", registry=REGISTRY)
 DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
               registry=REGISTRY)
 

@@ -6,11 +6,12 @@ more than the copy itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,8 @@ class Range:
     checked with one C-level lookup per record read).
 
     ``counts`` (offset → redelivery count) and ``subscription`` are set for redeliveries.
+    ``claim`` numbers the claimed bucket the range copies within its drain round (-1:
+    none), so that a copy can stop writing a bucket whose lease was lost.
     """
 
     target: str
@@ -60,6 +63,7 @@ class Range:
     subscription: str | None = None
     counts: dict[int, int] = field(default_factory=dict)
     offsets: BitMap64 | None = None
+    claim: int = -1
 
     @property
     def size(self) -> int:
@@ -206,15 +210,21 @@ def _writer(bootstrap: str, compression_type: str) -> kafka.BulkProducer:
                               **{"batch.size": 1 << 20})
 
 
-def copy_ranges(bootstrap: str, ranges: Sequence[Range],
-                compression_type: str = "none") -> CopyStats:
+# Asked between chunks of a copy: the claims (Range.claim) whose records are not to be
+# written any more. It may raise to end the copy (the round's deadline).
+LostClaims = Callable[[], Set[int]]
+
+
+def copy_ranges(bootstrap: str, ranges: Sequence[Range], compression_type: str = "none",
+                lost: LostClaims | None = None) -> CopyStats:
     """Copy every record in ``ranges``; returns once every copy is acknowledged (acks=all)
-    or raises KafkaUnavailable. One consumer and one producer per call (per task)."""
+    or raises KafkaUnavailable. One consumer and one producer per call (per task).
+    ``lost``: see LostClaims."""
     if not ranges:
         return CopyStats()
     consumer, producer = _reader(bootstrap), _writer(bootstrap, compression_type)
     try:
-        return _copy(consumer, producer, ranges)
+        return _copy(consumer, producer, ranges, lost)
     finally:
         consumer.close()
         producer.close(1.0)
@@ -231,7 +241,7 @@ class Copier:
         self.compression_type = compression_type
         self._pair: tuple[kafka.Consumer, kafka.BulkProducer] | None = None
 
-    def copy(self, ranges: Sequence[Range]) -> CopyStats:
+    def copy(self, ranges: Sequence[Range], lost: LostClaims | None = None) -> CopyStats:
         if not ranges:
             return CopyStats()
         if self._pair is None:
@@ -239,7 +249,7 @@ class Copier:
                           _writer(self.bootstrap, self.compression_type))
         consumer, producer = self._pair
         try:
-            return _copy(consumer, producer, ranges)
+            return _copy(consumer, producer, ranges, lost)
         except BaseException:
             self.close()
             raise
@@ -252,22 +262,33 @@ class Copier:
 
 
 def _copy(consumer: kafka.Consumer, producer: kafka.BulkProducer,
-          ranges: Sequence[Range]) -> CopyStats:
+          ranges: Sequence[Range], lost: LostClaims | None) -> CopyStats:
     # A round allocates a few tuples and lists per record that all live until it ends:
     # the cyclic collector would walk them again and again, for nothing: refcounting
     # frees them after the round.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _copy_records(consumer, producer, ranges)
+        return _copy_records(consumer, producer, ranges, lost)
     finally:
         if enabled:
             gc.enable()
 
 
+def _stop_claims(cursors: Iterable[_Cursor], claims: Set[int]) -> None:
+    """Empty the ranges of ``claims`` in place: same bounds, so the cursors stay where they
+    are, but no offset wanted any more."""
+    for c in cursors:
+        for group in c.groups:
+            for k, rng in enumerate(group):
+                if rng.claim in claims:
+                    group[k] = dataclasses.replace(rng, offsets=BitMap64())
+
+
 def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
-                  ranges: Sequence[Range]) -> CopyStats:
+                  ranges: Sequence[Range], lost: LostClaims | None) -> CopyStats:
     stats = CopyStats()
+    stopped: Set[int] = frozenset()
     out: list[kafka.OutRecord] = []
     deliver_at: list[bytes] = []
     cursors: dict[tuple[str, int], _Cursor] = {}
@@ -312,6 +333,11 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
             stats.written += len(out)
             stats.observe_lateness(int(time.time() * 1000), deliver_at)
             out, deliver_at = [], []
+            if lost is not None:
+                gone = lost()
+                if not gone <= stopped:
+                    _stop_claims(cursors.values(), gone - stopped)
+                    stopped = stopped | gone
     producer.send_unreported(out)
     stats.written += len(out)
     producer.flush(READ_TIMEOUT_S)  # raises unless every copy was written

@@ -20,6 +20,10 @@ class SparkSettings(CommonSettings):
     drain_trigger_ms: int = Field(250, ge=10)
     drain_max_buckets: int = Field(100, ge=1)
     drain_lease_ms: int = Field(30000, ge=1000)
+    # A round's leases are renewed while it works (every lease / 3), up to this long: a
+    # round still running then fails and its claims come back after the lease, so no
+    # round keeps buckets longer than drain_max_round_ms + drain_lease_ms.
+    drain_max_round_ms: int = Field(600_000, ge=1000)
     # Which copy runs a round (dwell_spark.drain.choose_path; bench/delivery.py compares
     # them): rounds up to drain_local_max_records records are copied on the driver, which
     # schedules no Spark job; larger ones are spread over Spark tasks, whose parallel

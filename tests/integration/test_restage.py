@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
+from prometheus_client import REGISTRY
 
 from conftest import wait_for
-from dwell.adapters.kafka import Producer, ensure_topic, read_from
+from dwell.adapters.kafka import BulkProducer, Producer, ensure_topic, read_from
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
 from dwell.index.topic import TopicIndex
@@ -208,17 +210,20 @@ def test_a_failed_round_loses_nothing(redis_url, kafka_bootstrap, delayed_topic,
     idx = TopicIndex(r, topic)
     idx.mark_restaged(k - 1)
     dead = restager(r, "127.0.0.1:1", delayed_topic, lease_ms=2000)
+    t0 = time.monotonic()
     try:
         with pytest.raises(Exception):  # noqa: B017 - whichever client error comes first
             dead.run_once(now)
     finally:
         dead.close()
+    # The round renewed its leases while it tried: they run a lease past its end.
+    ended = now + int((time.monotonic() - t0) * 1000)
     assert idx.restaged_chunk() == k - 1
     assert _positions(r, topic) == {}, "claimed while the round ran"
     rs = restager(r, kafka_bootstrap, delayed_topic)
     try:
         # After the lease the claims come back with every position, and are re-filed.
-        rnd = rs.run_once(now + 2000)
+        rnd = rs.run_once(ended + 2000)
         assert rnd.records == len(rows)
     finally:
         rs.close()
@@ -323,3 +328,123 @@ def test_kill_9_of_the_tracker_mid_restage_loses_nothing(
     assert {f.result() for f in futs} == found
     print(f"kill -9 mid-restage: {len(in_chunk)} messages in the chunk, "
           f"{sum(len(o) for fs in got.values() for o in fs.values()) - n} indexed twice")
+
+
+SLOW_SEND_S = 0.25
+
+
+@pytest.fixture()
+def slow_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow Kafka: every batch the restage hands its producer waits SLOW_SEND_S before
+    it goes (to the real broker)."""
+    send = BulkProducer.send_unreported
+
+    def slow(self, out, *args, **kw):
+        time.sleep(SLOW_SEND_S)
+        return send(self, out, *args, **kw)
+
+    monkeypatch.setattr(BulkProducer, "send_unreported", slow)
+
+
+def test_a_round_longer_than_its_lease_refiles_each_record_once(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, slow_kafka) -> None:
+    """A restage round slowed down by a slow Kafka (every batch it hands its producer
+    waits 0.25 s before it goes) runs for several of its 1 s leases while another
+    tracker's restage tries the same chunk every 50 ms: the round's leases are renewed,
+    so the other never claims the chunk, and each original is re-filed once. Without
+    renewal the other claims the buckets once the lease is over and re-files them again."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/slow-{unique}"
+    base = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    started = time.monotonic()
+
+    def now() -> int:  # the test's clock: base, plus the time since
+        return base + int((time.monotonic() - started) * 1000)
+
+    k = (base + LEAD) // CHUNK
+    n = 3000
+    rows = _publish(kafka_bootstrap, delayed_topic, topic,
+                    [k * CHUNK + d for _ in range(n // 3) for d in (3000, 1000, 2000)])
+    wait_for(lambda: _count(r, topic) == n, 20, "the ingest")
+    idx = TopicIndex(r, topic)
+    idx.mark_restaged(k - 1)
+    renewed = _metric("dwell_tracker_restage_lease_renewals_total")
+    rs = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
+    other = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
+    stop, moved = threading.Event(), []
+
+    def rival() -> None:
+        while not r.zcard(idx.keys.claims) and not stop.wait(0.005):
+            pass
+        while not stop.is_set():
+            moved.append(other.run_once(now()).records)
+            stop.wait(0.05)
+
+    t = threading.Thread(target=rival, daemon=True)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        rnd = rs.run_once(now())
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join(60)
+        rs.close()
+        other.close()
+    assert rnd.records == n and rnd.chunk == k
+    assert took > 3, f"the round took only {took:.1f}s"
+    assert sum(moved) == 0
+    assert idx.restaged_chunk() == k
+    origins = Counter(c.header("dwell-origin")
+                      for c in read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {}))
+    assert set(origins) == {f"{p}:{o}" for p, o, _ in rows}
+    assert {o: c for o, c in origins.items() if c != 1} == {}
+    assert _metric("dwell_tracker_restage_lease_renewals_total") - renewed >= 3
+    print(f"restage round of {n} records over {took:.1f}s with a 1 s lease: each re-filed once")
+
+
+def _metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, slow_kafka) -> None:
+    """Another round holds one of the round's buckets now (its lease id replaced ours, as
+    claim-5.lua leaves it after a lease ran out): the round's next renewal finds out, and
+    the round re-files none of that bucket's records, and neither marks nor completes it;
+    the other buckets are re-filed as usual."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/lost-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    n = 3000
+    rows = _publish(kafka_bootstrap, delayed_topic, topic,
+                    [k * CHUNK + d for _ in range(n // 3) for d in (3000, 1000, 2000)])
+    wait_for(lambda: _count(r, topic) == n, 20, "the ingest")
+    idx = TopicIndex(r, topic)
+    idx.mark_restaged(k - 1)
+    # Buckets are re-filed in order, 200 records a piece: the last one's turn comes after
+    # ten pieces, well after the next renewal.
+    taken = k * CHUNK + 3000
+    lost = _metric("dwell_tracker_restage_leases_lost_total")
+
+    def take_over() -> None:
+        wait_for(lambda: r.hexists(idx.keys.leases, taken), 10, "the claim", 0.005)
+        time.sleep(0.2)
+        r.hset(idx.keys.leases, taken, "another-round")
+
+    t = threading.Thread(target=take_over, daemon=True)
+    t.start()
+    rs = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
+    try:
+        rnd = rs.run_once(now)
+    finally:
+        t.join(10)
+        rs.close()
+    assert rnd.records == 2 * n // 3
+    origins = {c.header("dwell-origin")
+               for c in read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})}
+    assert origins == {f"{p}:{o}" for p, o, at in rows if at - at % TICK != taken}
+    assert _metric("dwell_tracker_restage_leases_lost_total") - lost == 1
+    assert r.hget(idx.keys.leases, taken) == b"another-round"
+    assert [int(b) for b in r.zrange(idx.keys.claims, 0, -1)] == [taken]

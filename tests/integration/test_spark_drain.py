@@ -8,13 +8,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import devstack
+from conftest import wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -348,3 +351,158 @@ def test_a_topic_that_cannot_be_delivered_holds_no_other_back(spark_env,
     assert len(read(settings.kafka_bootstrap, bad_ready, 3)) == 3
     good_recs = read(settings.kafka_bootstrap, TopicName.parse(good).kafka_topic, 6)
     assert len({x.header("dwell-message-id") for x in good_recs}) == 6
+
+
+SLOW_SEND_S = 0.25
+
+
+@pytest.fixture()
+def slow_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow Kafka: every batch the drain hands its producers waits SLOW_SEND_S before it
+    goes (to the real broker), and the copy hands them 200 records at a time, so a round
+    of a few thousand records runs for several seconds."""
+    from dwell_spark import records
+
+    send = kafka.BulkProducer.send_unreported
+
+    def slow(self, out, *args, **kw):
+        time.sleep(SLOW_SEND_S)
+        return send(self, out, *args, **kw)
+
+    monkeypatch.setattr(kafka.BulkProducer, "send_unreported", slow)
+    monkeypatch.setattr(records, "SEND_CHUNK", 200)
+
+
+def _due_bucket(settings: SparkSettings, r, topic: str, n: int) -> list[str]:
+    """``n`` records of ``topic`` due now, indexed in one bucket; their message ids."""
+    p = kafka.Producer(settings.kafka_bootstrap, linger_ms=20)
+    at = int(time.time() * 1000) - 10
+    futs = [p.send(names.DELAYED, b"%d" % i, key=topic, partition=0, headers={
+        "dwell-topic": topic, "dwell-deliver-at": str(at), "dwell-tick-time": "1000"})
+        for i in range(n)]
+    p.flush()
+    p.close()
+    sent = [f.result(10) for f in futs]
+    TopicIndex(r, topic).add([(part, off, at, 1000) for part, off in sent])
+    return [format_message_id(names.DELAYED, part, off) for part, off in sent]
+
+
+@contextlib.contextmanager
+def _rival(spark, settings: SparkSettings, r, topic: str) -> Iterator[list[int]]:
+    """A second drainer (another drain app) running rounds back to back once ``topic``'s
+    bucket is claimed; yields what each of its rounds wrote."""
+    rival, stop, written = Drainer(spark, settings, r), threading.Event(), []
+    claims = TopicIndex(r, topic).keys.claims
+
+    def run() -> None:
+        while not r.zcard(claims) and not stop.wait(0.005):
+            pass
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                written.append(rival.run_once(path="driver"))
+            stop.wait(0.05)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield written
+    finally:
+        stop.set()
+        t.join(60)
+
+
+def _copies(settings: SparkSettings, topic: str) -> dict[str, int]:
+    """message id → how many times it is on the topic's ready topic."""
+    ready = TopicName.parse(topic).kafka_topic
+    return dict(Counter(x.header("dwell-message-id")
+                        for x in kafka.read_all(settings.kafka_bootstrap, ready)))
+
+
+def test_a_round_longer_than_its_lease_delivers_each_record_once(
+        spark_env, unique: str, slow_kafka: None) -> None:
+    """A round that takes several leases (a slow Kafka) while another drainer claims every
+    50 ms: its leases are renewed, so the other drainer never takes its bucket and each
+    record reaches the ready topic once. Without renewal the other drainer claims the
+    bucket again once the lease is over and copies it a second time."""
+    spark, settings, r = spark_env
+    settings = settings.model_copy(update={"drain_lease_ms": 1000})
+    topic = f"persistent://{unique}/ns/slow"
+    kafka.ensure_topic(settings.kafka_bootstrap, TopicName.parse(topic).kafka_topic, 1)
+    n = 3000
+    ids = _due_bucket(settings, r, topic, n)
+    renewed = _metric("dwell_drain_lease_renewals_total")
+    drainer = Drainer(spark, settings, r)
+    with _rival(spark, settings, r, topic) as rival:
+        t0 = time.monotonic()
+        assert drainer.run_once(path="driver") == n
+        took = time.monotonic() - t0
+    assert took > 3 * settings.drain_lease_ms / 1000, f"the round took only {took:.1f}s"
+    assert sum(rival) == 0
+    copies = _copies(settings, topic)
+    assert sorted(copies) == sorted(ids)
+    assert {k: v for k, v in copies.items() if v != 1} == {}
+    assert TopicIndex(r, topic).buckets() == [] and not r.zcard(TopicIndex(r, topic).keys.claims)
+    assert _metric("dwell_drain_lease_renewals_total") - renewed >= 3
+    print(f"drain round of {n} records over {took:.1f}s with a 1 s lease: each copied once")
+
+
+def test_a_round_that_lost_its_lease_stops_writing_the_bucket(
+        spark_env, unique: str, slow_kafka: None) -> None:
+    """Another drainer holds the bucket now (its lease id replaced ours, as claim-5.lua
+    leaves it after a lease ran out): the round's next renewal finds out, the copy stops
+    writing the bucket's records, and the round neither marks nor completes it."""
+    spark, settings, r = spark_env
+    settings = settings.model_copy(update={"drain_lease_ms": 1000})
+    topic = f"persistent://{unique}/ns/lost"
+    kafka.ensure_topic(settings.kafka_bootstrap, TopicName.parse(topic).kafka_topic, 1)
+    n = 3000
+    _due_bucket(settings, r, topic, n)
+    idx = TopicIndex(r, topic)
+    lost = _metric("dwell_drain_leases_lost_total")
+
+    def take_over() -> None:
+        wait_claimed = time.monotonic() + 10
+        while not r.hlen(idx.keys.leases) and time.monotonic() < wait_claimed:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        for b in r.hkeys(idx.keys.leases):
+            r.hset(idx.keys.leases, b, "another-drainer")
+
+    t = threading.Thread(target=take_over, daemon=True)
+    t.start()
+    written = Drainer(spark, settings, r).run_once(path="driver")
+    t.join(10)
+    assert 0 < written < n / 2, written
+    assert sum(_copies(settings, topic).values()) == written
+    assert _metric("dwell_drain_leases_lost_total") - lost == 1
+    # Still the other drainer's: claimed, not completed.
+    [b] = r.hkeys(idx.keys.leases)
+    assert r.hget(idx.keys.leases, b) == b"another-drainer"
+    assert r.zcard(idx.keys.claims) == 1
+    assert idx.complete(int(b), "another-drainer")  # done with, for the next tests
+
+
+def test_a_round_past_its_maximum_time_fails_into_its_lease(
+        spark_env, unique: str, slow_kafka: None) -> None:
+    """Renewal ends at drain_max_round_ms: the round fails there, and its claims are back
+    one lease later, for a next round to deliver in full."""
+    spark, settings, r = spark_env
+    settings = settings.model_copy(update={"drain_lease_ms": 1000,
+                                           "drain_max_round_ms": 1500})
+    topic = f"persistent://{unique}/ns/long"
+    kafka.ensure_topic(settings.kafka_bootstrap, TopicName.parse(topic).kafka_topic, 1)
+    n = 3000
+    ids = _due_bucket(settings, r, topic, n)
+    drainer = Drainer(spark, settings, r)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="maximum time"):
+        drainer.run_once(path="driver")
+    took = time.monotonic() - t0
+    assert 1.5 <= took < 1.5 + 2 * SLOW_SEND_S + 1, took
+    idx = TopicIndex(r, topic)
+    assert r.zcard(idx.keys.claims) == 1
+    # Another drain app takes the bucket once the lease is over, and delivers it all.
+    other = Drainer(spark, settings.model_copy(update={"drain_max_round_ms": 60_000}), r)
+    got = wait_for(lambda: other.run_once(path="driver"), 5, "the claim back")
+    assert got == n
+    assert set(_copies(settings, topic)) == set(ids)

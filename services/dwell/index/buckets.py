@@ -1,6 +1,6 @@
 """What a topic's index and a subscription's redelivery index share: reading buckets,
-claiming due ones under a lease (claim-5.lua), completing them (complete-6.lua) and
-folding deltas into blobs (merge-4.lua)."""
+claiming due ones under a lease (claim-5.lua), renewing the lease (renew-2.lua),
+completing them (complete-6.lua) and folding deltas into blobs (merge-4.lua)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ LUA_DIR: Final = Path(__file__).parent / "lua"
 COMPLETED: Final = 1
 NOT_CLAIMED: Final = 0
 LEASE_MISMATCH: Final = -1
+# Return codes of renew-2.lua, one per bucket (NOT_CLAIMED and LEASE_MISMATCH as above)
+RENEWED: Final = 1
 # Return codes of merge-4.lua
 MERGED: Final = 1
 CHANGED: Final = 0
@@ -169,6 +171,17 @@ class BucketIndex:
                          ks.claimed_delta(bucket_start), ks.index, self._due_key],
             [bucket_start, lease_id, self._due_member])
         return int(rc) == COMPLETED
+
+    def renew(self, bucket_starts: Sequence[int], lease_id: str, expiry_ms: int,
+              client: Any = None) -> Any:
+        """Extend lease ``lease_id`` on the claimed buckets ``bucket_starts`` to
+        ``expiry_ms`` (never shortened); one code per bucket, in order: RENEWED, or
+        NOT_CLAIMED / LEASE_MISMATCH for a bucket the lease no longer holds.
+        ``client``: a pipeline of this index's client to queue the call on (then the
+        codes come from its ``execute``)."""
+        ks = self.keys
+        return self._scripts.run("renew", [ks.claims, ks.leases],
+                                 [lease_id, expiry_ms, *bucket_starts], client=client)
 
     # -- compaction
 

@@ -59,6 +59,7 @@ def main() -> None:
                             lead_ms=settings.restage_lead_ms,
                             chunk_ms=settings.restage_chunk_ms,
                             lease_ms=settings.restage_lease_ms,
+                            max_round_ms=settings.restage_max_round_ms,
                             max_records=settings.restage_max_records,
                             compression_type=settings.kafka_compression_type)
         threading.Thread(target=restager.run, args=(settings.restage_interval_ms,),

@@ -34,6 +34,13 @@ RESTAGED = Counter("dwell_tracker_restaged_total",
 RESTAGE_SECONDS = Histogram("dwell_tracker_restage_seconds",
                             "One restage round (claim, read, write, complete)",
                             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40))
+RESTAGE_LEASE_RENEWALS = Counter("dwell_tracker_restage_lease_renewals_total",
+                                 "Leases of claimed buckets renewed while a restage round "
+                                 "re-filed them")
+RESTAGE_LEASES_LOST = Counter("dwell_tracker_restage_leases_lost_total",
+                              "Claimed buckets whose lease another round took before the "
+                              "restage completed them (their remaining records are not "
+                              "re-filed by this round)")
 MARKS_WRITTEN = Counter("dwell_delivered_marks_total",
                         "Completed buckets whose positions went to dwell.delivered")
 

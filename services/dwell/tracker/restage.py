@@ -20,7 +20,9 @@ alone: its buckets are dense already; so is a topic indexed from another Kafka t
 than ours (`delayedTopic` in its stats). A crash between the writes and the completions
 leaves the claims to expire: the original positions return to the index beside the
 copies, and the bucket is delivered twice (the SDK drops the repeat by
-`dwell-message-id`), as for a drain crash.
+`dwell-message-id`), as for a drain crash. While a round works, its leases are renewed
+(dwell.index.leases) up to `max_round_ms`; a bucket whose lease was lost all the same is
+not written further, nor completed.
 """
 
 from __future__ import annotations
@@ -43,9 +45,15 @@ from dwell.core import topics as names
 from dwell.core.positions import REFILED_FIELD_BASE, field_partition, format_message_id
 from dwell.headers import MESSAGE_ID, ORIGIN
 from dwell.index.buckets import ClaimedBucket
+from dwell.index.leases import LeaseKeeper
 from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
-from dwell.tracker.metrics import RESTAGE_SECONDS, RESTAGED
+from dwell.tracker.metrics import (
+    RESTAGE_LEASE_RENEWALS,
+    RESTAGE_LEASES_LOST,
+    RESTAGE_SECONDS,
+    RESTAGED,
+)
 from dwell.tracker.recovery import mark_record, write_marks
 
 log = logging.getLogger("dwell.tracker.restage")
@@ -82,6 +90,24 @@ def pieces(parts: list[tuple[int, int, BitMap64]],
         yield piece
 
 
+def _without(piece: list[tuple[int, int, np.ndarray]],
+             lost: list[ClaimedBucket]) -> list[tuple[int, int, np.ndarray]]:
+    """``piece`` less the positions of the ``lost`` claims (a position belongs to one
+    topic, so removing it removes that claim's record only)."""
+    gone: dict[tuple[int, int], BitMap64] = {}
+    for b in lost:
+        for f, bm in b.positions.items():
+            gone.setdefault((b.bucket_start, int(f)), BitMap64()).update(bm)
+    out = []
+    for bucket, f, offs in piece:
+        drop = gone.get((bucket, f))
+        if drop is not None:
+            offs = offs[~np.isin(offs, np.asarray(drop.to_array(), dtype=np.int64))]
+        if len(offs):
+            out.append((bucket, f, offs))
+    return out
+
+
 @dataclass
 class Round:
     """What one restage round did."""
@@ -99,7 +125,8 @@ class Restager:
     def __init__(self, r: redislib.Redis, bootstrap: str, *, delayed_topic: str = names.DELAYED,
                  refiled_topic: str = names.REFILED, lead_ms: int = 40_000,
                  chunk_ms: int = 20_000, lease_ms: int = 30_000,
-                 max_records: int = 1_000_000, compression_type: str = "none",
+                 max_round_ms: int = 600_000, max_records: int = 1_000_000,
+                 compression_type: str = "none",
                  piece_records: int = PIECE_RECORDS) -> None:
         if not 0 < chunk_ms <= lead_ms:
             raise ValueError("restage needs 0 < chunk_ms <= lead_ms")
@@ -111,6 +138,7 @@ class Restager:
         self.lead_ms = lead_ms
         self.chunk_ms = chunk_ms
         self.lease_ms = lease_ms
+        self.max_round_ms = max_round_ms
         self.max_records = max_records
         self.piece_records = piece_records
         self.stopping = threading.Event()
@@ -163,19 +191,28 @@ class Restager:
         if not claims:
             return rnd
         claimed = time.monotonic()
-        rnd.records = self._refile(claims)
-        # The originals leave the index: a rebuild must not index them again (their
-        # copies in the re-file log are what is pending now).
-        assert self._producer is not None
-        write_marks(self._producer, [mark_record(self.topic, idx.topic, b.bucket_start,
-                                                 b.positions) for idx, b in claims])
-        written = time.monotonic()
-        for idx, b in claims:
-            if not idx.complete(b.bucket_start, b.lease_id):
-                log.warning("restage claim on %s bucket %s lost before completion",
-                            idx.topic, b.bucket_start)
-        for idx in {id(i): i for i, _ in claims}.values():
-            idx.mark_restaged(k)
+        with LeaseKeeper(claims, self.lease_ms, self.max_round_ms,
+                         renewed=RESTAGE_LEASE_RENEWALS, lost=RESTAGE_LEASES_LOST) as keeper:
+            rnd.records = self._refile(claims, keeper)
+            # A claim lost meanwhile is another round's now: it marks and completes.
+            lost = keeper.lost
+            held = [c for i, c in enumerate(claims) if i not in lost]
+            # The originals leave the index: a rebuild must not index them again (their
+            # copies in the re-file log are what is pending now).
+            assert self._producer is not None
+            write_marks(self._producer, [mark_record(self.topic, idx.topic, b.bucket_start,
+                                                     b.positions) for idx, b in held])
+            written = time.monotonic()
+            # The mark goes first: once a bucket is completed, its copies (indexed in it
+            # meanwhile) are live and unclaimed, and another replica's round that still
+            # saw the chunk as not done would re-file them.
+            for idx in {id(i): i for i, _ in claims}.values():
+                idx.mark_restaged(k)
+            for idx, b in held:
+                if not idx.complete(b.bucket_start, b.lease_id):
+                    RESTAGE_LEASES_LOST.inc()
+                    log.warning("restage claim on %s bucket %s lost before completion",
+                                idx.topic, b.bucket_start)
         done_at = time.monotonic()
         rnd.timings_ms = {"claim": (claimed - started) * 1000,
                           "copy": (written - claimed) * 1000,
@@ -195,12 +232,15 @@ class Restager:
         when done). Until then the chunk is not done."""
         return any(first <= int(b) <= last for b in self.redis.zrange(idx.keys.claims, 0, -1))
 
-    def _refile(self, claims: list[tuple[TopicIndex, ClaimedBucket]]) -> int:
+    def _refile(self, claims: list[tuple[TopicIndex, ClaimedBucket]],
+                keeper: LeaseKeeper) -> int:
         """Append the claimed records to the re-file log in bucket order, a piece of at
         most ``piece_records`` records at a time (read, ordered, handed to the producer,
         dropped: a round of any size holds one piece); returns once every copy is
         acknowledged (acks=all), else raises. A claimed position may already be in the
-        re-file log (a chunk claimed again)."""
+        re-file log (a chunk claimed again). Before each piece ``keeper`` says which
+        claims were lost (their positions are left out) or ends the round
+        (RoundExpired)."""
         if self._consumer is None or self._producer is None:
             self._consumer = kafka.Consumer(self.bootstrap,
                                             f"dwell-restage-{uuid.uuid4().hex}",
@@ -211,17 +251,26 @@ class Restager:
         parts = sorted(((b.bucket_start, int(f), bm) for _, b in claims
                         for f, bm in b.positions.items()), key=lambda x: x[:2])
         wanted = sum(len(bm) for _, _, bm in parts)
-        copied = 0
+        copied = left_out = 0
         try:
             for piece in pieces(parts, self.piece_records):
-                copied += self._refile_piece(piece)
+                lost = keeper.check()
+                if lost:
+                    n = sum(len(offs) for _, _, offs in piece)
+                    piece = _without(piece, [claims[i][1] for i in lost])
+                    left_out += n - sum(len(offs) for _, _, offs in piece)
+                if piece:
+                    copied += self._refile_piece(piece)
             self._producer.flush()
         except BaseException:
             self.close()
             raise
-        if wanted > copied:
+        if left_out:
+            log.warning("restage: %d positions of lost claims left to their new holder",
+                        left_out)
+        if wanted - left_out > copied:
             log.warning("restage: %d claimed positions had no record (expired or aborted)",
-                        wanted - copied)
+                        wanted - left_out - copied)
         return copied
 
     def _refile_piece(self, piece: list[tuple[int, int, np.ndarray]]) -> int:

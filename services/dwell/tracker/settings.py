@@ -37,6 +37,11 @@ class TrackerSettings(CommonSettings):
     # A crash mid-round leaves the chunk claimed this long: less than the lead, so that
     # the claims are back before the chunk's first bucket is due.
     restage_lease_ms: int = Field(30_000, ge=1000)
+    # A round's leases are renewed while it works (every lease / 3), up to this long; a
+    # round still running then fails, and its claims come back after the lease. A round
+    # that outlives its lead holds its chunk's buckets back from the drain until it
+    # completes (late rather than twice), so this also bounds that lateness.
+    restage_max_round_ms: int = Field(600_000, ge=1000)
     restage_max_records: int = Field(1_000_000, ge=1)
     restage_interval_ms: int = Field(1000, ge=10)
 

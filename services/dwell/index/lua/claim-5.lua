@@ -4,6 +4,9 @@
 
   An expired claim (lease expiry <= now) first returns to the index; its data
   stays in the claimed keys and is handed out again with whatever arrived since.
+  A bucket still claimed under a lease that has not expired (its holder may be renewing
+  it, renew-2.lua) is skipped even when positions arrived for it since: they wait in the
+  live keys until the holder completes, so that no claim takes over another's data.
   Each claimed bucket's live blobs (HASH) and deltas (STRING) are MOVED to
   per-bucket claimed keys, so messages indexed after the claim start a fresh
   live bucket and are never deleted by `complete`.
@@ -45,25 +48,28 @@ local due = redis.call("ZRANGEBYSCORE", KEYS[1], ARGV[11] or "-inf", ARGV[1], "L
                       tonumber(ARGV[2]))
 local out = {}
 for _, b in ipairs(due) do
-  local live = ARGV[7] .. b
-  local delta = ARGV[8] .. b
-  local claimed = ARGV[9] .. b
-  local claimedDelta = ARGV[10] .. b
-  local fields = redis.call("HGETALL", live)
-  if #fields > 0 then
-    redis.call("RPUSH", claimed, unpack(fields))
-    redis.call("DEL", live)
+  -- A bucket held under a lease that has not expired is skipped (see the header).
+  if redis.call("HEXISTS", KEYS[3], b) == 0 then
+    local live = ARGV[7] .. b
+    local delta = ARGV[8] .. b
+    local claimed = ARGV[9] .. b
+    local claimedDelta = ARGV[10] .. b
+    local fields = redis.call("HGETALL", live)
+    if #fields > 0 then
+      redis.call("RPUSH", claimed, unpack(fields))
+      redis.call("DEL", live)
+    end
+    local d = redis.call("GET", delta)
+    if d then
+      redis.call("APPEND", claimedDelta, d)
+      redis.call("DEL", delta)
+    end
+    redis.call("ZREM", KEYS[4], b)
+    redis.call("ZREM", KEYS[1], b)
+    redis.call("ZADD", KEYS[2], ARGV[4], b)
+    redis.call("HSET", KEYS[3], b, ARGV[3])
+    out[#out + 1] = {b, redis.call("LRANGE", claimed, 0, -1), redis.call("GET", claimedDelta)}
   end
-  local d = redis.call("GET", delta)
-  if d then
-    redis.call("APPEND", claimedDelta, d)
-    redis.call("DEL", delta)
-  end
-  redis.call("ZREM", KEYS[4], b)
-  redis.call("ZREM", KEYS[1], b)
-  redis.call("ZADD", KEYS[2], ARGV[4], b)
-  redis.call("HSET", KEYS[3], b, ARGV[3])
-  out[#out + 1] = {b, redis.call("LRANGE", claimed, 0, -1), redis.call("GET", claimedDelta)}
 end
 
 updateDueHint(KEYS[1], KEYS[2], KEYS[5], ARGV[6])
