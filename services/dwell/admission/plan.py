@@ -215,7 +215,7 @@ class Planner:
                     raise PublishError(400, f"messages[{i}].eventTime: {m.eventTime} is past "
                                             f"Long.MAX_VALUE ({MAX_LONG})")
             if not is_bytes:
-                results.append(failed(INVALID_MESSAGE, payload))  # type: ignore[arg-type]
+                results.append(failed(INVALID_MESSAGE, str(payload)))
                 plan.invalid += 1
                 continue
             deliver_at = m.deliverAt or None
