@@ -57,9 +57,10 @@ def serve() -> None:
     records = bench.raw_batch(0, TOPIC, ready, int(time.time() * 1000))
     now = int(time.time() * 1000)
     answer = orjson.dumps({"messagePublishResults": [
-        {"errorCode": 0, "deliverAt": now + 3_600_000 * (i % 2), "delayed": bool(i % 2),
+        {"errorCode": 0, "schemaVersion": 0, "deliverAt": now + 3_600_000 * (i % 2),
+         "delayed": bool(i % 2),
          "messageId": f"{ready if i % 2 == 0 else 'dwell.delayed'}:{i % 4}:{1_000_000 + i}"}
-        for i in range(bench.BATCH)]})
+        for i in range(bench.BATCH)], "schemaVersion": 0})
 
     async def handle(domain: str, tenant: str, namespace: str, topic: str,
                      body: bytes) -> tuple[int, bytes, dict[str, str] | None]:

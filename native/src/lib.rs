@@ -5,11 +5,12 @@
 //! same records, results and answer heads, and asks Python for every decision
 //! (`decide`, which calls `dwell.core.admit.admit`), once per distinct ask in a
 //! request. It only takes the request whose every message is published or rejected by
-//! the rule: a body that does not fit the schema exactly, or a message that errs on its
-//! own (both `deliverAt` and `deliverAfterMs`, bad base64, a payload over the limit, a
-//! reserved property name, a repeated one), makes it return None, and the caller goes
-//! the Python way, which words the error. A property test holds the two to the same
-//! output on generated requests (tests/unit/admission/test_native.py).
+//! the rule: a body that does not fit the schema (unknown fields are ignored, as there),
+//! or a message that errs on its own (bad base64, a payload over the limit, a reserved
+//! property name, a repeated one, an `eventTime` string that is not a plain number),
+//! makes it return None, and the caller goes the Python way, which words the error. A
+//! property test holds the two to the same output on generated requests
+//! (tests/unit/admission/test_native.py).
 //!
 //! What it saves is the interpreter: decoding into message structs and then walking
 //! them in Python cost ~80 us of a 100-message request, ~20% of admission's CPU.
@@ -30,8 +31,9 @@ use serde::Deserialize;
 const MAX_LONG: u64 = i64::MAX as u64;
 const RESERVED_PREFIX: &str = "dwell-";
 
+/// Pulsar's fields that dwell reads for their type only (as `schema.py` types them), so
+/// that a body the Python schema refuses is refused here too; unknown fields are skipped.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Body<'a> {
     #[serde(borrow, deserialize_with = "messages")]
     messages: Vec<Message<'a>>,
@@ -39,10 +41,15 @@ struct Body<'a> {
     producer_name: Option<Cow<'a, str>>,
     #[serde(default, borrow, rename = "payloadEncoding")]
     payload_encoding: Option<Cow<'a, str>>,
+    #[serde(default, rename = "schemaVersion")]
+    _schema_version: Option<i64>,
+    #[serde(default, borrow, rename = "keySchema")]
+    _key_schema: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "valueSchema")]
+    _value_schema: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Message<'a> {
     #[serde(borrow)]
     payload: Cow<'a, str>,
@@ -52,7 +59,7 @@ struct Message<'a> {
     key: Option<Cow<'a, str>>,
     #[serde(default, borrow, deserialize_with = "properties")]
     properties: Option<PropertyList<'a>>,
-    #[serde(default, rename = "eventTime")]
+    #[serde(default, rename = "eventTime", deserialize_with = "event_time")]
     event_time: Option<u64>,
     #[serde(default, rename = "sequenceId")]
     sequence_id: Option<u64>,
@@ -60,6 +67,39 @@ struct Message<'a> {
     deliver_at: Option<u64>,
     #[serde(default, rename = "deliverAfterMs")]
     deliver_after_ms: Option<u64>,
+    #[serde(default, borrow, rename = "context")]
+    _context: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "replicationClusters")]
+    _replication_clusters: Option<Vec<Str<'a>>>,
+    #[serde(default, rename = "disableReplication")]
+    _disable_replication: Option<bool>,
+    #[serde(default, rename = "schemaVersion")]
+    _schema_version: Option<i64>,
+    #[serde(default, borrow, rename = "keySchema")]
+    _key_schema: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "valueSchema")]
+    _value_schema: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "encryptionParam")]
+    _encryption_param: Option<Cow<'a, str>>,
+    #[serde(default, rename = "compressionType")]
+    _compression_type: Option<Compression>,
+    #[serde(default, rename = "uncompressedMessageSize")]
+    _uncompressed_message_size: Option<i32>,
+}
+
+/// org.apache.pulsar.client.api.CompressionType
+#[derive(Deserialize)]
+enum Compression {
+    #[serde(rename = "NONE")]
+    None,
+    #[serde(rename = "LZ4")]
+    Lz4,
+    #[serde(rename = "ZLIB")]
+    Zlib,
+    #[serde(rename = "ZSTD")]
+    Zstd,
+    #[serde(rename = "SNAPPY")]
+    Snappy,
 }
 
 /// A JSON string, borrowed from the body when it has no escapes.
@@ -115,6 +155,40 @@ fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PropertyList<'de
         }
     }
     d.deserialize_option(Props)
+}
+
+/// `eventTime`: a number, or Pulsar's string of one ("" being none). A string that is
+/// not plain digits fails the parse, and the Python plan words the error.
+fn event_time<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct EventTime;
+    impl<'de> Visitor<'de> for EventTime {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a number, a string of digits, or null")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+            Ok(Some(n))
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            if s.is_empty() {
+                return Ok(None);
+            }
+            if !s.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(E::custom("eventTime: not a number"));
+            }
+            s.parse().map(Some).map_err(|_| E::custom("eventTime: past u64"))
+        }
+    }
+    d.deserialize_option(EventTime)
 }
 
 /// Why the Python plan must take the request (it raises or words the error).
@@ -179,9 +253,9 @@ fn header<'py>(
     PyTuple::new(py, [name.as_any(), value.as_any()])
 }
 
-type Asked = (Option<u64>, Option<u64>, u64);
+type Asked = (Option<u64>, Option<u64>);
 
-/// A request's decisions by what was asked (deliverAt, deliverAfterMs, publish time):
+/// A request's decisions by what was asked (deliverAt, deliverAfterMs):
 /// searched in order while there are a few, as in most requests, and through a map once
 /// there are many (delays that vary from message to message).
 struct Decisions<'py> {
@@ -224,7 +298,7 @@ struct Decided<'py> {
 
 /// Plan a publish request from its body, or None when the Python plan must take it.
 ///
-/// `decide(deliver_at, deliver_after_ms, publish_time)` returns the decision as
+/// `decide(deliver_at, deliver_after_ms)` returns the decision as
 /// `Planner` builds it (`Decided`): `(result fields, delay headers or None, 0 or 1, head)`.
 /// Returns `(results, sends, index, heads, delayed, rejected, overridden)`: the fields of
 /// `Plan` (see dwell.admission.plan) and the counts of delayed records, rejected
@@ -286,6 +360,7 @@ fn build<'py>(
     let h_publish_time = PyString::intern(py, "dwell-publish-time");
     let h_producer = PyString::intern(py, "dwell-producer");
     let h_sequence = PyString::intern(py, "dwell-sequence-id");
+    let h_event_time = PyString::intern(py, "dwell-event-time");
     let h_key = PyString::intern(py, "dwell-key");
     let topic_h = PyTuple::new(py, [h_topic.as_any(), topic_bytes.as_any()])?;
     let producer = req.producer_name.as_deref().unwrap_or("");
@@ -336,19 +411,18 @@ fn build<'py>(
                 &last_props.as_ref().expect("just set").1
             }
         };
+        // 0 is Pulsar's "not set" for both; deliverAt wins over deliverAfterMs, as there.
         let (deliver_at, deliver_after) = match (long(m.deliver_at), long(m.deliver_after_ms)) {
-            (Ok(Some(_)), Ok(Some(_))) => return Ok(Err(NotCommon)),
-            (Ok(a), Ok(b)) => (a, b),
+            (Ok(a), Ok(b)) => {
+                let a = a.filter(|&t| t != 0);
+                (a, if a.is_some() { None } else { b.filter(|&t| t != 0) })
+            }
             _ => return Ok(Err(NotCommon)),
         };
         let (Ok(event_time), Ok(sequence_id)) = (long(m.event_time), long(m.sequence_id)) else {
             return Ok(Err(NotCommon));
         };
-        let publish_time = match event_time {
-            Some(t) if t != 0 => t,
-            _ => now,
-        };
-        let asked = (deliver_at, deliver_after, publish_time);
+        let asked = (deliver_at, deliver_after);
         let at = match decisions.find(&asked) {
             Some(at) => at,
             None => {
@@ -377,20 +451,18 @@ fn build<'py>(
         overridden += d.counts_override;
         // The headers in the Python plan's order, gathered first so that the list is
         // allocated once at its size.
-        let mut hs: Vec<Bound<PyTuple>> = Vec::with_capacity(props_h.len() + 7);
+        let mut hs: Vec<Bound<PyTuple>> = Vec::with_capacity(props_h.len() + 8);
         hs.extend(props_h.iter().cloned());
         hs.push(topic_h.clone());
-        let (time_h, time) = if publish_time == now {
-            (now_time_h.clone(), now_int.clone())
-        } else {
-            (header(py, &h_publish_time, decimal(py, publish_time))?,
-             publish_time.into_pyobject(py)?.into_any())
-        };
-        hs.push(time_h);
+        hs.push(now_time_h.clone());
         hs.push(producer_h.clone());
         if let Some(seq) = sequence_id {
             hs.push(header(py, &h_sequence, decimal(py, seq))?);
         }
+        if let Some(t) = event_time.filter(|&t| t != 0) {
+            hs.push(header(py, &h_event_time, decimal(py, t))?);
+        }
+        let time = &now_int;
         let payload = PyBytes::new(py, &payload);
         let key = m.key.as_deref().map(|k| PyBytes::new(py, k.as_bytes()));
         let record = if delay_headers.is_empty() {
@@ -400,7 +472,7 @@ fn build<'py>(
             };
             let headers = PyList::new(py, hs)?;
             PyTuple::new(py, [
-                ready_topic.as_any(), payload.as_any(), &key, headers.as_any(), &time,
+                ready_topic.as_any(), payload.as_any(), &key, headers.as_any(), time,
             ])?
         } else {
             for h in delay_headers.iter() {
@@ -413,7 +485,7 @@ fn build<'py>(
             let headers = PyList::new(py, hs)?;
             PyTuple::new(py, [
                 delayed_topic.as_any(), payload.as_any(), topic_bytes.as_any(),
-                headers.as_any(), &time,
+                headers.as_any(), time,
             ])?
         };
         sends.append(record)?;
@@ -425,8 +497,9 @@ fn build<'py>(
     Ok(Ok(out.into_pyobject(py)?))
 }
 
-/// `Planner.answer` when every message of the plan was accepted: the JSON answer,
-/// each result its head (`Plan.heads`) and `<partition>:<offset>"}`.
+/// `Planner.answer` when every message of the plan was accepted: the JSON answer
+/// (Pulsar's ProducerAcks), each result its head (`Plan.heads`) and
+/// `<partition>:<offset>"}`, then the schemaVersion (`plan.SCHEMA_VERSION`).
 #[pyfunction]
 fn answer<'py>(
     py: Python<'py>,
@@ -445,7 +518,7 @@ fn answer<'py>(
         out.extend_from_slice(head.cast::<PyString>()?.to_str()?.as_bytes());
         write!(out, "{partition}:{offset}\"}}").expect("writing to a Vec");
     }
-    out.extend_from_slice(b"]}");
+    out.extend_from_slice(b"],\"schemaVersion\":0}");
     Ok(PyBytes::new(py, &out))
 }
 

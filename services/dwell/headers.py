@@ -11,9 +11,10 @@ from typing import Final
 
 # -- on every message a dwell topic carries
 TOPIC: Final = "dwell-topic"  # the Pulsar topic, persistent://t/ns/x
-PUBLISH_TIME: Final = "dwell-publish-time"  # ms since the epoch: eventTime, else admission's
+PUBLISH_TIME: Final = "dwell-publish-time"  # ms since the epoch: when admission received it
 PRODUCER: Final = "dwell-producer"  # the request's producerName (may be empty)
 SEQUENCE_ID: Final = "dwell-sequence-id"  # the message's sequenceId, when it has one
+EVENT_TIME: Final = "dwell-event-time"  # the message's eventTime (ms), when it has one
 
 # -- on dwell.delayed and dwell.delayed.refiled
 DELIVER_AT: Final = "dwell-deliver-at"  # ms since the epoch; kept on the ready copy
@@ -29,5 +30,5 @@ SUBSCRIPTION: Final = "dwell-subscription"  # on retry-topic and DLQ copies
 # -- on dwell.policies
 VERSION: Final = "dwell-version"  # the policy store's version of the change
 
-ALL: Final = (TOPIC, PUBLISH_TIME, PRODUCER, SEQUENCE_ID, DELIVER_AT, TICK_TIME, KEY, ORIGIN,
-              MESSAGE_ID, REDELIVERY_COUNT, SUBSCRIPTION, VERSION)
+ALL: Final = (TOPIC, PUBLISH_TIME, PRODUCER, SEQUENCE_ID, EVENT_TIME, DELIVER_AT, TICK_TIME,
+              KEY, ORIGIN, MESSAGE_ID, REDELIVERY_COUNT, SUBSCRIPTION, VERSION)

@@ -15,11 +15,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dwell.adapters import kafka
+from dwell.client import Consumer, Producer
 from dwell.core import topics as names
 
 pytestmark = pytest.mark.integration
 
-MAX_TEXT = "NotAllowedError: Exceeds max allowed delivery delay of {} milliseconds"
+MAX_TEXT = ("org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException: "
+            "Exceeds max allowed delivery delay of {} milliseconds")
 
 
 @pytest.fixture(scope="module")
@@ -120,26 +122,32 @@ def test_max_delay_rejects_max_plus_one_and_accepts_max(policy: httpx.Client,
     topic = f"persistent://{unique}/ns/orders"
     wait_until_known(policy, admission, topic, {"payload": "probe"})
     before = counter(admission, REJECTED, topic)
+    # deliverAfterMs counts from when admission receives the message, so the boundary is
+    # exact whatever the time between this clock and admission's.
     t = now_ms()
     r = ok(publish(admission, topic,
-                   {"payload": "late", "eventTime": t, "deliverAt": t + 5001},
-                   {"payload": "ok", "key": "k1", "eventTime": t, "deliverAt": t + 5000,
+                   {"payload": "late", "deliverAfterMs": 5001},
+                   {"payload": "ok", "key": "k1", "deliverAfterMs": 5000,
                     "properties": {"color": "red"}, "sequenceId": 3})).json()
+    after = now_ms()
     rejected, accepted = r["messagePublishResults"]
-    assert rejected["errorCode"] == 2
-    assert rejected["error"] == MAX_TEXT.format(5000)
-    assert "messageId" not in rejected
+    # Pulsar's ProducerAcks / ProducerAck
+    assert r["schemaVersion"] == 0
+    assert rejected == {"messageId": "-1", "errorCode": 2, "schemaVersion": 0,
+                        "errorMsg": MAX_TEXT.format(5000)}
     assert counter(admission, REJECTED, topic) == before + 1
     assert accepted["errorCode"] == 0 and accepted["delayed"] is True
-    assert accepted["deliverAt"] == t + 5000
+    assert accepted["schemaVersion"] == 0 and "errorMsg" not in accepted
+    assert t + 5000 <= accepted["deliverAt"] <= after + 5000
     assert accepted["messageId"].startswith(names.DELAYED + ":")
     rec = read_record(kafka_bootstrap, accepted["messageId"])
     assert rec.key == topic.encode() and rec.value == b"ok"
-    assert rec.header("dwell-deliver-at") == str(t + 5000)
+    assert rec.header("dwell-deliver-at") == str(accepted["deliverAt"])
     assert rec.header("dwell-tick-time") == "1000"
     assert rec.header("dwell-key") == "k1"
     assert rec.header("dwell-topic") == topic
-    assert rec.header("dwell-publish-time") == str(t)
+    assert rec.header("dwell-publish-time") == str(accepted["deliverAt"] - 5000)
+    assert rec.timestamp_ms == accepted["deliverAt"] - 5000
     assert rec.header("dwell-producer") == "p"
     assert rec.header("dwell-sequence-id") == "3"
     assert rec.header("color") == "red"
@@ -162,11 +170,14 @@ def test_fixed_delay_overrides_and_delays_everything(policy: httpx.Client,
         if res["messagePublishResults"][0]["delayed"] or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert res["messagePublishResults"][0]["deliverAt"] == t + 60000
+    # The fixed delay counts from when admission received the message, not its eventTime.
+    assert t + 60000 <= res["messagePublishResults"][0]["deliverAt"] <= now_ms() + 60000
     assert counter(admission, OVERRIDDEN, topic) == before  # no deliverAt: not counted
-    r = ok(publish(admission, topic, {"payload": "b", "eventTime": t, "deliverAt": t + 999999},
-                   {"payload": "c", "eventTime": t})).json()["messagePublishResults"]
-    assert [m["deliverAt"] for m in r] == [t + 60000, t + 60000]
+    t = now_ms()
+    r = ok(publish(admission, topic, {"payload": "b", "eventTime": 1, "deliverAt": t + 999999},
+                   {"payload": "c", "eventTime": 1})).json()["messagePublishResults"]
+    assert r[0]["deliverAt"] == r[1]["deliverAt"]
+    assert t + 60000 <= r[0]["deliverAt"] <= now_ms() + 60000
     assert all(m["delayed"] and m["messageId"].startswith(names.DELAYED) for m in r)
     assert counter(admission, OVERRIDDEN, topic) == before + 1
 
@@ -216,7 +227,7 @@ def test_topic_policy_overrides_namespace_field_by_field(policy: httpx.Client,
     assert read_record(kafka_bootstrap, res["messageId"]).header("dwell-tick-time") == "500"
     other = ok(publish(admission, f"persistent://{unique}/ns/small",
                        {"payload": "a", "eventTime": t, "deliverAt": t + 7000})).json()
-    assert other["messagePublishResults"][0]["error"] == MAX_TEXT.format(5000)
+    assert other["messagePublishResults"][0]["errorMsg"] == MAX_TEXT.format(5000)
 
 
 def test_policy_change_in_force_within_one_second(policy: httpx.Client,
@@ -230,10 +241,9 @@ def test_policy_change_in_force_within_one_second(policy: httpx.Client,
                        json={"maxDeliveryDelayInMillis": limit}))
         changed = time.monotonic()
         while True:
-            t = now_ms()
-            r = ok(publish(admission, topic, {"payload": "p", "eventTime": t,
-                                              "deliverAt": t + limit + 1})).json()
-            err = r["messagePublishResults"][0].get("error")
+            r = ok(publish(admission, topic, {"payload": "p",
+                                              "deliverAfterMs": limit + 1})).json()
+            err = r["messagePublishResults"][0].get("errorMsg")
             if err == MAX_TEXT.format(limit):
                 break
             assert time.monotonic() - changed < 1.0, f"max {limit} not in force after 1 s"
@@ -256,8 +266,44 @@ def test_request_errors(policy: httpx.Client, admission: httpx.Client, unique: s
     mixed = ok(publish(admission, topic, {"payload": "a", "deliverAt": 1, "deliverAfterMs": 1},
                        {"payload": "%%", "payloadEncoding": "base64"},
                        {"payload": "aGk=", "payloadEncoding": "base64"})).json()
+    # Both delays set: deliverAt is used, as by Pulsar's producers.
     codes = [m["errorCode"] for m in mixed["messagePublishResults"]]
-    assert codes == [2, 2, 0]
+    assert codes == [0, 2, 0]
+    assert mixed["messagePublishResults"][0]["deliverAt"] == 1
+
+
+def test_pulsar_rest_bodies_are_read_as_pulsar_reads_them(
+        policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
+        unique: str) -> None:
+    """What Pulsar's REST producer accepts is accepted: Pulsar's own fields (schemas,
+    replication, encryption, compression, context), eventTime as a string, unknown
+    fields, and no messages at all (200, no results)."""
+    make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 5000})
+    topic = f"persistent://{unique}/ns/lenient"
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
+    path = f"/topics/persistent/{unique}/ns/lenient"
+    empty = ok(admission.post(path, json={"producerName": "p", "messages": []})).json()
+    assert empty == {"messagePublishResults": [], "schemaVersion": 0}
+    old = now_ms() - 3_600_000  # an hour-old eventTime neither rejects nor shortens a delay
+    body = {"schemaVersion": -1, "keySchema": None, "valueSchema": None, "producerName": "p",
+            "somethingNewer": {"x": 1},
+            "messages": [{"payload": "hi", "properties": {"a": "b"}, "context": "ctx-1",
+                          "key": "k", "replicationClusters": ["standalone"],
+                          "eventTime": str(old), "sequenceId": 0, "disableReplication": False,
+                          "deliverAt": 0, "deliverAfterMs": 4000, "schemaVersion": 0,
+                          "keySchema": None, "valueSchema": None, "encryptionParam": None,
+                          "compressionType": "NONE", "uncompressedMessageSize": None,
+                          "colour": "red"}]}
+    t = now_ms()
+    r = ok(admission.post(path, json=body)).json()
+    (res,) = r["messagePublishResults"]
+    assert res["errorCode"] == 0 and res["delayed"] is True, res
+    assert t + 4000 <= res["deliverAt"] <= now_ms() + 4000
+    rec = read_record(kafka_bootstrap, res["messageId"])
+    assert rec.header("dwell-event-time") == str(old)
+    assert t <= int(rec.header("dwell-publish-time")) <= now_ms()
+    bad = admission.post(path, json={"messages": [{"payload": "x", "eventTime": "noon"}]})
+    assert bad.status_code == 400 and bad.json()["reason"].startswith("messages[0].eventTime")
 
 
 def read_results(bootstrap: str, ends: dict[int, int], producer_name: str,
@@ -273,6 +319,30 @@ def read_results(bootstrap: str, ends: dict[int, int], producer_name: str,
                 if r.key == producer_name.encode()]
     c.close()
     return got
+
+
+def test_the_sdk_round_trip_keeps_event_time_apart_from_publish_time(
+        services: Any, policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
+        unique: str) -> None:
+    make_namespace(policy, unique)
+    topic = f"persistent://{unique}/ns/sdk"
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
+    tracker = services.start("tracker")  # the Consumer registers its subscription there
+    old = now_ms() - 86_400_000
+    try:
+        with Consumer(topic, "s", initial_position="earliest", bootstrap=kafka_bootstrap,
+                      tracker_url=tracker.url) as consumer, \
+                Producer(topic, admission_url=str(admission.base_url)) as producer:
+            t = now_ms()
+            producer.send(b"evt", event_time=old)
+            got = consumer.receive(15)
+            while got is not None and got.value != b"evt":
+                got = consumer.receive(15)
+    finally:
+        tracker.stop()
+    assert got is not None
+    assert got.event_time == old
+    assert got.publish_time is not None and t <= got.publish_time <= now_ms()
 
 
 def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
@@ -305,7 +375,8 @@ def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
     p.close()
     got = {res["sequenceId"]: res
            for res in read_results(kafka_bootstrap, ends, producer_name, 2)}
-    assert got[1]["errorCode"] == 2 and "collides" in got[1]["error"], got
+    assert got[1]["errorCode"] == 2 and "collides" in got[1]["errorMsg"], got
+    assert got[1]["messageId"] == "-1" and got[1]["schemaVersion"] == 0
     assert got[2]["errorCode"] == 0 and got[2]["messageId"].startswith(f"{unique}.ns.a_b:")
 
 
@@ -331,8 +402,8 @@ def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
     wait_until_known(policy, admission, topic, {"payload": "probe"})
     wait_ingress(admission)
     t = now_ms()
-    messages = [{"payload": "a", "eventTime": t, "deliverAt": t + 5001, "sequenceId": 1},
-                {"payload": "b", "eventTime": t, "deliverAt": t + 5000, "sequenceId": 2},
+    messages = [{"payload": "a", "eventTime": t, "deliverAfterMs": 5001, "sequenceId": 1},
+                {"payload": "b", "eventTime": t, "deliverAt": t + 4000, "sequenceId": 2},
                 {"payload": "c", "eventTime": t, "sequenceId": 3},
                 {"payload": "d", "deliverAt": 1, "deliverAfterMs": 1, "sequenceId": 4}]
     via_http = ok(publish(admission, topic, *messages)).json()["messagePublishResults"]
@@ -361,10 +432,11 @@ def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
     assert ([{k: v for k, v in m.items() if k not in strip} for m in via_kafka]
             == [{k: v for k, v in m.items() if k not in strip} for m in via_http])
     assert via_kafka[1]["messageId"].startswith(names.DELAYED + ":")
-    assert via_kafka[0]["error"] == MAX_TEXT.format(5000)
+    assert via_kafka[0]["errorMsg"] == MAX_TEXT.format(5000)
+    assert via_kafka[0]["messageId"] == "-1" and via_kafka[3]["deliverAt"] == 1
     assert {m["requestId"] for m in via_kafka} == {via_kafka[0]["requestId"]}
     assert unknown["sequenceId"] == 9 and unknown["errorCode"] == 2
-    assert "does not exist" in unknown["error"]
+    assert "does not exist" in unknown["errorMsg"] and unknown["messageId"] == "-1"
     rec = read_record(kafka_bootstrap, via_kafka[2]["messageId"])
     assert rec.value == b"c" and rec.header("dwell-producer") == producer_name
 

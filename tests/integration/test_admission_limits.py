@@ -122,4 +122,4 @@ def test_a_kafka_ingress_request_over_the_limit_is_refused(
         c.close()
     assert len(got) == 1, got
     assert got[0]["errorCode"] == 2
-    assert got[0]["error"].endswith(f"the limit is {LIMIT} bytes (max_request_bytes)")
+    assert got[0]["errorMsg"].endswith(f"the limit is {LIMIT} bytes (max_request_bytes)")

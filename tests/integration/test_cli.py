@@ -47,7 +47,7 @@ def test_inheritance_scenario(policy, unique: str) -> None:  # type: ignore[no-u
                          "--applied")) == {"active": True, "tickTime": 500,
                                            "maxDeliveryDelayInMillis": 864_000_000,
                                            "fixedDeliveryDelayInMillis": 300_000}
-    table = ok(url, "topic-policies", "get-delayed-delivery", topic, "--applied")
+    table = ok(url, "topic-policies", "get-delayed-delivery", topic, "-ap")
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
             for line in table.splitlines() if line.startswith("│")}
     assert rows == {

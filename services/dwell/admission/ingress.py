@@ -12,13 +12,15 @@ commit round trip per batch, amortised over up to `ingress_max_batch` requests; 
 keeps its own non-transactional producer for latency. Plain Kafka consumers of ready
 topics must use `isolation.level=read_committed` to avoid seeing aborted copies.
 
-Result record value, one per message, in request order:
-`{"sequenceId", "messageId", "errorCode": 0, "deliverAt", "delayed", ["delayIgnored"],
-"topic", "requestId", "index"}` or `{"sequenceId", "errorCode", "error", "topic",
+Result record value, one per message, in request order: the HTTP answer's result (Pulsar's
+`ProducerAck`) plus where it belongs, `{"messageId", "errorCode": 0, "schemaVersion",
+"deliverAt", "delayed", ["delayIgnored"], "sequenceId", "topic", "requestId", "index"}` or
+`{"messageId": "-1", "errorCode", "errorMsg", "schemaVersion", "sequenceId", "topic",
 "requestId", "index"}`, where `requestId` is `dwell.publish:<partition>:<offset>` of the
 request and `index` the message's position in it. A request refused as a whole (bad body,
 unknown namespace: the HTTP 4xx cases) gives every message of it errorCode 2 with that
-reason, or a single result with `index` null when its messages cannot be read at all.
+reason, or a single result with `index` null when its messages cannot be read at all; a
+request without messages gives none.
 Metrics count every attempt, so a re-processed batch is counted again.
 """
 
@@ -38,7 +40,7 @@ from dwell.core.topics import InvalidTopicName, TopicName
 
 from . import metrics
 from .cache import BoundedCache
-from .plan import INVALID_MESSAGE, Plan
+from .plan import INVALID_MESSAGE, Plan, failed
 from .publish import Publisher
 from .schema import IngressRequest, PublishError, parse_request
 from .settings import AdmissionSettings
@@ -63,9 +65,9 @@ def _request_level_results(value: bytes | None, reason: str) -> tuple[str | None
                 indexes = list(range(len(msgs)))
     except orjson.JSONDecodeError:
         pass
-    return producer, [{"sequenceId": s if isinstance(s, int) else None, "index": i,
-                       "errorCode": INVALID_MESSAGE, "error": reason}
-                      for s, i in zip(seqs, indexes, strict=True)]
+    return producer, [failed(INVALID_MESSAGE, reason) | {
+        "sequenceId": s if isinstance(s, int) else None, "index": i}
+        for s, i in zip(seqs, indexes, strict=True)]
 
 
 class Ingress:

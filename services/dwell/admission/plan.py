@@ -10,12 +10,19 @@ the same plan; every other request goes the Python way.
 Validation, decided here for both entry paths (the body's shape is `schema.py`'s):
 
 * A request is refused as a whole (HTTP 400 naming the field) for more than
-  `max_messages_per_request` messages or none, a payload above `max_payload_bytes`
-  (counted after base64 decoding), a property named like a dwell header (`dwell-*`).
-* A well-formed message that cannot be published gets its own result with `errorCode` 2
-  and the rest of the batch goes on: both `deliverAt` and `deliverAfterMs` set, a payload
-  that is not valid base64, and the max-delay rejection (`NotAllowedError: ...`).
-* `eventTime` 0 means "not set", as in Pulsar; `publishTime` is `eventTime` or the clock.
+  `max_messages_per_request` messages, a payload above `max_payload_bytes` (counted after
+  base64 decoding), a property named like a dwell header (`dwell-*`), an `eventTime`
+  string past Long.MAX_VALUE. A request without messages gets no results, as in Pulsar.
+* A well-formed message that cannot be published gets its own result, Pulsar's
+  `ProducerAck` with `messageId` "-1", `errorCode` 2 and an `errorMsg`, and the rest of
+  the batch goes on: a payload that is not valid base64, and the max-delay rejection
+  (`...BrokerServiceException$NotAllowedException: Exceeds max allowed delivery delay of
+  N milliseconds`).
+* The publish time is when admission received the request (Pulsar's publishTime), and
+  `deliverAfterMs` and the max delay count from it. `eventTime` is the application's own
+  field, carried in `dwell-event-time` (0 or "" mean not set, as in Pulsar). `deliverAt`
+  and `deliverAfterMs` 0 mean not set (Pulsar's primitive longs); with both set,
+  `deliverAt` wins, as in Pulsar.
 """
 
 from __future__ import annotations
@@ -31,9 +38,18 @@ import orjson
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.admit import Decision, Override, Reject, admit
-from dwell.core.policy import EffectivePolicy
+from dwell.core.policy import MAX_LONG, EffectivePolicy
 from dwell.core.topics import TopicName
-from dwell.headers import DELIVER_AT, KEY, PRODUCER, PUBLISH_TIME, SEQUENCE_ID, TICK_TIME, TOPIC
+from dwell.headers import (
+    DELIVER_AT,
+    EVENT_TIME,
+    KEY,
+    PRODUCER,
+    PUBLISH_TIME,
+    SEQUENCE_ID,
+    TICK_TIME,
+    TOPIC,
+)
 
 from . import native
 from .cache import BoundedCache, PolicyCache
@@ -42,6 +58,10 @@ from .settings import AdmissionSettings
 
 RESERVED_HEADER_PREFIX = "dwell-"
 INVALID_MESSAGE = 2  # Pulsar's non-retriable errorCode
+# ProducerAck's and ProducerAcks' schemaVersion: dwell keeps payloads as sent, under no
+# registered schema.
+SCHEMA_VERSION = 0
+FAILED_MESSAGE_ID = "-1"  # a failed ProducerAck's messageId, as Pulsar's REST producer's
 # Stands in for a policy on non-persistent topics, which admit() never consults.
 _NO_POLICY = EffectivePolicy(active=False, tick_time_ms=1, max_delay_ms=0, fixed_delay_ms=0)
 
@@ -79,6 +99,12 @@ class Plan:
     overridden: int = 0  # accepted messages that count as fixed-delay overrides
 
 
+def failed(error_code: int, error_msg: str) -> dict[str, Any]:
+    """A message's result when it was not published: Pulsar's ProducerAck."""
+    return {"messageId": FAILED_MESSAGE_ID, "errorCode": error_code, "errorMsg": error_msg,
+            "schemaVersion": SCHEMA_VERSION}
+
+
 def _decode_payload(text: str, encoding: str | None) -> bytes | str:
     """The payload bytes, or an error text for a per-message failure."""
     if encoding == "base64":
@@ -97,10 +123,9 @@ def _head(fields: dict[str, Any], kafka_topic: str) -> str:
 
 def _decided(decision: Decision, tick_b: bytes, ready: str) -> Decided:
     if type(decision) is Reject:
-        return Decided({"errorCode": decision.error_code, "error": decision.full_error},
-                       None, 0, "")
-    result: dict[str, Any] = {"errorCode": 0, "deliverAt": decision.deliver_at,
-                              "delayed": decision.delayed}
+        return Decided(failed(decision.error_code, decision.full_error), None, 0, "")
+    result: dict[str, Any] = {"errorCode": 0, "schemaVersion": SCHEMA_VERSION,
+                              "deliverAt": decision.deliver_at, "delayed": decision.delayed}
     delay_ignored = getattr(decision, "delay_ignored", None)
     if delay_ignored:
         result["delayIgnored"] = delay_ignored
@@ -129,8 +154,6 @@ class Planner:
         s = self.settings
         self._check_publishable(topic)
         msgs = req.messages
-        if not msgs:
-            raise PublishError(400, "messages: must contain at least one message")
         if len(msgs) > s.max_messages_per_request:
             raise PublishError(400, f"messages: {len(msgs)} messages; the limit per request "
                                     f"is {s.max_messages_per_request}")
@@ -140,14 +163,14 @@ class Planner:
         decide = self._decider(topic, now, ready)
         topic_h = (TOPIC, topic_b)
         producer_h = (PRODUCER, (req.producerName or "").encode())
-        # The dwell headers every message of the request gets when it has no eventTime.
+        # The dwell headers every message of the request starts with.
         now_hs = [topic_h, (PUBLISH_TIME, b"%d" % now), producer_h]
         default_encoding = req.payloadEncoding
         max_payload = s.max_payload_bytes
         # admit() is a pure function of these and of what `decide` holds fixed for the
         # request: messages asking the same thing share one decision, with its result
         # fields and delay headers. Likewise the encoded properties.
-        decisions: dict[tuple[int | None, int | None, int], Decided] = {}
+        decisions: dict[tuple[int | None, int | None], Decided] = {}
         encoded_props: dict[tuple[tuple[str, str], ...], list[tuple[str, bytes]]] = {}
         last_props: dict[str, str] | None = None
         last_props_h: list[tuple[str, bytes]] | None = None
@@ -185,20 +208,18 @@ class Planner:
                                                     f"starting with 'dwell-' are reserved")
                     props_h = encoded_props[pkey] = [(k, v.encode()) for k, v in pkey]
                 last_props, last_props_h = props, props_h
+            event_time = m.eventTime
+            if type(event_time) is str:
+                event_time = int(event_time) if event_time else None
+                if event_time is not None and event_time > MAX_LONG:
+                    raise PublishError(400, f"messages[{i}].eventTime: {m.eventTime} is past "
+                                            f"Long.MAX_VALUE ({MAX_LONG})")
             if not is_bytes:
-                results.append({"errorCode": INVALID_MESSAGE, "error": payload})
+                results.append(failed(INVALID_MESSAGE, str(payload)))
                 plan.invalid += 1
                 continue
-            deliver_at = m.deliverAt
-            deliver_after = m.deliverAfterMs
-            if deliver_at is not None and deliver_after is not None:
-                results.append({"errorCode": INVALID_MESSAGE,
-                                "error": "deliverAt and deliverAfterMs are both set; "
-                                         "send one of them"})
-                plan.invalid += 1
-                continue
-            publish_time = m.eventTime or now
-            asked = (deliver_at, deliver_after, publish_time)
+            deliver_at = m.deliverAt or None
+            asked = (deliver_at, None if deliver_at else m.deliverAfterMs or None)
             decided = decisions.get(asked)
             if decided is None:
                 decided = decisions[asked] = decide(*asked)
@@ -208,24 +229,22 @@ class Planner:
                 plan.rejected += 1
                 continue
             overridden += counts_override
-            if publish_time == now:
-                headers = props_h + now_hs if props_h else now_hs.copy()
-            else:
-                headers = props_h.copy() if props_h else []
-                headers += (topic_h, (PUBLISH_TIME, b"%d" % publish_time), producer_h)
+            headers = props_h + now_hs if props_h else now_hs.copy()
             seq = m.sequenceId
             if seq is not None:
                 headers.append((SEQUENCE_ID, b"%d" % seq))
+            if event_time:
+                headers.append((EVENT_TIME, b"%d" % event_time))
             key = m.key
             key_b = key.encode() if key is not None else None
             if delay_h:
                 headers += delay_h
                 if key_b is not None:
                     headers.append((KEY, key_b))
-                sends.append((delayed_topic, payload, topic_b, headers, publish_time))
+                sends.append((delayed_topic, payload, topic_b, headers, now))
                 delayed += 1
             else:
-                sends.append((ready, payload, key_b, headers, publish_time))
+                sends.append((ready, payload, key_b, headers, now))
             index.append(i)
             heads.append(head)
             # Shared by the messages with this decision until finish() gives each its own.
@@ -264,20 +283,19 @@ class Planner:
             raise PublishError(404, f"Namespace {topic.namespace_name} does not exist")
 
     def _decider(self, topic: TopicName, now: int,
-                 ready: str) -> Callable[[int | None, int | None, int], Decided]:
-        """A request's decisions: `decide(deliver_at, deliver_after_ms, publish_time)`
-        applies admit() with the topic's policy at `now` (`ready`: the topic's ready
-        topic, for the heads of immediate results). dwell_native calls it too."""
+                 ready: str) -> Callable[[int | None, int | None], Decided]:
+        """A request's decisions: `decide(deliver_at, deliver_after_ms)` applies admit()
+        with the topic's policy to a message received at `now` (`ready`: the topic's
+        ready topic, for the heads of immediate results). dwell_native calls it too."""
         persistent = topic.persistent
         policy = self.cache.effective(topic) if persistent else _NO_POLICY
         tick_b = b"%d" % policy.tick_time_ms
         strict = self.strict
 
-        def decide(deliver_at: int | None, deliver_after: int | None,
-                   publish_time: int) -> Decided:
+        def decide(deliver_at: int | None, deliver_after: int | None) -> Decided:
             return _decided(admit(deliver_at=deliver_at, deliver_after_ms=deliver_after,
-                                  policy=policy, persistent=persistent,
-                                  publish_time=publish_time, now=now, strict=strict),
+                                  policy=policy, persistent=persistent, publish_time=now,
+                                  now=now, strict=strict),
                             tick_b, ready)
 
         return decide
@@ -299,8 +317,9 @@ class Planner:
         return results
 
     def answer(self, plan: Plan, offsets: Sequence[tuple[int, int]]) -> bytes:
-        """The HTTP answer: the bytes of `{"messagePublishResults": finish(plan, offsets)}`
-        as orjson writes them, without a dict per message: an accepted result is its
+        """The HTTP answer, Pulsar's ProducerAcks: the bytes of
+        `{"messagePublishResults": finish(plan, offsets), "schemaVersion": 0}` as orjson
+        writes them, without a dict per message: an accepted result is its
         head (`Plan.heads`) and `<partition>:<offset>"}` (spliced by dwell_native, when
         admission has it, if every message was accepted)."""
         results = plan.results
@@ -312,4 +331,5 @@ class Planner:
             accepted = dict(zip(plan.index, parts, strict=True))
             parts = [accepted.get(i) or orjson.dumps(r).decode()
                      for i, r in enumerate(results)]
-        return ('{"messagePublishResults":[' + ",".join(parts) + "]}").encode()
+        return ('{"messagePublishResults":[' + ",".join(parts)
+                + f'],"schemaVersion":{SCHEMA_VERSION}}}').encode()

@@ -1,6 +1,12 @@
-"""The REST producer's request body, defined once: Pulsar's `ProduceMessageRequest`
-(plus dwell's `payloadEncoding`) on `POST /topics/...`, and the same plus the Pulsar
-`topic` on `dwell.publish`.
+"""The REST producer's request body, defined once: Pulsar's `ProducerMessages` and
+`ProducerMessage` (pulsar-websocket's `org.apache.pulsar.websocket.data`, plus dwell's
+`payloadEncoding`) on `POST /topics/...`, and the same plus the Pulsar `topic` on
+`dwell.publish`.
+
+Read as leniently as Pulsar's Jackson reads it: unknown fields are ignored, `eventTime`
+may be a string (Pulsar's field is one) or a number, and the fields Pulsar has but dwell
+does not act on (schemas, replication, encryption, compression, `context`) are read for
+their type and dropped; docs/pulsar-compatibility.md says why each is.
 
 The msgspec structs below are the definition, and what the hot path decodes into:
 validation and decoding in one C pass. The pydantic models are generated from them
@@ -16,13 +22,36 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 import msgspec
 import pydantic
 from pydantic import ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from dwell.core.policy import MAX_LONG
 from dwell.http import validation_reason
 
 # Each library reads its own constraint and ignores the other's.
 Long = Annotated[int, msgspec.Meta(ge=0, le=MAX_LONG), Field(ge=0, le=MAX_LONG)]
+# Java's long and int, for the fields dwell reads only for their type.
+JavaLong = Annotated[int, msgspec.Meta(ge=-MAX_LONG - 1, le=MAX_LONG),
+                     Field(ge=-MAX_LONG - 1, le=MAX_LONG)]
+JavaInt = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1), Field(ge=-(2**31), le=2**31 - 1)]
+
+
+def _event_time(value: Any) -> Any:
+    """pydantic's check of `eventTime`, the struct's in one clause (a union would word one
+    per branch)."""
+    if (type(value) is int and 0 <= value <= MAX_LONG
+            or type(value) is str and (not value or value.isascii() and value.isdigit())):
+        return value
+    raise PydanticCustomError("event_time", "must be a number of ms since the epoch, or a "
+                                            "string of one")
+
+
+# Pulsar's eventTime is a String it reads with Long.parseLong, "" meaning not set: a string
+# of digits here (the plan refuses one past Long.MAX_VALUE), or a number as dwell takes it.
+EventTime = Annotated[Long | Annotated[str, msgspec.Meta(pattern=r"\A[0-9]*\Z")],
+                      pydantic.PlainValidator(_event_time)]
 Encoding = Literal["base64", "utf-8"]
+# org.apache.pulsar.client.api.CompressionType
+Compression = Literal["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"]
 
 
 class PublishError(Exception):
@@ -34,30 +63,45 @@ class PublishError(Exception):
         self.reason = reason
 
 
-class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
-    """One message. A field not sent reads as None. Not tracked by the cycle collector
-    (`gc=False`): it holds strings, integers and a dict of strings, so it cannot be part
-    of a cycle."""
+class Message(msgspec.Struct, kw_only=True, gc=False):
+    """One message. A field not sent reads as None; 0 in `deliverAt` or `deliverAfterMs`
+    means not set, as in Pulsar's class (primitive longs). Not tracked by the cycle
+    collector (`gc=False`): it holds strings, integers, booleans, a list of strings and a
+    dict of strings, so it cannot be part of a cycle."""
 
     payload: str
     payloadEncoding: Encoding | None = None
     key: str | None = None
     properties: dict[str, str] | None = None
-    eventTime: Long | None = None
+    eventTime: EventTime | None = None
     sequenceId: Long | None = None
     deliverAt: Long | None = None
     deliverAfterMs: Long | None = None
+    # Pulsar's, read for their type and not acted on (docs/pulsar-compatibility.md).
+    context: str | None = None
+    replicationClusters: list[str] | None = None
+    disableReplication: bool | None = None
+    schemaVersion: JavaLong | None = None
+    keySchema: str | None = None
+    valueSchema: str | None = None
+    encryptionParam: str | None = None
+    compressionType: Compression | None = None
+    uncompressedMessageSize: JavaInt | None = None
 
 
-class PublishRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class PublishRequest(msgspec.Struct, kw_only=True):
     """The body of `POST /topics/{domain}/{tenant}/{namespace}/{topic}`."""
 
     producerName: str | None = None
     payloadEncoding: Encoding | None = None
     messages: list[Message]
+    # Pulsar's, read for their type and not acted on: dwell keeps payloads as sent.
+    schemaVersion: JavaLong | None = None
+    keySchema: str | None = None
+    valueSchema: str | None = None
 
 
-class IngressRequest(PublishRequest, kw_only=True, forbid_unknown_fields=True):
+class IngressRequest(PublishRequest, kw_only=True):
     """A record on `dwell.publish`: the HTTP body plus the Pulsar `topic`."""
 
     topic: str | None = None
@@ -79,12 +123,12 @@ def _pydantic_type(tp: Any) -> Any:
 @functools.cache
 def model_of(struct: type[msgspec.Struct]) -> type[pydantic.BaseModel]:
     """The strict pydantic model of a struct: the same fields, types, constraints and
-    defaults, unknown fields refused."""
+    defaults, unknown fields ignored."""
     fields: dict[str, Any] = {
         f.name: (_pydantic_type(f.type), ... if f.required else f.default)
         for f in msgspec.structs.fields(struct)}
     return pydantic.create_model(
-        struct.__name__, __config__=ConfigDict(extra="forbid", strict=True), **fields)
+        struct.__name__, __config__=ConfigDict(extra="ignore", strict=True), **fields)
 
 
 _DECODERS: dict[type[PublishRequest], msgspec.json.Decoder[Any]] = {

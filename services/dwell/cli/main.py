@@ -110,7 +110,7 @@ GlobalOpt = Annotated[bool, typer.Option(
     "--global", "-g", help="Accepted for pulsar-admin compatibility (sent as isGlobal); "
                            "dwell has one cluster, so it changes nothing.")]
 AppliedOpt = Annotated[bool, typer.Option(
-    "--applied", help="Show the effective policy: every field resolved topic → namespace → "
+    "--applied", "-ap", help="Show the effective policy: every field resolved topic → namespace → "
                       "broker default, with where each value comes from.")]
 
 

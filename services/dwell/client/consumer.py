@@ -50,7 +50,8 @@ class Message:
     message_id: str
     redelivery_count: int
     deliver_at: int | None
-    publish_time: int | None
+    publish_time: int | None  # when admission received it (Pulsar's publishTime)
+    event_time: int | None  # the producer's eventTime, when it set one
     topic: str
     # Where this copy was read from, for the consumer's offset bookkeeping.
     record_topic: str = field(repr=False)
@@ -184,7 +185,8 @@ class Consumer:
         key = rec.key.decode() if rec.key is not None else None
         msg = Message(rec.value, key, properties_of(rec.headers), message_id, count,
                       _int_header(rec, hdr.DELIVER_AT), _int_header(rec, hdr.PUBLISH_TIME),
-                      str(self.topic), rec.topic, rec.partition, rec.offset)
+                      _int_header(rec, hdr.EVENT_TIME), str(self.topic), rec.topic,
+                      rec.partition, rec.offset)
         self._emit("delivered", msg)
         if self.ack_timeout_ms > 0:
             # The backoff job now owns this message's redelivery (the event is durable).

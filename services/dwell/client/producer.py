@@ -1,5 +1,5 @@
 """The SDK's Producer: publishes through the admission service's Pulsar REST endpoint and
-turns each publish result into a message id or a typed error."""
+turns each publish result (Pulsar's `ProducerAck`) into a message id or a typed error."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ class PublishError(Exception):
 
 
 class NotAllowedError(PublishError):
-    """errorCode 2: the message broke a publish rule; ``str(exc)`` is the server's text."""
+    """errorCode 2: the message broke a publish rule; ``str(exc)`` is the result's
+    errorMsg, Pulsar's text (``org.apache.pulsar.broker.service.BrokerServiceException$
+    NotAllowedException: Exceeds max allowed delivery delay of 5000 milliseconds``)."""
 
 
 def _millis(value: datetime | int) -> int:
@@ -101,7 +103,7 @@ class Producer:
         code = result.get("errorCode", 0)
         if code == 0:
             return str(result["messageId"])
-        text = str(result.get("error", ""))
+        text = str(result.get("errorMsg", ""))
         if code == NOT_ALLOWED:
             raise NotAllowedError(text, code)
         raise PublishError(text, code)

@@ -11,6 +11,10 @@ from dwell.core.policy import EffectivePolicy
 
 DISABLED_REASON: Final = "delayed delivery is disabled for this topic"
 NON_PERSISTENT_REASON: Final = "non-persistent topics do not support delayed delivery"
+# The class Pulsar's REST producer names in a rejection's errorMsg (it is the message of the
+# ExecutionException wrapping the broker's NotAllowedException).
+NOT_ALLOWED_EXCEPTION: Final = (
+    "org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,8 @@ class Reject:
 
     @property
     def full_error(self) -> str:
-        return "NotAllowedError: " + self.error
+        """The errorMsg of Pulsar's REST producer for this rejection."""
+        return f"{NOT_ALLOWED_EXCEPTION}: {self.error}"
 
 
 Decision = Accept | Override | Reject
@@ -70,7 +75,9 @@ def admit(
     now: int,
     strict: bool = False,
 ) -> Decision:
-    """Decide one message's fate; ``publish_time`` is the producer's timestamp (ms)."""
+    """Decide one message's fate. ``publish_time`` (ms) is Pulsar's publishTime: when
+    admission received the message, never the producer's eventTime; ``deliver_at``
+    wins over ``deliver_after_ms``, as in Pulsar's producers."""
     requested = deliver_at
     if requested is None and deliver_after_ms is not None:
         requested = publish_time + deliver_after_ms

@@ -1,5 +1,6 @@
-"""Human-readable durations as pulsar-admin writes them (``500ms 1s 10m 5h 3d 2w``),
-parsed to and formatted from whole milliseconds."""
+"""Human-readable durations as pulsar-admin reads them (``1s 10m 5h 3d 2w 1y``, a plain
+number being seconds), plus ``ms`` for sub-second tick times, parsed to and formatted from
+whole milliseconds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ MAX_DURATION_MS: Final = 2**63 - 1
 
 # Largest unit first: format_duration_ms walks this order, and compound input must follow it.
 _UNITS_MS: Final = {
+    "y": 365 * 24 * 3_600_000,
     "w": 7 * 24 * 3_600_000,
     "d": 24 * 3_600_000,
     "h": 3_600_000,
@@ -20,7 +22,7 @@ _UNITS_MS: Final = {
 _ORDER: Final = list(_UNITS_MS)
 _BARE = re.compile(r"[0-9]+")
 # "ms" must be tried before "m" or "10ms" would read as ten minutes and a stray "s".
-_TOKEN = re.compile(r"([0-9]+)(ms|w|d|h|m|s)", re.IGNORECASE)
+_TOKEN = re.compile(r"([0-9]+)(ms|y|w|d|h|m|s)", re.IGNORECASE)
 
 
 def _invalid(text: str) -> ValueError:
@@ -32,8 +34,10 @@ def _invalid(text: str) -> ValueError:
 def parse_duration_ms(text: str) -> int:
     """Parse a duration to milliseconds.
 
-    A bare integer means seconds, as in pulsar-admin's RelativeTimeUtil. Units are
-    case-insensitive. Compound forms written largest unit first (``1m30s``, the output of
+    A bare integer means seconds and ``y`` is 365 days, as in pulsar-admin
+    (`TimeUnitToMillisConverter` over `RelativeTimeUtil.parseRelativeTimeInSeconds`, which
+    knows s m h d w y and no ``ms``: ``ms`` is dwell's own, for sub-second tick times).
+    Units are case-insensitive. Compound forms written largest unit first (``1m30s``, the output of
     :func:`format_duration_ms`) are accepted too; negatives and fractions are not.
     """
     s = text.strip()

@@ -47,7 +47,8 @@ HEADERS: Final = (DELIVER_AT, TICK_TIME)  # the two the index needs of each reco
 # dwell/index/lua.
 LUA_DIR: Final = Path(__file__).parent / "lua"
 
-# Fixed-delay detection state (PIP-448) kept in the topic's stats HASH.
+# Fixed-delay detection state (as Pulsar's InMemoryDelayedDeliveryTracker keeps it), kept in
+# the topic's stats HASH.
 HIGHEST_FIELD: Final = "highestDeliverAt"
 FIXED_FIELD: Final = "fixedDelay"
 SEEN_PREFIX: Final = "fdOffset:"  # + partition: last offset the detection has seen
@@ -128,8 +129,9 @@ class Ingest:
 
     def _detect(self, pipe: object, topic: str, parts: np.ndarray, offs: np.ndarray,
                 da: np.ndarray, tick: np.ndarray) -> None:
-        """PIP-448: the topic has a fixed delay while every new deliverAt is >= the highest
-        seen minus one tick. Records already seen (a replay) are skipped."""
+        """Fixed-delay detection as Pulsar's `InMemoryDelayedDeliveryTracker` does it
+        (`checkAndUpdateHighest`): the topic has a fixed delay while every new deliverAt is
+        >= the highest seen minus one tick. Records already seen (a replay) are skipped."""
         st = self._fixed_state(topic)
         fresh = np.ones(len(offs), dtype=bool)
         for p, last in st.seen.items():

@@ -57,7 +57,8 @@ _TOPIC_FAMILIES = {
     "dwell_tracker_next_due_at_ms": ("Earliest bucket start (ms since epoch)", "nextDueAt"),
     "dwell_tracker_drain_lag_ms": ("now - oldest due unclaimed bucket", "drainLagMs"),
     "dwell_tracker_fixed_delay_detected":
-        ("1 when PIP-448 fixed-delay detection holds", "fixedDelayDetected"),
+        ("1 while fixed-delay detection (as InMemoryDelayedDeliveryTracker) holds",
+         "fixedDelayDetected"),
 }
 _SUBSCRIPTION_FAMILIES = {
     "pulsar_subscription_delayed": "Delayed messages a subscription will receive",

@@ -15,14 +15,14 @@ their own so that the next chunk's scan of `dwell.delayed` does not read them to
 those runs plus the records published after the chunk was re-filed (delays shorter than
 about `lead_ms + chunk_ms`), which lie within the last `lead_ms + chunk_ms` of the log.
 
-A topic whose delays are fixed (PIP-448 detection, `fixedDelay` in its stats) is left
-alone: its buckets are dense already; so is a topic indexed from another Kafka topic
-than ours (`delayedTopic` in its stats). A crash between the writes and the completions
-leaves the claims to expire: the original positions return to the index beside the
-copies, and the bucket is delivered twice (the SDK drops the repeat by
-`dwell-message-id`), as for a drain crash. While a round works, its leases are renewed
-(dwell.index.leases) up to `max_round_ms`; a bucket whose lease was lost all the same is
-not written further, nor completed.
+A topic whose delays are fixed (detected as Pulsar's InMemoryDelayedDeliveryTracker
+does, `fixedDelay` in its stats) is left alone: its buckets are dense already; so is a
+topic indexed from another Kafka topic than ours (`delayedTopic` in its stats). A crash
+between the writes and the completions leaves the claims to expire: the original
+positions return to the index beside the copies, and the bucket is delivered twice (the
+SDK drops the repeat by `dwell-message-id`), as for a drain crash. While a round works,
+its leases are renewed (dwell.index.leases) up to `max_round_ms`; a bucket whose lease
+was lost all the same is not written further, nor completed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Figures about a topic's index, measured from Redis: message count (distinct
 positions), bytes (MEMORY USAGE of every key), buckets, due times, drain lag, the
-PIP-448 fixed-delay flag, per-subscription pending redeliveries; and the thread that
-keeps the tracker's metrics (`dwell.tracker.metrics.INDEX_STATS`) up to date with them."""
+fixed-delay flag (detected as Pulsar's InMemoryDelayedDeliveryTracker does),
+per-subscription pending redeliveries; and the thread that keeps the tracker's metrics
+(`dwell.tracker.metrics.INDEX_STATS`) up to date with them."""
 
 from __future__ import annotations
 

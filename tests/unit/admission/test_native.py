@@ -92,6 +92,24 @@ texts = st.text(max_size=12)
 clean_times = st.one_of(st.none(), st.integers(0, 3),
                         st.integers(NOW_MS - 10_000, NOW_MS + 90_000), st.just(MAX_LONG))
 any_times = st.one_of(clean_times, st.just(MAX_LONG + 1))
+# eventTime as Pulsar's class has it, a string; "" is not set.
+clean_event_times = st.one_of(clean_times, clean_times.map(lambda t: "" if t is None else str(t)))
+any_event_times = st.one_of(clean_event_times, any_times,
+                            st.sampled_from(["12a", " 1", "-1", "1.0", str(MAX_LONG + 1),
+                                             str(2**64)]))
+json_ints = st.integers(-2**63, 2**64 - 1)  # what orjson writes
+# Pulsar's fields dwell reads for their type only, and a field nobody knows.
+clean_extras = st.fixed_dictionaries({}, optional={
+    "context": texts, "replicationClusters": st.lists(texts, max_size=2),
+    "disableReplication": st.booleans(), "schemaVersion": st.integers(-2**63, 2**63 - 1),
+    "keySchema": st.none(), "valueSchema": texts, "encryptionParam": st.none(),
+    "compressionType": st.sampled_from(["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"]),
+    "uncompressedMessageSize": st.integers(-2**31, 2**31 - 1),
+    "colour": st.one_of(st.none(), texts, json_ints, st.lists(json_ints, max_size=2))})
+any_extras = st.one_of(clean_extras, st.fixed_dictionaries({}, optional={
+    "context": json_ints, "replicationClusters": texts, "disableReplication": st.just("yes"),
+    "schemaVersion": st.just(2**63), "compressionType": st.just("GZIP"),
+    "uncompressedMessageSize": st.just(2**31), "keySchema": st.just(5)}))
 clean_names = st.one_of(texts.filter(lambda n: not n.lower().startswith("dwell-")),
                         st.sampled_from(["app", "dwellz", "dwell"]))
 any_names = st.one_of(texts, st.sampled_from(["dwell-x", "DWELL-Y", "Dwell-z", "\u212a"]))
@@ -118,12 +136,12 @@ def messages(draw: st.DrawFn, clean: bool) -> dict[str, Any]:
     for field, values in (("key", st.one_of(st.none(), texts)),
                           ("properties", st.one_of(st.none(), st.dictionaries(names, texts,
                                                                               max_size=3))),
-                          ("eventTime", times), ("sequenceId", times),
-                          ("deliverAt", times), ("deliverAfterMs", times)):
+                          ("eventTime", clean_event_times if clean else any_event_times),
+                          ("sequenceId", times), ("deliverAt", times),
+                          ("deliverAfterMs", times)):
         if draw(st.booleans()):
             m[field] = draw(values)
-    if clean and m.get("deliverAt") is not None and m.get("deliverAfterMs") is not None:
-        del m["deliverAt"]
+    m.update(draw(clean_extras if clean else any_extras))
     return m
 
 
@@ -136,6 +154,9 @@ def requests(draw: st.DrawFn) -> bytes:
         body["producerName"] = draw(st.one_of(st.none(), texts))
     if draw(st.booleans()):
         body["payloadEncoding"] = draw(st.sampled_from([None, "base64", "utf-8"]))
+    if draw(st.booleans()):
+        body.update(schemaVersion=draw(st.integers(-1, 3)), keySchema=None,
+                    valueSchema=draw(st.one_of(st.none(), texts)))
     return orjson.dumps(body)
 
 
@@ -159,7 +180,8 @@ def test_the_answer_is_the_json_of_the_finished_results(
         return
     got = offsets[:len(plan.sends)]
     answer = publisher.answer(plan, got)
-    assert answer == orjson.dumps({"messagePublishResults": Publisher.finish(plan, got)})
+    assert answer == orjson.dumps({"messagePublishResults": Publisher.finish(plan, got),
+                                   "schemaVersion": 0})
 
 
 @pytest.mark.parametrize("raw", [
@@ -172,6 +194,14 @@ def test_the_answer_is_the_json_of_the_finished_results(
     b'{"messages": [{"payload": "a", "eventTime": -1}]}',
     b'[{"payload": "a"}]',
     b'{"messages": [{"payload": "a", "deliverAt": null, "deliverAfterMs": 5}]}',
+    b'{"messages": []}',
+    b'{"messages": [{"payload": "a", "eventTime": "18446744073709551616"}]}',
+    b'{"messages": [{"payload": "a", "eventTime": "9223372036854775808"}]}',
+    b'{"messages": [{"payload": "a", "eventTime": "0"}]}',
+    b'{"messages": [{"payload": "a", "eventTime": "\\u0661"}]}',
+    b'{"messages": [{"payload": "a", "deliverAt": 0, "deliverAfterMs": 0}]}',
+    b'{"messages": [{"payload": "a", "deliverAt": 1700000060000, "deliverAfterMs": 1}]}',
+    b'{"messages": [{"payload": "a", "compressionType": null, "x": {"y": [1, 2.5]}}]}',
 ])
 def test_plan_body_is_the_reference_plan_on_edge_bodies(publisher: Publisher,
                                                         raw: bytes) -> None:
@@ -195,11 +225,21 @@ def test_the_common_request_is_planned_by_the_extension_when_there_is_one(
     rejected = publisher.plan_body(t, orjson.dumps({"messages": [{"payload": "x",
                                                                   "deliverAfterMs": 9000}]}))
     assert rejected.rejected == 1
+    # a body as a Java client serialises Pulsar's ProducerMessages: every field sent
+    pulsar = publisher.plan_body(t, orjson.dumps({
+        "schemaVersion": -1, "keySchema": None, "valueSchema": None, "producerName": "rest",
+        "messages": [{"payload": "x", "properties": None, "context": "c", "key": "k",
+                      "replicationClusters": None, "eventTime": "1700000000000",
+                      "sequenceId": 0, "disableReplication": False, "deliverAt": 0,
+                      "deliverAfterMs": 3000, "schemaVersion": 0, "keySchema": None,
+                      "valueSchema": None, "encryptionParam": None, "compressionType": None,
+                      "uncompressedMessageSize": None}]}))
+    assert pulsar.delayed == 1
     # a message in error is handed back
     with pytest.raises(PublishError):
         publisher.plan_body(t, orjson.dumps({"messages": [{"payload": "x" * 65}]}))
     if spy is not None:
-        assert spy.answers == [True, True, False]
+        assert spy.answers == [True, True, True, False]
 
 
 def test_native_off_keeps_admission_on_the_python_path(

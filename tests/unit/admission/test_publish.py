@@ -65,7 +65,8 @@ def plan(pub: Publisher, topic: str, raw: bytes):  # type: ignore[no-untyped-def
     (body({"payload": base64.b64encode(b"y" * 11).decode(), "payloadEncoding": "base64"}), 400,
      "messages[0].payload"),
     (body(*[{"payload": "x"}] * 4), 400, "messages: 4 messages"),
-    (body(), 400, "messages: must contain"),
+    (body({"payload": "x", "eventTime": "9223372036854775808"}), 400,
+     "messages[0].eventTime: 9223372036854775808 is past Long.MAX_VALUE"),
     (body({"payload": "x", "properties": {"dwell-topic": "x"}}), 400,
      "messages[0].properties.dwell-topic"),
 ])
@@ -74,6 +75,13 @@ def test_request_limits(publisher: Publisher, raw: bytes, status: int, field: st
         plan(publisher, "persistent://acme/ns/x", raw)
     assert err.value.status == status
     assert field in err.value.reason
+
+
+def test_no_messages_is_an_empty_answer(publisher: Publisher) -> None:
+    # Pulsar answers 200 with no results (and writes nothing, so Kafka is not asked).
+    t = publisher.topic("persistent", "acme", "ns", "x")
+    assert asyncio.run(publisher.publish(t, body())) == (
+        b'{"messagePublishResults":[],"schemaVersion":0}')
 
 
 def test_unknown_namespace_and_tenant_are_404_on_both_domains(publisher: Publisher) -> None:
@@ -113,12 +121,61 @@ def test_per_message_errors_keep_the_rest_of_the_batch(publisher: Publisher) -> 
     p = plan(publisher, "persistent://acme/ns/x", body(
         {"payload": "a", "deliverAt": NOW_MS + 5001},
         {"payload": "!!", "payloadEncoding": "base64"},
-        {"payload": "c", "deliverAt": NOW_MS + 5000, "deliverAfterMs": 1}))
-    assert p.results[0] == {"errorCode": 2, "error": "NotAllowedError: Exceeds max allowed "
-                                                     "delivery delay of 5000 milliseconds"}
-    assert p.results[1] == {"errorCode": 2, "error": "payload is not valid base64"}
-    assert p.results[2]["errorCode"] == 2 and "deliverAfterMs" in p.results[2]["error"]
-    assert p.sends == []
+        {"payload": "c", "deliverAfterMs": 2000}))
+    # Pulsar's ProducerAck for a message not published: messageId -1 and an errorMsg.
+    assert p.results[0] == {
+        "messageId": "-1", "errorCode": 2, "schemaVersion": 0,
+        "errorMsg": "org.apache.pulsar.broker.service.BrokerServiceException$"
+                    "NotAllowedException: Exceeds max allowed delivery delay of 5000 "
+                    "milliseconds"}
+    assert p.results[1] == {"messageId": "-1", "errorCode": 2, "schemaVersion": 0,
+                            "errorMsg": "payload is not valid base64"}
+    assert p.results[2] == {"errorCode": 0, "schemaVersion": 0, "deliverAt": NOW_MS + 2000,
+                            "delayed": True}
+    assert [i for i in p.index] == [2]
+
+
+def test_deliver_at_wins_over_deliver_after_ms_and_zero_is_not_set(
+        publisher: Publisher) -> None:
+    # As Pulsar's producers: deliverAt when both are set. A Java client serialising
+    # ProducerMessage sends both, the one it does not use as 0.
+    p = plan(publisher, "persistent://acme/ns/x", body(
+        {"payload": "a", "deliverAt": NOW_MS + 3000, "deliverAfterMs": 60_000},
+        {"payload": "b", "deliverAt": 0, "deliverAfterMs": 4000},
+        {"payload": "c", "deliverAt": 0, "deliverAfterMs": 0}))
+    assert [(r["deliverAt"], r["delayed"]) for r in p.results] == [
+        (NOW_MS + 3000, True), (NOW_MS + 4000, True), (None, False)]
+
+
+def test_delays_count_from_when_admission_receives_the_message(publisher: Publisher) -> None:
+    """Pulsar's publishTime is the broker's clock; eventTime is the application's own
+    field. An old eventTime neither gets a message rejected nor shortens its delay."""
+    old = NOW_MS - 60_000
+    p = plan(publisher, "persistent://acme/ns/x", body(
+        {"payload": "a", "deliverAt": NOW_MS + 4000, "eventTime": old},
+        {"payload": "b", "deliverAfterMs": 4000, "eventTime": str(old)},
+        {"payload": "c", "deliverAfterMs": 4000, "eventTime": NOW_MS + 60_000}))
+    assert [(r["errorCode"], r["deliverAt"], r["delayed"]) for r in p.results] == [
+        (0, NOW_MS + 4000, True)] * 3
+    assert [s[4] for s in p.sends] == [NOW_MS] * 3
+    assert [dict(s[3])["dwell-publish-time"] for s in p.sends] == [str(NOW_MS).encode()] * 3
+    assert [dict(s[3])["dwell-event-time"] for s in p.sends] == [
+        str(old).encode(), str(old).encode(), str(NOW_MS + 60_000).encode()]
+    fixed = plan(publisher, "persistent://acme/fixed/x", body({"payload": "a",
+                                                              "eventTime": old}))
+    assert fixed.results[0]["deliverAt"] == NOW_MS + 60_000
+
+
+def test_pulsars_fields_and_unknown_ones_are_accepted_and_dropped(publisher: Publisher) -> None:
+    p = plan(publisher, "persistent://acme/ns/x", body(
+        {"payload": "a", "context": "c1", "replicationClusters": ["standalone"],
+         "disableReplication": True, "encryptionParam": "aXY=", "compressionType": "LZ4",
+         "uncompressedMessageSize": 1, "schemaVersion": 0, "keySchema": None,
+         "valueSchema": "eyJ0eXBlIjoiU1RSSU5HIn0=", "eventTime": "", "colour": "red"},
+        schemaVersion=-1, keySchema=None, valueSchema=None, somethingNew=[1]))
+    ((topic, value, key, headers, _),) = p.sends
+    assert (topic, value, key) == ("acme.ns.x", b"a", None)
+    assert sorted(dict(headers)) == ["dwell-producer", "dwell-publish-time", "dwell-topic"]
 
 
 def test_routing_and_headers(publisher: Publisher) -> None:
@@ -130,11 +187,13 @@ def test_routing_and_headers(publisher: Publisher) -> None:
     assert dict(h0 or []) == {"a": b"1", "dwell-topic": b"persistent://acme/ns/x",
                   "dwell-publish-time": str(NOW_MS).encode(), "dwell-producer": b"p1",
                   "dwell-sequence-id": b"7"}
-    assert (t1, k1, v1, ts1) == (names.DELAYED, b"persistent://acme/ns/x", b"later", NOW_MS - 10)
+    assert (t1, k1, v1, ts1) == (names.DELAYED, b"persistent://acme/ns/x", b"later", NOW_MS)
     h1d = dict(h1 or [])
-    assert h1d["dwell-deliver-at"] == str(NOW_MS + 4990).encode()
+    assert h1d["dwell-deliver-at"] == str(NOW_MS + 5000).encode()
+    assert h1d["dwell-event-time"] == str(NOW_MS - 10).encode()
     assert h1d["dwell-tick-time"] == b"1000" and h1d["dwell-key"] == b"k2"
-    assert p.results[1] == {"errorCode": 0, "deliverAt": NOW_MS + 4990, "delayed": True}
+    assert p.results[1] == {"errorCode": 0, "schemaVersion": 0, "deliverAt": NOW_MS + 5000,
+                            "delayed": True}
     offsets = [(3, 40), (1, 9)]
     results = Publisher.finish(p, offsets)
     assert results[0]["messageId"] == "acme.ns.x:3:40"
@@ -171,9 +230,8 @@ def test_a_publish_waiting_for_kafka_holds_neither_its_body_nor_its_records(
         publisher: Publisher, native: bool) -> None:
     t = publisher.topic("persistent", "acme", "ns", "x")
     publisher._ready_topics.add(t.kafka_topic)  # skip the admin call
-    # The Python plan takes a body the native one does not (two deliveries asked for).
-    second = {"payload": "b"} if native else {"payload": "b", "deliverAt": 1,
-                                               "deliverAfterMs": 1}
+    # The Python plan takes a body the native one does not (a payload in error).
+    second = {"payload": "b"} if native else {"payload": "!!", "payloadEncoding": "base64"}
     raw = body({"payload": "a", "key": "k"}, second)
     watched: list[weakref.ref[list[object]]] = []
     real_plan_body = publisher.plan_body
@@ -217,11 +275,11 @@ def test_answer_is_the_json_of_the_finished_results(publisher: Publisher) -> Non
                {"payload": "b", "deliverAfterMs": 4000, "properties": {"p": "1"}},
                {"payload": "c", "deliverAfterMs": 6000})  # over the max: rejected
     raw2 = body({"payload": "!", "payloadEncoding": "base64"},
-                {"payload": "d", "deliverAt": 1, "deliverAfterMs": 1},
+                {"payload": "d", "deliverAt": NOW_MS + 6000, "deliverAfterMs": 1},
                 {"payload": "e", "deliverAfterMs": 4000, "properties": {"p": "1"}})
     for topic, raw_body in (("persistent://acme/ns/x", raw), ("persistent://acme/ns/x", raw2),
                             ("non-persistent://acme/ns/x", raw)):
         offsets = [(p, 40 + p) for p in range(len(plan(publisher, topic, raw_body).sends))]
         want = orjson.dumps({"messagePublishResults": Publisher.finish(
-            plan(publisher, topic, raw_body), offsets)})
+            plan(publisher, topic, raw_body), offsets), "schemaVersion": 0})
         assert publisher.answer(plan(publisher, topic, raw_body), offsets) == want

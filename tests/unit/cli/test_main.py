@@ -37,6 +37,15 @@ def test_pulsar_short_options_parse() -> None:
         assert result.stderr.startswith(f"{name}: invalid duration '7q'")
 
 
+def test_applied_has_pulsar_admins_short_option() -> None:
+    # Parsed, the option lets the command go as far as its request, which port 1 refuses.
+    for group, target in (("namespaces", "t/ns"), ("topic-policies", "t/ns/x")):
+        result = CliRunner().invoke(app, [*NO_SERVER, group, "get-delayed-delivery", target,
+                                          "-ap"])
+        assert result.exit_code == 1
+        assert result.stderr.startswith("error: cannot reach the policy service"), result.stderr
+
+
 def test_every_command_has_help() -> None:
     groups = {"tenants": ["create", "list", "get", "delete"],
               "namespaces": ["create", "list", "delete", "set-delayed-delivery",

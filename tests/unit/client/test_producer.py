@@ -29,7 +29,16 @@ def producer(answer: Any, status: int = 200) -> tuple[Producer, list[dict[str, A
 
 
 def ok(message_id: str = "dwell.delayed:1:7") -> dict[str, Any]:
-    return {"messagePublishResults": [{"errorCode": 0, "messageId": message_id}]}
+    return {"messagePublishResults": [{"errorCode": 0, "schemaVersion": 0, "deliverAt": None,
+                                       "delayed": False, "messageId": message_id}],
+            "schemaVersion": 0}
+
+
+def failed(code: int, text: str) -> dict[str, Any]:
+    """Pulsar's ProducerAck for a message not published, in Pulsar's ProducerAcks."""
+    return {"messagePublishResults": [{"messageId": "-1", "errorCode": code,
+                                       "errorMsg": text, "schemaVersion": 0}],
+            "schemaVersion": 0}
 
 
 def test_returns_the_message_id_and_sends_pulsar_fields() -> None:
@@ -66,18 +75,20 @@ def test_both_delays_refused_before_sending() -> None:
 
 
 def test_error_code_2_is_not_allowed_with_server_text() -> None:
-    text = "NotAllowedError: Exceeds max allowed delivery delay of 5000 milliseconds"
-    p, _ = producer({"messagePublishResults": [{"errorCode": 2, "error": text}]})
+    text = ("org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException: "
+            "Exceeds max allowed delivery delay of 5000 milliseconds")
+    p, _ = producer(failed(2, text))
     with pytest.raises(NotAllowedError) as exc:
         p.send(b"x", deliver_after=60000)
     assert str(exc.value) == text and exc.value.error_code == 2
 
 
 def test_other_error_codes_and_http_errors_are_publish_errors() -> None:
-    p, _ = producer({"messagePublishResults": [{"errorCode": 1, "error": "boom"}]})
+    p, _ = producer(failed(1, "boom"))
     with pytest.raises(PublishError) as exc:
         p.send(b"x")
     assert not isinstance(exc.value, NotAllowedError) and exc.value.error_code == 1
+    assert str(exc.value) == "boom"
     p, _ = producer({"reason": "Namespace acme/orders does not exist"}, status=404)
     with pytest.raises(PublishError, match="404: Namespace acme/orders does not exist"):
         p.send(b"x")

@@ -96,7 +96,8 @@ def test_reject_texts() -> None:
     r = Reject.exceeding(5000)
     assert r.error == "Exceeds max allowed delivery delay of 5000 milliseconds"
     assert (
-        r.full_error == "NotAllowedError: Exceeds max allowed delivery delay of 5000 milliseconds"
+        r.full_error == "org.apache.pulsar.broker.service.BrokerServiceException$"
+        "NotAllowedException: Exceeds max allowed delivery delay of 5000 milliseconds"
     )
     assert r.error_code == 2
     assert Reject.error_code == 2

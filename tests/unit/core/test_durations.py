@@ -16,6 +16,8 @@ from dwell.core.durations import MAX_DURATION_MS, format_duration_ms, parse_dura
         ("2w", 1_209_600_000),
         ("0", 0),
         ("5", 5000),  # bare integer = seconds, as RelativeTimeUtil
+        ("500", 500_000),  # seconds, not ms: pulsar-admin's -t 500 is 500 s
+        ("1y", 31_536_000_000),  # RelativeTimeUtil's y is 365 days
         ("10MS", 10),
         ("1S", 1000),
         ("1M", 60_000),
@@ -60,6 +62,7 @@ def test_parse_rejects_overflow() -> None:
         (3_600_000, "1h"),
         (86_400_000 + 1000, "1d1s"),
         (1_209_600_000, "2w"),
+        (31_536_000_000 + 7 * 86_400_000, "1y1w"),
     ],
 )
 def test_format(ms: int, text: str) -> None:
