@@ -1,0 +1,140 @@
+"""The real `pulsar-admin` (Apache Pulsar 4.0's PulsarAdminTool) against the policy service:
+each command's exit code and output, as a Pulsar standalone broker would give them.
+
+The bulk runs in one JVM (AdminBatch.java); each command family also runs once as its own
+`pulsar-admin` process. docs/pulsar-compatibility.md's admin table lists these commands."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from compat.conftest import PulsarAdmin, Result
+
+
+@dataclass(frozen=True)
+class Step:
+    args: tuple[str, ...]
+    endpoint: str  # the REST call(s) the command makes
+    rc: int = 0
+    out: str | None = None  # stdout exactly
+    out_json: object = None  # stdout parsed as JSON
+    out_lines: frozenset[str] | None = None  # stdout lines, in any order (Pulsar sends sets)
+    err: str | None = None  # text stderr must contain
+
+    def check(self, got: Result) -> str | None:
+        problems = []
+        if got.rc != self.rc:
+            problems.append(f"exit {got.rc}, expected {self.rc}")
+        if self.out is not None and got.out != self.out:
+            problems.append(f"stdout {got.out!r}, expected {self.out!r}")
+        if self.out_json is not None:
+            try:
+                parsed = json.loads(got.out)
+            except ValueError:
+                parsed = got.out
+            if parsed != self.out_json:
+                problems.append(f"stdout {got.out!r}, expected JSON {self.out_json!r}")
+        if self.out_lines is not None and frozenset(got.out.split()) != self.out_lines:
+            problems.append(f"stdout lines {got.out.split()!r}, expected {set(self.out_lines)!r}")
+        if self.err is not None and self.err not in got.err:
+            problems.append(f"stderr {got.err!r} lacks {self.err!r}")
+        return "; ".join(problems) or None
+
+
+def scenario(t: str) -> list[Step]:
+    """One tenant's life through pulsar-admin, the error cases included. pulsar-admin 4.0
+    reads a policy into its own DelayedDeliveryPolicies, which has no fixed delay (PIP-437
+    came later): what it prints has three fields whatever the service sends."""
+    ns, topic = f"{t}/ns", f"persistent://{t}/ns/x"
+    t2 = t + "b"
+    ns_dd = f"/admin/v2/namespaces/{ns}/delayedDelivery"
+    topic_dd = f"/admin/v2/persistent/{t}/ns/x/delayedDelivery"
+    return [
+        Step(("clusters", "list"), "GET /admin/v2/clusters", out="standalone\n"),
+        Step(("tenants", "create", t, "-c", "standalone"), "PUT /admin/v2/tenants/{tenant}"),
+        # the quickstart form: pulsar-admin asks for the clusters and allows them all
+        Step(("tenants", "create", t2), "GET /admin/v2/clusters, PUT /admin/v2/tenants/{tenant}"),
+        Step(("tenants", "get", t2), "GET /admin/v2/tenants/{tenant}",
+             out_json={"adminRoles": [], "allowedClusters": ["standalone"]}),
+        Step(("tenants", "update", t2, "-r", "ops"),
+             "GET /admin/v2/tenants/{tenant}, POST /admin/v2/tenants/{tenant}"),
+        Step(("tenants", "get", t2), "GET /admin/v2/tenants/{tenant}",
+             out_json={"adminRoles": ["ops"], "allowedClusters": ["standalone"]}),
+        Step(("tenants", "list"), "GET /admin/v2/tenants", rc=0),
+        Step(("tenants", "create", t, "-c", "standalone"), "PUT /admin/v2/tenants/{tenant}",
+             rc=1, err="Tenant already exist"),
+        Step(("tenants", "create", t + "c", "-c", "nowhere"), "PUT /admin/v2/tenants/{tenant}",
+             rc=1, err="Clusters do not exist"),
+        Step(("tenants", "update", t + "c", "-r", "ops", "-c", "standalone"),
+             "POST /admin/v2/tenants/{tenant}", rc=1, err=f"Tenant {t}c not found"),
+        Step(("tenants", "delete", t2), "DELETE /admin/v2/tenants/{tenant}"),
+        Step(("namespaces", "create", ns), "PUT /admin/v2/namespaces/{tenant}/{namespace}"),
+        Step(("namespaces", "create", ns), "PUT /admin/v2/namespaces/{tenant}/{namespace}",
+             rc=1, err="Namespace already exists"),
+        Step(("namespaces", "list", t), "GET /admin/v2/namespaces/{tenant}", out=f"{ns}\n"),
+        Step(("namespaces", "list", t + "c"), "GET /admin/v2/namespaces/{tenant}",
+             rc=1, err="Tenant not found"),
+        Step(("namespaces", "get-delayed-delivery", ns), f"GET {ns_dd}", out="null\n"),
+        Step(("namespaces", "set-delayed-delivery", ns, "-e", "-t", "2s", "-md", "10s"),
+             f"POST {ns_dd}"),
+        Step(("namespaces", "get-delayed-delivery", ns), f"GET {ns_dd}",
+             out_json={"active": True, "tickTime": 2000, "maxDeliveryDelayInMillis": 10000}),
+        Step(("namespaces", "get-delayed-delivery", f"{t}/missing"), f"GET {ns_dd}",
+             rc=1, err="Namespace does not exist"),
+        Step(("topicPolicies", "set-delayed-delivery", topic, "-e", "-t", "3s"),
+             f"POST {topic_dd}"),
+        Step(("topicPolicies", "get-delayed-delivery", topic), f"GET {topic_dd}",
+             out_json={"active": True, "tickTime": 3000, "maxDeliveryDelayInMillis": 0}),
+        Step(("topicPolicies", "get-delayed-delivery", topic, "-ap"), f"GET {topic_dd}?applied",
+             out_json={"active": True, "tickTime": 3000, "maxDeliveryDelayInMillis": 0}),
+        Step(("topicPolicies", "remove-delayed-delivery", topic), f"DELETE {topic_dd}"),
+        Step(("topicPolicies", "get-delayed-delivery", topic, "-ap"), f"GET {topic_dd}?applied",
+             out_json={"active": True, "tickTime": 2000, "maxDeliveryDelayInMillis": 10000}),
+        Step(("namespaces", "remove-delayed-delivery", ns), f"DELETE {ns_dd}"),
+        Step(("namespaces", "get-delayed-delivery", ns), f"GET {ns_dd}", out="null\n"),
+        Step(("tenants", "delete", t), "DELETE /admin/v2/tenants/{tenant}",
+             rc=1, err="The tenant still has active namespaces"),
+        Step(("namespaces", "delete", ns), "DELETE /admin/v2/namespaces/{tenant}/{namespace}"),
+        Step(("namespaces", "delete", ns), "DELETE /admin/v2/namespaces/{tenant}/{namespace}",
+             rc=1, err=f"Namespace {ns} does not exist."),
+        Step(("tenants", "delete", t), "DELETE /admin/v2/tenants/{tenant}"),
+        Step(("tenants", "delete", t), "DELETE /admin/v2/tenants/{tenant}",
+             rc=1, err="Tenant doesn't exist"),
+    ]
+
+
+def _failures(steps: list[Step], results: list[Result]) -> list[str]:
+    return [f"pulsar-admin {' '.join(step.args)}: {problem}"
+            for step, got in zip(steps, results, strict=True)
+            if (problem := step.check(got))]
+
+
+def test_pulsar_admin_scenario(pulsar_admin: PulsarAdmin, unique: str, tmp_path: Path) -> None:
+    steps = scenario(unique)
+    results = pulsar_admin.batch([s.args for s in steps], tmp_path)
+    failures = _failures(steps, results)
+    listed = set(results[[s.args for s in steps].index(("tenants", "list"))].out.split())
+    if not {unique, unique + "b"} <= listed:
+        failures.append(f"pulsar-admin tenants list: {sorted(listed)} lacks {unique}")
+    commands = {" ".join(s.args[:2]) for s in steps}
+    endpoints = {e.strip().split("?")[0] for s in steps for e in s.endpoint.split(",")}
+    print(f"\npulsar-admin scenario: {len(steps)} command lines, {len(commands)} commands, "
+          f"{len(endpoints)} endpoints, {len(steps) - len(failures)} as Pulsar answers them")
+    assert not failures, "\n".join(failures)
+
+
+def test_each_command_family_as_its_own_process(pulsar_admin: PulsarAdmin, unique: str) -> None:
+    """The `pulsar-admin` entry point itself, once per command family: its exit code is
+    what scripts see (PulsarAdminTool halts the JVM with it)."""
+    steps = [
+        Step(("clusters", "list"), "", out="standalone\n"),
+        Step(("tenants", "create", unique), ""),
+        Step(("namespaces", "create", f"{unique}/ns"), ""),
+        Step(("topicPolicies", "get-delayed-delivery", f"persistent://{unique}/ns/x", "-ap"), "",
+             out_json={"active": True, "tickTime": 1000, "maxDeliveryDelayInMillis": 0}),
+        Step(("tenants", "create", unique), "", rc=1, err="Tenant already exist"),
+    ]
+    failures = _failures(steps, [pulsar_admin.cli(*s.args) for s in steps])
+    assert not failures, "\n".join(failures)
