@@ -52,7 +52,12 @@ def scenario(t: str) -> list[Step]:
     ns_dd = f"/admin/v2/namespaces/{ns}/delayedDelivery"
     topic_dd = f"/admin/v2/persistent/{t}/ns/x/delayedDelivery"
     return [
-        Step(("clusters", "list"), "GET /admin/v2/clusters", out="standalone\n"),
+        Step(("clusters", "list"),
+             "GET /admin/v2/clusters, GET /admin/v2/brokers/configuration/runtime",
+             out="standalone\n"),
+        Step(("clusters", "list", "--current"),
+             "GET /admin/v2/clusters, GET /admin/v2/brokers/configuration/runtime",
+             out="standalone(*)\n"),
         Step(("tenants", "create", t, "-c", "standalone"), "PUT /admin/v2/tenants/{tenant}"),
         # the quickstart form: pulsar-admin asks for the clusters and allows them all
         Step(("tenants", "create", t2), "GET /admin/v2/clusters, PUT /admin/v2/tenants/{tenant}"),

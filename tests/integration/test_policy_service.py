@@ -40,14 +40,41 @@ def test_tenants(http: httpx.Client, unique: str) -> None:
     assert http.get(f"/admin/v2/tenants/{unique}").json() == body
     assert unique in http.get("/admin/v2/tenants").json()
     again = http.put(f"/admin/v2/tenants/{unique}")
-    assert (again.status_code, _reason(again)) == (409, "Tenant already exists")
+    assert (again.status_code, _reason(again)) == (409, "Tenant already exist")
     assert http.delete(f"/admin/v2/tenants/{unique}").status_code == 204
     assert unique not in http.get("/admin/v2/tenants").json()
-    for resp in (http.get(f"/admin/v2/tenants/{unique}"),
-                 http.delete(f"/admin/v2/tenants/{unique}"),
-                 http.get(f"/admin/v2/namespaces/{unique}"),
-                 http.put(f"/admin/v2/namespaces/{unique}/ns")):
-        assert (resp.status_code, _reason(resp)) == (404, "Tenant does not exist")
+    # Pulsar's texts, which differ from call to call
+    for resp, reason in ((http.get(f"/admin/v2/tenants/{unique}"), "Tenant does not exist"),
+                         (http.delete(f"/admin/v2/tenants/{unique}"), "Tenant doesn't exist"),
+                         (http.get(f"/admin/v2/namespaces/{unique}"), "Tenant not found"),
+                         (http.put(f"/admin/v2/namespaces/{unique}/ns"), "Tenant does not exist"),
+                         (http.post(f"/admin/v2/tenants/{unique}", json=body),
+                          f"Tenant {unique} not found")):
+        assert (resp.status_code, _reason(resp)) == (404, reason)
+
+
+def test_clusters(http: httpx.Client) -> None:
+    assert http.get("/admin/v2/clusters").json() == ["standalone"]
+    runtime = http.get("/admin/v2/brokers/configuration/runtime").json()
+    assert runtime["clusterName"] == "standalone"
+    assert runtime["delayedDeliveryTickTimeMillis"] == "1000"
+
+
+def test_tenant_update_and_allowed_clusters(http: httpx.Client, unique: str) -> None:
+    assert http.put(f"/admin/v2/tenants/{unique}",
+                    json={"allowedClusters": ["standalone"]}).status_code == 204
+    update = {"adminRoles": ["ops"], "allowedClusters": ["global"]}
+    assert http.post(f"/admin/v2/tenants/{unique}", json=update).status_code == 204
+    assert http.get(f"/admin/v2/tenants/{unique}").json() == update
+    for body, reason in (({"allowedClusters": ["elsewhere"]}, "Clusters do not exist"),
+                         ({"allowedClusters": [" "]}, "Clusters cannot be empty or blank"),
+                         ({"adminRoles": [" ops"]},
+                          "AdminRoles contains whitespace in the beginning or end.")):
+        for resp in (http.put(f"/admin/v2/tenants/{unique}x", json=body),
+                     http.post(f"/admin/v2/tenants/{unique}", json=body)):
+            assert (resp.status_code, _reason(resp)) == (412, reason)
+    assert http.get(f"/admin/v2/tenants/{unique}").json() == update
+    assert http.get(f"/admin/v2/tenants/{unique}x").status_code == 404
 
 
 def test_tenant_body_without_body_and_bad_bodies(http: httpx.Client, unique: str) -> None:
@@ -65,7 +92,8 @@ def test_tenant_body_without_body_and_bad_bodies(http: httpx.Client, unique: str
                                               ("a!b", "may only contain")])
 def test_bad_tenant_names(http: httpx.Client, tenant: str, word: str) -> None:
     resp = http.put(f"/admin/v2/tenants/{tenant}")
-    assert resp.status_code == 400
+    assert resp.status_code == 412
+    assert _reason(resp).startswith("Tenant name is not valid: ")
     assert word in _reason(resp)
 
 
@@ -77,12 +105,16 @@ def test_namespaces(http: httpx.Client, unique: str) -> None:
     again = http.put(f"/admin/v2/namespaces/{ns}")
     assert (again.status_code, _reason(again)) == (409, "Namespace already exists")
     busy = http.delete(f"/admin/v2/tenants/{unique}")
-    assert busy.status_code == 409 and "namespaces" in _reason(busy)
+    assert (busy.status_code, _reason(busy)) == (409, "The tenant still has active namespaces")
     bad = http.put(f"/admin/v2/namespaces/{unique}/a!b")
-    assert bad.status_code == 400 and "namespace name" in _reason(bad)
+    assert bad.status_code == 412
+    assert _reason(bad).startswith("Namespace name is not valid: ")
     assert http.delete(f"/admin/v2/namespaces/{unique}/other").status_code == 204
     gone = http.get(f"/admin/v2/namespaces/{unique}/other")
-    assert (gone.status_code, _reason(gone)) == (404, "Namespace policies does not exist")
+    assert (gone.status_code, _reason(gone)) == (404, "Namespace does not exist")
+    again = http.delete(f"/admin/v2/namespaces/{unique}/other")
+    assert (again.status_code, _reason(again)) == (
+        404, f"Namespace {unique}/other does not exist.")
     assert http.get(f"/admin/v2/namespaces/{unique}").json() == [ns]
 
 
@@ -118,7 +150,7 @@ def test_namespace_policy_lifecycle(http: httpx.Client, unique: str) -> None:
     for method in ("GET", "POST", "DELETE"):
         resp = http.request(method, f"/admin/v2/namespaces/{unique}/nope/delayedDelivery",
                             json={"active": True} if method == "POST" else None)
-        assert (resp.status_code, _reason(resp)) == (404, "Namespace policies does not exist")
+        assert (resp.status_code, _reason(resp)) == (404, "Namespace does not exist")
 
 
 BAD_BODIES = [
@@ -174,7 +206,7 @@ def test_topic_policy_and_applied_inherits_field_by_field(http: httpx.Client,
         "active": False, "tickTime": 1000, "maxDeliveryDelayInMillis": 0,
         "fixedDeliveryDelayInMillis": 300}
     busy = http.delete(f"/admin/v2/namespaces/{ns}")
-    assert busy.status_code == 409 and "topic" in _reason(busy)
+    assert (busy.status_code, _reason(busy)) == (409, "Cannot delete non empty namespace")
     assert http.delete(topic_url, params={"isGlobal": "false"}).status_code == 204
     assert http.get(topic_url).text == "null"
     assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
@@ -186,11 +218,11 @@ def test_topic_policy_needs_namespace_and_a_valid_name(http: httpx.Client, uniqu
     for method in ("GET", "POST", "DELETE"):
         resp = http.request(method, f"/admin/v2/persistent/{unique}/nope/x/delayedDelivery",
                             json={"tickTime": 5} if method == "POST" else None)
-        assert (resp.status_code, _reason(resp)) == (404, "Namespace policies does not exist")
+        assert (resp.status_code, _reason(resp)) == (404, "Namespace does not exist")
     bad = http.post(f"/admin/v2/persistent/{ns}/a%20b/delayedDelivery", json={"tickTime": 5})
-    assert bad.status_code == 400 and "whitespace" in _reason(bad)
+    assert bad.status_code == 412 and "whitespace" in _reason(bad)
     reserved = http.get("/admin/v2/persistent/dwell/ns/x/delayedDelivery")
-    assert reserved.status_code == 400 and "reserved" in _reason(reserved)
+    assert reserved.status_code == 412 and "reserved" in _reason(reserved)
     query = http.get(f"/admin/v2/persistent/{ns}/x/delayedDelivery", params={"applied": "maybe"})
     assert query.status_code == 400 and "applied" in _reason(query)
 

@@ -9,7 +9,8 @@ acknowledge, the answer is 503: the change is saved and the feed catches up once
 back.
 
 Responses (the JSON shapes):
-- `GET /admin/v2/tenants` → `["t1", ...]`; `GET /admin/v2/tenants/{t}` → TenantInfo
+- `GET /admin/v2/clusters` → `["standalone"]` (the `cluster` setting);
+  `GET /admin/v2/tenants` → `["t1", ...]`; `GET /admin/v2/tenants/{t}` → TenantInfo
   `{"adminRoles": [...], "allowedClusters": [...]}`.
 - `GET /admin/v2/namespaces/{t}` → `["t/ns", ...]`;
   `GET /admin/v2/namespaces/{t}/{ns}` → `{"delayed_delivery_policies": <policy or null>}`.
@@ -55,18 +56,22 @@ _TENANT_BODY = {"requestBody": {"required": False, "content": {"application/json
     "schema": TenantInfo.model_json_schema()}}}}
 
 
+# An invalid name is Pulsar's 412 with Pulsar's text, followed by what is wrong with it.
+INVALID = 412
+
+
 def _tenant(name: str) -> str:
     try:
         return validate_tenant(name)
     except InvalidTopicName as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(INVALID, f"Tenant name is not valid: {exc}") from exc
 
 
 def _namespace(tenant: str, namespace: str) -> str:
     try:
         validate_namespace(tenant, namespace)
     except InvalidTopicName as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(INVALID, f"Namespace name is not valid: {exc}") from exc
     return f"{tenant}/{namespace}"
 
 
@@ -74,7 +79,24 @@ def _topic(tenant: str, namespace: str, topic: str) -> TopicName:
     try:
         return TopicName.of(PERSISTENT, tenant, namespace, topic)
     except InvalidTopicName as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(INVALID, f"Topic name is not valid: {exc}") from exc
+
+
+# Pulsar's "all clusters" name, which allowedClusters may always hold.
+GLOBAL_CLUSTER = "global"
+
+
+def _check_tenant_info(info: TenantInfo, cluster: str) -> TenantInfo:
+    """Pulsar's checks of a TenantInfo (TenantsBase.validateClustersAsync and
+    validateAdminRoleAsync), except that an empty allowedClusters is accepted: dwell has
+    one cluster, which every tenant may use."""
+    if any(not c.strip() for c in info.allowedClusters):
+        raise ApiError(412, "Clusters cannot be empty or blank")
+    if any(c not in (cluster, GLOBAL_CLUSTER) for c in info.allowedClusters):
+        raise ApiError(412, "Clusters do not exist")
+    if any(role.strip() != role for role in info.adminRoles):
+        raise ApiError(412, "AdminRoles contains whitespace in the beginning or end.")
+    return info
 
 
 async def _policy_body(request: Request) -> DelayedDeliveryPolicies:
@@ -205,6 +227,27 @@ def build_app(settings: PolicySettings) -> FastAPI:
                                     "back") from exc
         return Response(status_code=NO_CONTENT)
 
+    # -- clusters: dwell is one cluster, named by the `cluster` setting
+
+    @app.get("/admin/v2/clusters", tags=["clusters"])
+    async def list_clusters() -> list[str]:
+        return [settings.cluster]
+
+    # `pulsar-admin clusters list` reads clusterName here to mark the current cluster.
+    # Values are strings, as Pulsar sends them; only the settings dwell has are listed.
+    runtime_config = {
+        "clusterName": settings.cluster,
+        "delayedDeliveryEnabled": str(broker.enabled).lower(),
+        "delayedDeliveryTickTimeMillis": str(broker.tick_time_ms),
+        "delayedDeliveryMaxDelayInMillis": str(broker.max_delay_ms),
+        "isDelayedDeliveryDeliverAtTimeStrict": str(broker.strict).lower(),
+        "delayedDeliveryFixedDelayDetectionLookahead": str(broker.fixed_delay_detection_lookahead),
+    }
+
+    @app.get("/admin/v2/brokers/configuration/runtime", tags=["clusters"])
+    async def runtime_configuration() -> dict[str, str]:
+        return runtime_config
+
     # -- tenants
 
     @app.get("/admin/v2/tenants", tags=["tenants"])
@@ -215,8 +258,15 @@ def build_app(settings: PolicySettings) -> FastAPI:
              openapi_extra=_TENANT_BODY)
     async def create_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
-        return await commit("tenant_create",
-                            await store.create_tenant(name, await _tenant_body(request)))
+        info = _check_tenant_info(await _tenant_body(request), settings.cluster)
+        return await commit("tenant_create", await store.create_tenant(name, info))
+
+    @app.post("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
+              openapi_extra=_TENANT_BODY)
+    async def update_tenant(tenant: str, request: Request) -> Response:
+        name = _tenant(tenant)
+        info = _check_tenant_info(await _tenant_body(request), settings.cluster)
+        return await commit("tenant_update", await store.update_tenant(name, info))
 
     @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"])
     async def get_tenant(tenant: str) -> Response:

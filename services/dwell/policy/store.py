@@ -22,11 +22,24 @@ from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import TopicName
 from dwell.http import ApiError
 
-# Pulsar's texts, which pulsar-admin users grep for.
-TENANT_MISSING = "Tenant does not exist"
-TENANT_EXISTS = "Tenant already exists"
-NAMESPACE_MISSING = "Namespace policies does not exist"
+# Pulsar 4.0's texts (pulsar-broker's TenantsBase, NamespacesBase, AdminResource), which
+# pulsar-admin prints and its users grep for; Pulsar words one case differently per call.
+TENANT_MISSING = "Tenant does not exist"  # get a tenant, create a namespace in it
+TENANT_MISSING_ON_DELETE = "Tenant doesn't exist"
+TENANT_MISSING_ON_LIST = "Tenant not found"  # list its namespaces
+TENANT_EXISTS = "Tenant already exist"
+TENANT_NOT_EMPTY = "The tenant still has active namespaces"
+NAMESPACE_MISSING = "Namespace does not exist"
 NAMESPACE_EXISTS = "Namespace already exists"
+NAMESPACE_NOT_EMPTY = "Cannot delete non empty namespace"
+
+
+def tenant_missing_on_update(tenant: str) -> str:
+    return f"Tenant {tenant} not found"
+
+
+def namespace_missing_on_delete(ns: str) -> str:
+    return f"Namespace {ns} does not exist."
 
 # Return codes of lua/put-5.lua, remove-6.lua and namespace_delete-6.lua.
 ABSENT = 0
@@ -153,6 +166,17 @@ class PolicyStore:
             raise ApiError(409, TENANT_EXISTS)
         return [(scope, int(v))]
 
+    async def update_tenant(self, name: str, info: TenantInfo) -> list[Change]:
+        scope = tenant_scope(name)
+        # The tenant record is its own parent: the update writes only over an existing one.
+        v = await self._run(
+            "put", [keys.POLICY_VERSION, keys.tenant(name), keys.tenant(name), keys.TENANTS,
+                    keys.POLICY_SCOPES],
+            ["1", "0", name, scope, _tail(scope, tenant=info.model_dump())])
+        if v == PARENT_MISSING:
+            raise ApiError(404, tenant_missing_on_update(name))
+        return [(scope, int(v))]
+
     async def get_tenant(self, name: str) -> TenantInfo:
         raw = await self.redis.get(keys.tenant(name))
         if raw is None:
@@ -169,10 +193,9 @@ class PolicyStore:
                        keys.namespaces(name), keys.TENANTS, keys.POLICY_SCOPES],
             ["0", scope, "1", name])
         if v == ABSENT:
-            raise ApiError(404, TENANT_MISSING)
+            raise ApiError(404, TENANT_MISSING_ON_DELETE)
         if v == NOT_EMPTY:
-            raise ApiError(409, f"Cannot delete tenant {name}: it still has namespaces; "
-                                "delete them first")
+            raise ApiError(409, TENANT_NOT_EMPTY)
         return [(scope, int(v))]
 
     # -- namespaces (`ns` is `tenant/namespace`)
@@ -196,7 +219,7 @@ class PolicyStore:
             pipe.smembers(keys.namespaces(tenant_name))
             exists, members = await pipe.execute()
         if not exists:
-            raise ApiError(404, TENANT_MISSING)
+            raise ApiError(404, TENANT_MISSING_ON_LIST)
         return sorted(m.decode() for m in members)
 
     async def delete_namespace(self, ns: str) -> list[Change]:
@@ -207,10 +230,10 @@ class PolicyStore:
              keys.namespace_policy(ns), keys.namespaces(tenant_name), keys.POLICY_SCOPES],
             [namespace_scope(ns), namespace_policy_scope(ns), ns])
         if code == ABSENT:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise ApiError(404, namespace_missing_on_delete(ns))
         if code == NOT_EMPTY:
-            raise ApiError(409, f"Cannot delete namespace {ns}: topics in it still have "
-                                "delayed-delivery policies; remove them first")
+            # dwell's namespace holds topics once a topic policy names them.
+            raise ApiError(409, NAMESPACE_NOT_EMPTY)
         changes = [(namespace_policy_scope(ns), int(v_policy))] if v_policy else []
         return [*changes, (namespace_scope(ns), int(v_ns))]
 
