@@ -162,10 +162,30 @@ BAD_BODIES = [
     ('{"fixedDeliveryDelayInMillis": 9223372036854775808}', "fixedDeliveryDelayInMillis",
      "must be <= 9223372036854775807"),
     ('{"active": "yes"}', "active", "must be true or false"),
-    ('{"maxDelay": 5}', "maxDelay", "unknown field"),
     ('{"tickTime": 1', "body", "is not valid JSON"),
     ("[1]", "body", "must be a JSON object"),
 ]
+
+
+def test_policy_body_as_pulsar_reads_it(http: httpx.Client, unique: str) -> None:
+    """Unknown fields are ignored (Pulsar's Jackson does so), missing ones inherit."""
+    ns = _namespace(http, unique)
+    for url in (f"/admin/v2/namespaces/{ns}/delayedDelivery",
+                f"/admin/v2/persistent/{ns}/x/delayedDelivery"):
+        body = {"tickTime": 250, "maxDelay": 5, "fixedDeliveryDelayInMillis": None,
+                "someNewerField": {"a": [1]}}
+        assert http.post(url, json=body).status_code == 204
+        assert http.get(url).json() == {"tickTime": 250}
+        assert http.get(url, params={"applied": "true"}).json() == {
+            "active": True, "tickTime": 250, "maxDeliveryDelayInMillis": 0,
+            "fixedDeliveryDelayInMillis": 0}
+        bad = http.post(url, json={"tickTime": 0, "maxDelay": 5})
+        assert (bad.status_code, _reason(bad)) == (400, "tickTime: must be >= 1")
+    created = http.put(f"/admin/v2/namespaces/{unique}/n2", json={
+        "delayed_delivery_policies": {"active": False, "unknown": 1}})
+    assert created.status_code == 204
+    assert http.get(f"/admin/v2/namespaces/{unique}/n2/delayedDelivery").json() == {
+        "active": False}
 
 
 @pytest.mark.parametrize(("body", "field", "message"), BAD_BODIES)

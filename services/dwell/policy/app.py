@@ -32,6 +32,7 @@ import pydantic
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ConfigDict
 
 from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
@@ -99,11 +100,25 @@ def _check_tenant_info(info: TenantInfo, cluster: str) -> TenantInfo:
     return info
 
 
+class _PolicyBody(DelayedDeliveryPolicies):
+    """A policy body as Pulsar's Jackson reads it: unknown fields are ignored, so that a
+    newer client's extra fields do not break every set. The values stay strictly checked
+    ("5000", 5.5, true, negatives, tickTime 0 and overflow are 400s, where Pulsar would
+    coerce or store them)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+def _parse_policy(raw: str | bytes) -> DelayedDeliveryPolicies:
+    return DelayedDeliveryPolicies.model_validate(
+        _PolicyBody.model_validate_json(raw).model_dump(exclude_none=True))
+
+
 async def _policy_body(request: Request) -> DelayedDeliveryPolicies:
     # Parsed here rather than by FastAPI so that strictness holds: "5000", 5.5 and true
     # are refused for the millisecond fields instead of being coerced.
     try:
-        return DelayedDeliveryPolicies.model_validate_json(await request.body())
+        return _parse_policy(await request.body())
     except pydantic.ValidationError as exc:
         raise ApiError(400, validation_reason(exc)) from exc
 
@@ -135,7 +150,7 @@ async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
     if policy is None:
         return None
     try:
-        return DelayedDeliveryPolicies.model_validate_json(orjson.dumps(policy))
+        return _parse_policy(orjson.dumps(policy))
     except pydantic.ValidationError as exc:
         raise ApiError(400, "delayed_delivery_policies." + validation_reason(exc)) from exc
 
