@@ -210,7 +210,7 @@ def test_topic_policy_and_applied_inherits_field_by_field(http: httpx.Client,
                            "fixedDeliveryDelayInMillis": 300}).status_code == 204
     assert http.post(topic_url, json={"tickTime": 50},
                      params={"isGlobal": "true"}).status_code == 204
-    assert http.get(topic_url).json() == {"tickTime": 50}
+    assert http.get(topic_url, params={"isGlobal": "true"}).json() == {"tickTime": 50}
     # tickTime from the topic, max and fixed from the namespace, active from the broker.
     assert http.get(topic_url, params={"applied": "true"}).json() == {
         "active": True, "tickTime": 50, "maxDeliveryDelayInMillis": 10_000,
@@ -219,18 +219,53 @@ def test_topic_policy_and_applied_inherits_field_by_field(http: httpx.Client,
                     params={"applied": "true"}).json() == {
         "active": True, "tickTime": 1000, "maxDeliveryDelayInMillis": 10_000,
         "fixedDeliveryDelayInMillis": 300}
-    # The topic overrides one namespace field; the other still inherits.
+    # The local topic policy overrides one namespace field; the other still inherits,
+    # and the global tickTime stays under it.
     assert http.post(topic_url, json={"active": False, "maxDeliveryDelayInMillis": 0}
                      ).status_code == 204
     assert http.get(topic_url, params={"applied": "true"}).json() == {
-        "active": False, "tickTime": 1000, "maxDeliveryDelayInMillis": 0,
+        "active": False, "tickTime": 50, "maxDeliveryDelayInMillis": 0,
         "fixedDeliveryDelayInMillis": 300}
     busy = http.delete(f"/admin/v2/namespaces/{ns}")
     assert (busy.status_code, _reason(busy)) == (409, "Cannot delete non empty namespace")
     assert http.delete(topic_url, params={"isGlobal": "false"}).status_code == 204
     assert http.get(topic_url).text == "null"
+    assert http.delete(topic_url, params={"isGlobal": "true"}).status_code == 204
     assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
     assert http.delete(f"/admin/v2/tenants/{unique}").status_code == 204
+
+
+def test_local_and_global_topic_policies(http: httpx.Client, unique: str) -> None:
+    """`isGlobal` keeps a second topic policy; the topic runs with local over global over
+    namespace over broker, field by field (Pulsar's PolicyHierarchyValue)."""
+    ns = _namespace(http, unique)
+    url = f"/admin/v2/persistent/{ns}/x/delayedDelivery"
+    glob = {"isGlobal": "true"}
+    assert http.post(f"/admin/v2/namespaces/{ns}/delayedDelivery",
+                     json={"fixedDeliveryDelayInMillis": 40}).status_code == 204
+    assert http.post(url, json={"tickTime": 500}).status_code == 204
+    assert http.post(url, params=glob, json={"tickTime": 700, "maxDeliveryDelayInMillis": 9000}
+                     ).status_code == 204
+    assert http.get(url).json() == {"tickTime": 500}
+    assert http.get(url, params=glob).json() == {"tickTime": 700, "maxDeliveryDelayInMillis": 9000}
+    applied = {"active": True, "tickTime": 500, "maxDeliveryDelayInMillis": 9000,
+               "fixedDeliveryDelayInMillis": 40}
+    for params in ({"applied": "true"}, {"applied": "true", "isGlobal": "true"}):
+        assert http.get(url, params=params).json() == applied
+    assert http.delete(url).status_code == 204
+    assert http.get(url).text == "null"
+    assert http.get(url, params={"applied": "true"}).json() == {**applied, "tickTime": 700}
+    assert http.post(url, json={"active": False}).status_code == 204
+    assert http.delete(url, params=glob).status_code == 204
+    assert http.get(url, params=glob).text == "null"
+    assert http.get(url).json() == {"active": False}
+    assert http.get(url, params={"applied": "true"}).json() == {
+        "active": False, "tickTime": 1000, "maxDeliveryDelayInMillis": 0,
+        "fixedDeliveryDelayInMillis": 40}
+    busy = http.delete(f"/admin/v2/namespaces/{ns}")
+    assert busy.status_code == 409
+    assert http.delete(url).status_code == 204
+    assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
 
 
 def test_topic_policy_needs_namespace_and_a_valid_name(http: httpx.Client, unique: str) -> None:

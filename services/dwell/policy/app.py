@@ -15,8 +15,9 @@ Responses (the JSON shapes):
 - `GET /admin/v2/namespaces/{t}` → `["t/ns", ...]`;
   `GET /admin/v2/namespaces/{t}/{ns}` → `{"delayed_delivery_policies": <policy or null>}`.
 - `GET .../delayedDelivery` → the policy as set (only the fields that were set; unset
-  fields inherit) or `null`; with `applied=true` → every field, resolved field by field
-  topic → namespace → broker defaults.
+  fields inherit) or `null`; a topic has a local and a global (`isGlobal=true`) one. With
+  `applied=true` → every field, resolved field by field: topic local → topic global →
+  namespace → broker defaults.
 - Writes answer 204; errors answer `{"reason": ...}`.
 """
 
@@ -309,7 +310,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"])
     async def get_namespace(tenant: str, namespace: str) -> Response:
-        ns_policy, _ = await store.policies(_namespace(tenant, namespace))
+        ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
         return _json({"delayed_delivery_policies": ns_policy.model_dump(exclude_none=True)
                       if ns_policy is not None else None})
 
@@ -326,7 +327,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     @app.get(ns_path, tags=["delayed delivery"])
     async def get_namespace_policy(tenant: str, namespace: str, applied: bool = False,
                                    isGlobal: bool = False) -> Response:
-        ns_policy, _ = await store.policies(_namespace(tenant, namespace))
+        ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
         if applied:
             return _json(resolve_policy(broker, ns_policy, None).to_pulsar_json())
         return _own(ns_policy)
@@ -343,8 +344,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("namespace_policy_remove",
                             await store.remove_namespace_policy(_namespace(tenant, namespace)))
 
-    # -- topic delayed-delivery policy (`isGlobal` is accepted for pulsar-admin's sake:
-    # dwell has one cluster, so local and global policies are the same thing)
+    # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
+    # apart as Pulsar keeps them; the topic runs with local over global, field by field.
 
     topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
 
@@ -352,23 +353,25 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
                                isGlobal: bool = False) -> Response:
         name = _topic(tenant, namespace, topic)
-        ns_policy, topic_policy = await store.policies(name.namespace_name, name)
+        ns_policy, levels = await store.topic_policies(name)
         if applied:
-            return _json(resolve_policy(broker, ns_policy, topic_policy).to_pulsar_json())
-        return _own(topic_policy)
+            # What the topic runs with, whichever level was asked for: Pulsar would
+            # answer the asked level's own policy when it has one.
+            return _json(resolve_policy(broker, ns_policy, levels.merged()).to_pulsar_json())
+        return _own(levels.level(isGlobal))
 
     @app.post(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
               openapi_extra=_POLICY_BODY)
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
         name = _topic(tenant, namespace, topic)
-        return await commit("topic_policy_set",
-                            await store.set_topic_policy(name, await _policy_body(request)))
+        return await commit("topic_policy_set", await store.set_topic_policy(
+            name, await _policy_body(request), isGlobal))
 
     @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"])
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
-        return await commit("topic_policy_remove",
-                            await store.remove_topic_policy(_topic(tenant, namespace, topic)))
+        return await commit("topic_policy_remove", await store.remove_topic_policy(
+            _topic(tenant, namespace, topic), isGlobal))
 
     return app

@@ -46,6 +46,7 @@ ABSENT = 0
 PARENT_MISSING = -1
 EXISTS = -2
 NOT_EMPTY = -2
+CHANGED = -3
 
 LUA = Path(__file__).parent / "lua"
 
@@ -113,6 +114,58 @@ def _policy(raw: bytes | None) -> DelayedDeliveryPolicies | None:
     if raw is None:
         return None
     return DelayedDeliveryPolicies.model_validate(orjson.loads(raw)["policy"])
+
+
+class TopicPolicies(pydantic.BaseModel):
+    """A topic's two policies, as Pulsar keeps them: the local one (this cluster) and the
+    global one (`isGlobal`, replicated to every cluster in Pulsar)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    local: DelayedDeliveryPolicies | None = None
+    global_: DelayedDeliveryPolicies | None = pydantic.Field(None, alias="global")
+
+    def level(self, is_global: bool) -> DelayedDeliveryPolicies | None:
+        return self.global_ if is_global else self.local
+
+    def with_level(self, is_global: bool,
+                   policy: DelayedDeliveryPolicies | None) -> TopicPolicies:
+        local, global_ = (self.local, policy) if is_global else (policy, self.global_)
+        return TopicPolicies(local=local, **{"global": global_})
+
+    def merged(self) -> DelayedDeliveryPolicies | None:
+        """The topic level as admission resolves it: field by field the local value,
+        else the global one (Pulsar's PolicyHierarchyValue: local, global, namespace,
+        broker)."""
+        if self.local is None:
+            return self.global_
+        if self.global_ is None:
+            return self.local
+        return DelayedDeliveryPolicies.model_validate(
+            self.global_.model_dump(exclude_none=True) | self.local.model_dump(exclude_none=True))
+
+    def record_fields(self) -> dict[str, Any]:
+        """The record's fields after its scope: `policy` (what admission reads) plus the
+        levels that are set."""
+        merged = self.merged()
+        fields: dict[str, Any] = {
+            "policy": merged.model_dump(exclude_none=True) if merged is not None else None}
+        if self.local is not None:
+            fields["local"] = self.local.model_dump(exclude_none=True)
+        if self.global_ is not None:
+            fields["global"] = self.global_.model_dump(exclude_none=True)
+        return fields
+
+
+def _topic_record(raw: bytes | None) -> tuple[int, TopicPolicies]:
+    """(version, policies) of a topic's record; version 0 when there is none. A record
+    written before local and global were kept apart holds only `policy`: the local one."""
+    if raw is None:
+        return 0, TopicPolicies()
+    doc = orjson.loads(raw)
+    if "local" not in doc and "global" not in doc:
+        doc["local"] = doc["policy"]
+    return int(doc["version"]), TopicPolicies.model_validate(doc)
 
 
 class PolicyStore:
@@ -239,19 +292,15 @@ class PolicyStore:
 
     # -- delayed-delivery policies
 
-    async def policies(self, ns: str, topic: TopicName | None = None
-                       ) -> tuple[DelayedDeliveryPolicies | None, DelayedDeliveryPolicies | None]:
-        """The namespace's and (when asked) the topic's own policies, read together;
-        404 when the namespace does not exist."""
+    async def namespace_policy(self, ns: str) -> DelayedDeliveryPolicies | None:
+        """The namespace's own policy; 404 when the namespace does not exist."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.exists(keys.namespace(ns))
             pipe.get(keys.namespace_policy(ns))
-            if topic is not None:
-                pipe.get(keys.topic_policy(str(topic)))
-            exists, ns_raw, *topic_raw = await pipe.execute()
+            exists, ns_raw = await pipe.execute()
         if not exists:
             raise ApiError(404, NAMESPACE_MISSING)
-        return _policy(ns_raw), _policy(topic_raw[0] if topic_raw else None)
+        return _policy(ns_raw)
 
     async def set_namespace_policy(self, ns: str, policy: DelayedDeliveryPolicies
                                    ) -> list[Change]:
@@ -274,27 +323,50 @@ class PolicyStore:
             raise ApiError(404, NAMESPACE_MISSING)
         return [(scope, int(v))] if v > 0 else []
 
-    async def set_topic_policy(self, topic: TopicName, policy: DelayedDeliveryPolicies
-                               ) -> list[Change]:
-        ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
-        v = await self._run(
-            "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
-                    keys.namespace_topic_policies(ns), keys.POLICY_SCOPES],
-            ["1", "0", name, scope, _tail(scope, policy=policy.model_dump(exclude_none=True))])
-        if v == PARENT_MISSING:
+    async def topic_policies(self, topic: TopicName
+                             ) -> tuple[DelayedDeliveryPolicies | None, TopicPolicies]:
+        """The namespace's policy and the topic's local and global ones, read together;
+        404 when the namespace does not exist."""
+        ns = topic.namespace_name
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.namespace(ns))
+            pipe.get(keys.namespace_policy(ns))
+            pipe.get(keys.topic_policy(str(topic)))
+            exists, ns_raw, topic_raw = await pipe.execute()
+        if not exists:
             raise ApiError(404, NAMESPACE_MISSING)
-        return [(scope, int(v))]
+        return _policy(ns_raw), _topic_record(topic_raw)[1]
 
-    async def remove_topic_policy(self, topic: TopicName) -> list[Change]:
+    async def set_topic_policy(self, topic: TopicName, policy: DelayedDeliveryPolicies | None,
+                               is_global: bool = False) -> list[Change]:
+        """Set (or, with None, remove) the topic's local or global policy; the other one
+        stays. The record holds both, so the write is a compare-and-set on its version,
+        retried when another write came between the read and it."""
         ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
-        v = await self._run(
-            "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
-                       keys.topic_policy(name), keys.namespace_topic_policies(ns),
-                       keys.POLICY_SCOPES],
-            ["1", scope, "0", name])
+        while True:
+            version, current = _topic_record(await self.redis.get(keys.topic_policy(name)))
+            after = current.with_level(is_global, policy)
+            if after.local is None and after.global_ is None:
+                v = await self._run(
+                    "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
+                               keys.topic_policy(name), keys.namespace_topic_policies(ns),
+                               keys.POLICY_SCOPES],
+                    ["1", scope, "0", name, str(version)])
+            else:
+                v = await self._run(
+                    "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
+                            keys.namespace_topic_policies(ns), keys.POLICY_SCOPES],
+                    ["1", "0", name, scope, _tail(scope, **after.record_fields()),
+                     str(version)])
+            if v != CHANGED:
+                break
         if v == PARENT_MISSING:
             raise ApiError(404, NAMESPACE_MISSING)
         return [(scope, int(v))] if v > 0 else []
+
+    async def remove_topic_policy(self, topic: TopicName, is_global: bool = False
+                                  ) -> list[Change]:
+        return await self.set_topic_policy(topic, None, is_global)
 
     # -- what the change feed reads
 
