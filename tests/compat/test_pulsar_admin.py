@@ -47,10 +47,11 @@ def scenario(t: str) -> list[Step]:
     """One tenant's life through pulsar-admin, the error cases included. pulsar-admin 4.0
     reads a policy into its own DelayedDeliveryPolicies, which has no fixed delay (PIP-437
     came later): what it prints has three fields whatever the service sends."""
-    ns, topic = f"{t}/ns", f"persistent://{t}/ns/x"
+    ns, topic, parts = f"{t}/ns", f"persistent://{t}/ns/x", f"persistent://{t}/ns/p"
     t2 = t + "b"
-    ns_dd = f"/admin/v2/namespaces/{ns}/delayedDelivery"
-    topic_dd = f"/admin/v2/persistent/{t}/ns/x/delayedDelivery"
+    ns_dd = "/admin/v2/namespaces/{tenant}/{namespace}/delayedDelivery"
+    topic_dd = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
+    topic_base = "DELETE /admin/v2/persistent/{tenant}/{namespace}/{topic}"
     return [
         Step(("clusters", "list"),
              "GET /admin/v2/clusters, GET /admin/v2/brokers/configuration/runtime",
@@ -110,6 +111,35 @@ def scenario(t: str) -> list[Step]:
              f"DELETE {topic_dd}?isGlobal"),
         Step(("topicPolicies", "get-delayed-delivery", topic, "-ap"), f"GET {topic_dd}?applied",
              out_json={"active": True, "tickTime": 2000, "maxDeliveryDelayInMillis": 10000}),
+        Step(("topics", "create", topic), "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}"),
+        Step(("topics", "create", topic), "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}",
+             rc=1, err="This topic already exists"),
+        Step(("topics", "create-partitioned-topic", parts, "-p", "3"),
+             "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"),
+        Step(("topics", "create", f"{parts}-partition-1"),
+             "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}",
+             rc=1, err="This topic already exists"),
+        Step(("topics", "list", ns), "GET /admin/v2/persistent/{tenant}/{namespace}, "
+             "GET /admin/v2/non-persistent/{tenant}/{namespace}",
+             out_lines=frozenset([topic] + [f"{parts}-partition-{i}" for i in range(3)])),
+        Step(("topics", "list-partitioned-topics", ns),
+             "GET /admin/v2/persistent/{tenant}/{namespace}/partitioned, "
+             "GET /admin/v2/non-persistent/{tenant}/{namespace}/partitioned", out=f"{parts}\n"),
+        Step(("topics", "list", f"{t}/missing"), "GET /admin/v2/persistent/{tenant}/{namespace}",
+             rc=1, err="Namespace does not exist"),
+        Step(("topicPolicies", "set-delayed-delivery", f"{parts}-partition-0", "-e", "-t", "1s"),
+             f"POST {topic_dd}", rc=1, err="Not allowed to set/get topic policy for a partition"),
+        Step(("topics", "delete", topic), topic_base),
+        # pulsar-admin reports a failed delete on stdout and exits 0
+        Step(("topics", "delete", topic), topic_base,
+             out=f"Failed to delete topic: {topic}. Exception: org.apache.pulsar.client.admin."
+                 f"PulsarAdminException$NotFoundException: Topic {topic} not found\n"),
+        Step(("namespaces", "delete", ns), "DELETE /admin/v2/namespaces/{tenant}/{namespace}",
+             rc=1, err="Cannot delete non empty namespace"),
+        Step(("topics", "delete-partitioned-topic", parts),
+             "DELETE /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"),
+        Step(("topics", "list", ns), "GET /admin/v2/persistent/{tenant}/{namespace}, "
+             "GET /admin/v2/non-persistent/{tenant}/{namespace}", out=""),
         Step(("namespaces", "remove-delayed-delivery", ns), f"DELETE {ns_dd}"),
         Step(("namespaces", "get-delayed-delivery", ns), f"GET {ns_dd}", out="null\n"),
         Step(("tenants", "delete", t), "DELETE /admin/v2/tenants/{tenant}",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from dwell.adapters import kafka
+
 # Broker defaults of the service under test, set explicitly so `applied` is predictable.
 BROKER = {"DWELL_DELAYED_DELIVERY_ENABLED": "true", "DWELL_DELAYED_DELIVERY_TICK_TIME_MS": "1000",
           "DWELL_DELAYED_DELIVERY_MAX_DELAY_MS": "0", "DWELL_DELAYED_DELIVERY_FIXED_DELAY_MS": "0"}
@@ -265,6 +267,67 @@ def test_local_and_global_topic_policies(http: httpx.Client, unique: str) -> Non
     busy = http.delete(f"/admin/v2/namespaces/{ns}")
     assert busy.status_code == 409
     assert http.delete(url).status_code == 204
+    assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
+
+
+def test_topics_are_kafka_ready_topics(http: httpx.Client, unique: str,
+                                      kafka_bootstrap: str) -> None:
+    ns = _namespace(http, unique)
+    base = f"/admin/v2/persistent/{ns}"
+    assert http.put(f"{base}/x").status_code == 204
+    assert http.put(f"{base}/p/partitions", json=3).status_code == 204
+    assert http.put(f"{base}/q/partitions", json={"partitions": 2, "properties": {}}
+                    ).status_code == 204
+    counts = kafka.partition_counts(kafka_bootstrap)
+    assert [counts.get(f"{unique}.ns.{x}") for x in "xpq"] == [1, 3, 2]
+    assert http.get(base).json() == [f"persistent://{ns}/p-partition-{i}" for i in range(3)] + [
+        f"persistent://{ns}/q-partition-{i}" for i in range(2)] + [f"persistent://{ns}/x"]
+    assert http.get(f"/admin/v2/non-persistent/{ns}").json() == []
+    assert http.get(f"{base}/partitioned").json() == [f"persistent://{ns}/p",
+                                                      f"persistent://{ns}/q"]
+    assert http.get(f"{base}/p/partitions").json() == {"partitions": 3}
+    assert http.get(f"{base}/x/partitions").json() == {"partitions": 0}
+    for method, url, body, status, reason in (
+            ("PUT", f"{base}/x", None, 409, "This topic already exists"),
+            ("PUT", f"{base}/p/partitions", 3, 409, "This topic already exists"),
+            ("PUT", f"{base}/p-partition-2", None, 409, "This topic already exists"),
+            ("PUT", f"{base}/p-partition-3", None, 412, f"Can't create topic persistent://{ns}/"
+             "p-partition-3 with \"-partition-\" followed by a number smaller than number of "
+             "partition of partitioned topic p"),
+            ("PUT", f"{base}/z-partition-0", None, 412, f"Can't create topic persistent://{ns}/"
+             "z-partition-0 with \"-partition-\" followed by numeric value if there isn't a "
+             "partitioned topic z created."),
+            ("PUT", f"{base}/r-partition-x/partitions", 2, 412,
+             "Partitioned Topic Name should not contain '-partition-'"),
+            ("PUT", f"{base}/r/partitions", 0, 406, "Number of partitions should be more than 0"),
+            ("PUT", f"/admin/v2/persistent/{unique}/nope/x", None, 404, "Namespace does not exist"),
+            ("GET", f"/admin/v2/persistent/{unique}/nope", None, 404, "Namespace does not exist"),
+            ("POST", f"{base}/p-partition-0/delayedDelivery", {"tickTime": 5}, 412,
+             "Not allowed to set/get topic policy for a partition"),
+            ("GET", f"{base}/p-partition-0/delayedDelivery", None, 412,
+             "Not allowed to set/get topic policy for a partition"),
+            ("DELETE", f"{base}/nope", None, 404, f"Topic persistent://{ns}/nope not found"),
+            ("DELETE", f"{base}/x/partitions", None, 404,
+             f"Partitioned Topic persistent://{ns}/x not found")):
+        resp = http.request(method, url, json=body)
+        assert (resp.status_code, _reason(resp)) == (status, reason), url
+    for body in ("three", "1.5", "true", "{nope"):
+        bad = http.put(f"{base}/r/partitions", content=body)
+        assert bad.status_code == 400 and _reason(bad).startswith("body: "), body
+    one = http.put(f"{base}/r/partitions", json=1)
+    assert one.status_code == 406 and "non-partitioned" in _reason(one)
+    # A deleted topic takes its policies along; a namespace with topics is not empty.
+    assert http.post(f"{base}/x/delayedDelivery", json={"tickTime": 5}).status_code == 204
+    assert http.post(f"{base}/x/delayedDelivery", params={"isGlobal": "true"},
+                     json={"tickTime": 6}).status_code == 204
+    assert http.delete(f"{base}/x").status_code == 204
+    assert http.get(f"{base}/x/delayedDelivery").text == "null"
+    assert f"{unique}.ns.x" not in kafka.partition_counts(kafka_bootstrap)
+    for topic in ("p", "q"):
+        busy = http.delete(f"/admin/v2/namespaces/{ns}")
+        assert (busy.status_code, _reason(busy)) == (409, "Cannot delete non empty namespace")
+        assert http.delete(f"{base}/{topic}/partitions").status_code == 204
+    assert http.get(base).json() == []
     assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
 
 

@@ -39,6 +39,8 @@ from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
 from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy
 from dwell.core.topics import (
+    NON_PERSISTENT,
+    PARTITION_SUFFIX,
     PERSISTENT,
     InvalidTopicName,
     TopicName,
@@ -50,7 +52,13 @@ from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
 from dwell.policy.settings import PolicySettings
-from dwell.policy.store import Change, PolicyStore, TenantInfo
+from dwell.policy.store import (
+    NAMESPACE_NOT_EMPTY,
+    Change,
+    PolicyStore,
+    TenantInfo,
+)
+from dwell.policy.topics import TopicCatalog
 
 _POLICY_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": DelayedDeliveryPolicies.model_json_schema()}}}}
@@ -82,6 +90,32 @@ def _topic(tenant: str, namespace: str, topic: str) -> TopicName:
         return TopicName.of(PERSISTENT, tenant, namespace, topic)
     except InvalidTopicName as exc:
         raise ApiError(INVALID, f"Topic name is not valid: {exc}") from exc
+
+
+def _policy_topic(tenant: str, namespace: str, topic: str) -> TopicName:
+    name = _topic(tenant, namespace, topic)
+    if name.partition_index >= 0:
+        raise ApiError(412, "Not allowed to set/get topic policy for a partition")
+    return name
+
+
+def topic_not_found(topic: TopicName) -> str:
+    return f"Topic {topic} not found"
+
+
+async def _partitions_body(request: Request) -> int:
+    """The number of partitions: a JSON number, or Pulsar's PartitionedTopicMetadata."""
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "body: is not valid JSON") from exc
+    if isinstance(body, dict):
+        body = body.get("partitions")
+    if not isinstance(body, int) or isinstance(body, bool):
+        raise ApiError(400, "body: must be the number of partitions (an integer)")
+    if body <= 0:
+        raise ApiError(406, "Number of partitions should be more than 0")
+    return body
 
 
 # Pulsar's "all clusters" name, which allowedClusters may always hold.
@@ -176,6 +210,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     guard = StoreGuard(store, feed, settings.kafka_bootstrap,
                        timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
+    catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor)
 
     async def ready() -> dict[str, Any]:
         try:
@@ -317,8 +352,11 @@ def build_app(settings: PolicySettings) -> FastAPI:
     @app.delete("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
                 tags=["namespaces"])
     async def delete_namespace(tenant: str, namespace: str) -> Response:
-        return await commit("namespace_delete",
-                            await store.delete_namespace(_namespace(tenant, namespace)))
+        ns = _namespace(tenant, namespace)
+        for domain in (PERSISTENT, NON_PERSISTENT):
+            if await catalog.in_namespace(domain, ns):
+                raise ApiError(409, NAMESPACE_NOT_EMPTY)
+        return await commit("namespace_delete", await store.delete_namespace(ns))
 
     # -- namespace delayed-delivery policy
 
@@ -344,6 +382,95 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("namespace_policy_remove",
                             await store.remove_namespace_policy(_namespace(tenant, namespace)))
 
+    # -- topics: Kafka ready topics (dwell.policy.topics)
+
+    async def _listing(domain: str, tenant: str, namespace: str) -> list[str]:
+        ns = _namespace(tenant, namespace)
+        await store.namespace_policy(ns)  # 404 when the namespace does not exist
+        return await catalog.listing(domain, ns)
+
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}", tags=["topics"])
+    async def list_topics(tenant: str, namespace: str) -> list[str]:
+        return await _listing(PERSISTENT, tenant, namespace)
+
+    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}", tags=["topics"])
+    async def list_non_persistent_topics(tenant: str, namespace: str) -> list[str]:
+        return await _listing(NON_PERSISTENT, tenant, namespace)
+
+    async def _partitioned(domain: str, tenant: str, namespace: str) -> list[str]:
+        ns = _namespace(tenant, namespace)
+        await store.namespace_policy(ns)
+        return await catalog.partitioned(domain, ns)
+
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}/partitioned", tags=["topics"])
+    async def list_partitioned_topics(tenant: str, namespace: str) -> list[str]:
+        return await _partitioned(PERSISTENT, tenant, namespace)
+
+    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}/partitioned", tags=["topics"])
+    async def list_non_persistent_partitioned_topics(tenant: str, namespace: str) -> list[str]:
+        return await _partitioned(NON_PERSISTENT, tenant, namespace)
+
+    topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+
+    @app.put(topic_base, status_code=NO_CONTENT, tags=["topics"])
+    async def create_topic(tenant: str, namespace: str, topic: str) -> Response:
+        name = _topic(tenant, namespace, topic)
+        await store.namespace_policy(name.namespace_name)
+        index = name.partition_index
+        if index >= 0:
+            # Pulsar creates a partition only of a partitioned topic that has it; here
+            # every partition of an existing partitioned topic exists with it.
+            parent = name.partitioned_topic
+            count = await catalog.partitions(parent)
+            suffix = f"Can't create topic {name} with \"{PARTITION_SUFFIX}\" followed by"
+            if count <= 1:
+                raise ApiError(412, f"{suffix} numeric value if there isn't a partitioned "
+                                    f"topic {parent.local} created.")
+            if index >= count:
+                raise ApiError(412, f"{suffix} a number smaller than number of partition of "
+                                    f"partitioned topic {parent.local}")
+            raise ApiError(409, "This topic already exists")
+        if not await catalog.create(name, 1):
+            raise ApiError(409, "This topic already exists")
+        return Response(status_code=NO_CONTENT)
+
+    @app.put(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"])
+    async def create_partitioned_topic(tenant: str, namespace: str, topic: str,
+                                       request: Request) -> Response:
+        name = _topic(tenant, namespace, topic)
+        partitions = await _partitions_body(request)
+        if PARTITION_SUFFIX in name.local:
+            raise ApiError(412, "Partitioned Topic Name should not contain '-partition-'")
+        await store.namespace_policy(name.namespace_name)
+        if partitions == 1:
+            # A ready topic with one partition reads as a non-partitioned topic.
+            raise ApiError(406, "Number of partitions should be more than 1: a partitioned "
+                                "topic of one partition is a non-partitioned topic here")
+        if not await catalog.create(name, partitions):
+            raise ApiError(409, "This topic already exists")
+        return Response(status_code=NO_CONTENT)
+
+    @app.get(topic_base + "/partitions", tags=["topics"])
+    async def get_partitioned_metadata(tenant: str, namespace: str, topic: str) -> Response:
+        count = await catalog.partitions(_topic(tenant, namespace, topic))
+        return _json({"partitions": count if count > 1 else 0})
+
+    async def _delete(name: TopicName, partitioned: bool) -> Response:
+        missing = ApiError(404, f"Partitioned Topic {name} not found" if partitioned
+                           else topic_not_found(name))
+        count = await catalog.partitions(name)
+        if count == 0 or (partitioned and count == 1) or not await catalog.delete(name):
+            raise missing
+        return await commit("topic_policy_remove", await store.drop_topic_policies(name))
+
+    @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"])
+    async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
+        return await _delete(_topic(tenant, namespace, topic), partitioned=False)
+
+    @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"])
+    async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
+        return await _delete(_topic(tenant, namespace, topic), partitioned=True)
+
     # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
     # apart as Pulsar keeps them; the topic runs with local over global, field by field.
 
@@ -352,7 +479,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     @app.get(topic_path, tags=["delayed delivery"])
     async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
                                isGlobal: bool = False) -> Response:
-        name = _topic(tenant, namespace, topic)
+        name = _policy_topic(tenant, namespace, topic)
         ns_policy, levels = await store.topic_policies(name)
         if applied:
             # What the topic runs with, whichever level was asked for: Pulsar would
@@ -364,7 +491,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
               openapi_extra=_POLICY_BODY)
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
-        name = _topic(tenant, namespace, topic)
+        name = _policy_topic(tenant, namespace, topic)
         return await commit("topic_policy_set", await store.set_topic_policy(
             name, await _policy_body(request), isGlobal))
 
@@ -372,6 +499,6 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
         return await commit("topic_policy_remove", await store.remove_topic_policy(
-            _topic(tenant, namespace, topic), isGlobal))
+            _policy_topic(tenant, namespace, topic), isGlobal))
 
     return app

@@ -368,6 +368,16 @@ class PolicyStore:
                                   ) -> list[Change]:
         return await self.set_topic_policy(topic, None, is_global)
 
+    async def drop_topic_policies(self, topic: TopicName) -> list[Change]:
+        """Remove both of a deleted topic's policies, as Pulsar does with the topic."""
+        ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
+        v = await self._run(
+            "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
+                       keys.topic_policy(name), keys.namespace_topic_policies(ns),
+                       keys.POLICY_SCOPES],
+            ["0", scope, "0", name])
+        return [(scope, int(v))] if v > 0 else []
+
     # -- what the change feed reads
 
     async def scopes(self) -> dict[str, int]:
