@@ -72,8 +72,15 @@ def pulsar_admin_libs() -> Path:
 
 
 @pytest.fixture(scope="module")
-def policy(services):  # type: ignore[no-untyped-def]
-    svc = services.start("policy", env=BROKER)
+def tracker(services):  # type: ignore[no-untyped-def]
+    svc = services.start("tracker", env={"DWELL_STATS_REFRESH_S": "1"})
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def policy(services, tracker):  # type: ignore[no-untyped-def]
+    svc = services.start("policy", env=BROKER | {"DWELL_TRACKER_URL": tracker.url})
     yield svc
     svc.stop()
 

@@ -7,10 +7,15 @@ The bulk runs in one JVM (AdminBatch.java); each command family also runs once a
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from compat.conftest import PulsarAdmin, Result
+from dwell.adapters.redis import connect
+from dwell.index.topic import TopicIndex
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,7 @@ class Step:
     out: str | None = None  # stdout exactly
     out_json: object = None  # stdout parsed as JSON
     out_lines: frozenset[str] | None = None  # stdout lines, in any order (Pulsar sends sets)
+    out_has: dict[str, object] | None = None  # these fields of stdout's JSON object
     err: str | None = None  # text stderr must contain
 
     def check(self, got: Result) -> str | None:
@@ -36,6 +42,13 @@ class Step:
                 parsed = got.out
             if parsed != self.out_json:
                 problems.append(f"stdout {got.out!r}, expected JSON {self.out_json!r}")
+        if self.out_has is not None:
+            try:
+                parsed = json.loads(got.out)
+            except ValueError:
+                parsed = {}
+            if {k: parsed.get(k) for k in self.out_has} != self.out_has:
+                problems.append(f"stdout {got.out[:300]!r} lacks {self.out_has!r}")
         if self.out_lines is not None and frozenset(got.out.split()) != self.out_lines:
             problems.append(f"stdout lines {got.out.split()!r}, expected {set(self.out_lines)!r}")
         if self.err is not None and self.err not in got.err:
@@ -114,6 +127,12 @@ def scenario(t: str) -> list[Step]:
         Step(("topics", "create", topic), "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}"),
         Step(("topics", "create", topic), "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}",
              rc=1, err="This topic already exists"),
+        Step(("topics", "stats", topic),
+             "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/stats",
+             out_has={"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}}),
+        Step(("topics", "stats", f"persistent://{t}/ns/nope"),
+             "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/stats",
+             rc=1, err=f"Topic persistent://{t}/ns/nope not found"),
         Step(("topics", "create-partitioned-topic", parts, "-p", "3"),
              "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"),
         Step(("topics", "create", f"{parts}-partition-1"),
@@ -186,3 +205,29 @@ def test_each_command_family_as_its_own_process(pulsar_admin: PulsarAdmin, uniqu
     ]
     failures = _failures(steps, [pulsar_admin.cli(*s.args) for s in steps])
     assert not failures, "\n".join(failures)
+
+
+def test_topic_stats_carry_the_delayed_index(pulsar_admin: PulsarAdmin, policy, tracker,  # type: ignore[no-untyped-def]
+                                             redis_url: str, unique: str) -> None:
+    """`pulsar-admin topics stats` on the admin URL: the tracker's index figures in
+    Pulsar's TopicStats, per subscription and summed for the topic as Pulsar sums them."""
+    topic = f"persistent://{unique}/ns/x"
+    with httpx.Client(base_url=policy.url, timeout=30) as http:
+        for url in (f"/admin/v2/tenants/{unique}", f"/admin/v2/namespaces/{unique}/ns",
+                    f"/admin/v2/persistent/{unique}/ns/x"):
+            assert http.put(url).status_code == 204, url
+    later = int(time.time() * 1000) + 3_600_000
+    TopicIndex(connect(redis_url), topic).add([(0, o, later, 1000) for o in range(40)])
+    with httpx.Client(base_url=tracker.url, timeout=30) as http:
+        for sub in ("s1", "s2"):
+            assert http.put(f"/v1/topics/persistent/{unique}/ns/x/subscriptions/{sub}",
+                            json={}).status_code == 200
+    got = pulsar_admin.cli("topics", "stats", topic)
+    assert (got.rc, got.err) == (0, "")
+    stats = json.loads(got.out)
+    subs = stats["subscriptions"]
+    assert sorted(subs) == ["s1", "s2"]
+    assert [subs[s]["msgDelayed"] for s in ("s1", "s2")] == [40, 40]
+    size = subs["s1"]["delayedMessageIndexSizeInBytes"]
+    assert size > 0 and subs["s2"]["delayedMessageIndexSizeInBytes"] == size
+    assert stats["delayedMessageIndexSizeInBytes"] == 2 * size

@@ -27,7 +27,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import orjson
 import pydantic
 import redis.exceptions
@@ -211,6 +213,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                        timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
     catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor)
+    tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0)
 
     async def ready() -> dict[str, Any]:
         try:
@@ -244,6 +247,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                     await task
             feed.close()
             await store.redis.aclose()
+            await tracker.aclose()
 
     app.router.lifespan_context = lifespan
 
@@ -470,6 +474,26 @@ def build_app(settings: PolicySettings) -> FastAPI:
     @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"])
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=True)
+
+    @app.get(topic_base + "/stats", tags=["topics"])
+    async def get_topic_stats(tenant: str, namespace: str, topic: str) -> Response:
+        """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
+        name = _topic(tenant, namespace, topic)
+        parent, index = name.partitioned_topic, name.partition_index
+        count = await catalog.partitions(parent)
+        if not (count == 1 and index < 0 or count > 1 and 0 <= index < count):
+            raise ApiError(404, topic_not_found(name))
+        try:
+            answer = await tracker.get("/admin/v2/persistent/" + "/".join(
+                quote(part, safe="") for part in (tenant, namespace, topic)) + "/stats")
+        except httpx.HTTPError as exc:
+            raise ApiError(503, f"tracker unavailable: {exc}") from exc
+        if answer.status_code == 404:
+            # The topic exists but nothing of it is indexed and no subscription is known.
+            return _json({"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}})
+        if answer.status_code != 200:
+            raise ApiError(503, f"tracker answered {answer.status_code}: {answer.text[:200]}")
+        return Response(answer.content, media_type="application/json")
 
     # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
     # apart as Pulsar keeps them; the topic runs with local over global, field by field.
