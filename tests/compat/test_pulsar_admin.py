@@ -172,6 +172,13 @@ def scenario(t: str) -> list[Step]:
     ]
 
 
+def coverage(steps: list[Step]) -> tuple[int, set[str], set[str]]:
+    """(command lines, distinct `pulsar-admin <family> <command>`, distinct endpoints)."""
+    commands = {"pulsar-admin " + " ".join(s.args[:2]) for s in steps}
+    endpoints = {e.strip().split("?")[0] for s in steps for e in s.endpoint.split(",")}
+    return len(steps), commands, endpoints
+
+
 def _failures(steps: list[Step], results: list[Result]) -> list[str]:
     return [f"pulsar-admin {' '.join(step.args)}: {problem}"
             for step, got in zip(steps, results, strict=True)
@@ -185,9 +192,8 @@ def test_pulsar_admin_scenario(pulsar_admin: PulsarAdmin, unique: str, tmp_path:
     listed = set(results[[s.args for s in steps].index(("tenants", "list"))].out.split())
     if not {unique, unique + "b"} <= listed:
         failures.append(f"pulsar-admin tenants list: {sorted(listed)} lacks {unique}")
-    commands = {" ".join(s.args[:2]) for s in steps}
-    endpoints = {e.strip().split("?")[0] for s in steps for e in s.endpoint.split(",")}
-    print(f"\npulsar-admin scenario: {len(steps)} command lines, {len(commands)} commands, "
+    lines, commands, endpoints = coverage(steps)
+    print(f"\npulsar-admin scenario: {lines} command lines, {len(commands)} commands, "
           f"{len(endpoints)} endpoints, {len(steps) - len(failures)} as Pulsar answers them")
     assert not failures, "\n".join(failures)
 
