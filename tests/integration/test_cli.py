@@ -38,7 +38,7 @@ def test_inheritance_scenario(policy, unique: str) -> None:  # type: ignore[no-u
     ok(url, "namespaces", "create", ns)
     assert json.loads(ok(url, "-o", "json", "namespaces", "list", unique)) == [ns]
     ok(url, "namespaces", "set-delayed-delivery", ns, "-e", "-md", "10d", "-fd", "5m")
-    ok(url, "topic-policies", "set-delayed-delivery", topic, "-e", "-t", "500ms", "-g")
+    ok(url, "topic-policies", "set-delayed-delivery", topic, "-e", "-t", "500ms")
 
     # Only the flags given were sent: the topic policy holds active and tickTime alone.
     assert json.loads(ok(url, "-o", "json", "topic-policies", "get-delayed-delivery",
