@@ -29,7 +29,7 @@ SCHEMA = ROOT / "charts" / "dwell" / "values.schema.json"
 # not for a `config:` map.
 CHART_OWNED = frozenset({
     "http_host", "http_port", "redis_url", "kafka_bootstrap", "kafka_replication_factor",
-    "spark_master", "spark_metrics_port", "spark_jars",
+    "spark_master", "spark_metrics_port", "spark_jars", "tracker_url",
 })
 COMPONENT_SETTINGS = {"policy": PolicySettings, "admission": AdmissionSettings,
                       "tracker": TrackerSettings, "spark": SparkSettings}

@@ -30,6 +30,7 @@ CACHE = STATE_ROOT / "cache"
 VENV = ROOT / ".venv"
 VENV_PY = VENV / "bin" / "python"
 KAFKA_DIR = ROOT / "scripts" / "kafka"
+PULSAR_DIR = ROOT / "scripts" / "pulsar"
 SPARK_DIR = ROOT / "spark"
 
 # Ports per profile. The test profile sits DWELL_TEST_PORT_OFFSET (10000) above, so
@@ -147,7 +148,7 @@ def _mvn_copy(pom: Path, dest: Path) -> None:
     if _stamp_ok(stamp, digest):
         return
     if not shutil.which("mvn"):
-        sys.exit("dwell: mvn (Apache Maven) is needed to fetch Kafka's jars from Maven Central")
+        sys.exit("dwell: mvn (Apache Maven) is needed to fetch jars from Maven Central")
     say(f"resolving {pom.relative_to(ROOT)} from Maven Central into {dest.relative_to(ROOT)}")
     if dest.exists():
         shutil.rmtree(dest)
@@ -160,6 +161,14 @@ def _mvn_copy(pom: Path, dest: Path) -> None:
 def kafka_libs() -> Path:
     dest = CACHE / "kafka-libs"
     _mvn_copy(KAFKA_DIR / "pom.xml", dest)
+    return dest
+
+
+def pulsar_admin_libs() -> Path:
+    """Apache Pulsar's pulsar-admin (PulsarAdminTool) and Java admin client, which
+    tests/compat runs against the policy service."""
+    dest = CACHE / "pulsar-admin-libs"
+    _mvn_copy(PULSAR_DIR / "pom.xml", dest)
     return dest
 
 

@@ -200,6 +200,7 @@ def test_config_values_reach_the_processes(helm: str) -> None:
             for w in workloads(docs)}
     assert all(envs[c]["DWELL_DELAYED_DELIVERY_TICK_TIME_MS"] == "250" for c in PORTS)
     assert envs["tracker"]["DWELL_RESTAGE_MAX_RECORDS"] == "2000000"
+    assert envs["policy"]["DWELL_TRACKER_URL"] == "http://rel-dwell-tracker:8083"
     assert "DWELL_RESTAGE_MAX_RECORDS" not in envs["admission"]
     # Set once: the config value replaces the chart's volume path, not a second entry.
     spark_env = [e["name"] for e in by_kind(docs, "Deployment")["rel-dwell-spark"]["spec"]

@@ -38,7 +38,7 @@ def test_inheritance_scenario(policy, unique: str) -> None:  # type: ignore[no-u
     ok(url, "namespaces", "create", ns)
     assert json.loads(ok(url, "-o", "json", "namespaces", "list", unique)) == [ns]
     ok(url, "namespaces", "set-delayed-delivery", ns, "-e", "-md", "10d", "-fd", "5m")
-    ok(url, "topic-policies", "set-delayed-delivery", topic, "-e", "-t", "500ms", "-g")
+    ok(url, "topic-policies", "set-delayed-delivery", topic, "-e", "-t", "500ms")
 
     # Only the flags given were sent: the topic policy holds active and tickTime alone.
     assert json.loads(ok(url, "-o", "json", "topic-policies", "get-delayed-delivery",
@@ -75,12 +75,12 @@ def test_enable_disable_error(policy, unique: str) -> None:  # type: ignore[no-u
 def test_server_errors_are_one_line(policy, unique: str) -> None:  # type: ignore[no-untyped-def]
     missing = admin(policy.url, "namespaces", "get-delayed-delivery", f"{unique}/nope")
     assert missing.returncode != 0
-    assert missing.stderr == "error: 404 Namespace policies does not exist\n"
+    assert missing.stderr == "error: 404 Namespace does not exist\n"
     assert missing.stdout == ""
 
     ok(policy.url, "tenants", "create", unique)
     again = admin(policy.url, "tenants", "create", unique)
-    assert (again.returncode, again.stderr) == (1, "error: 409 Tenant already exists\n")
+    assert (again.returncode, again.stderr) == (1, "error: 409 Tenant already exist\n")
 
     ok(policy.url, "namespaces", "create", f"{unique}/ns")
     bad = admin(policy.url, "namespaces", "set-delayed-delivery", f"{unique}/ns", "-e",

@@ -38,7 +38,10 @@ def test_each_change_in_order_then_tombstones(policy, kafka_bootstrap: str,  # t
         ("PUT", f"/admin/v2/namespaces/{ns}", None),
         ("POST", f"/admin/v2/namespaces/{ns}/delayedDelivery", {"maxDeliveryDelayInMillis": 5000}),
         ("POST", f"/admin/v2/persistent/{ns}/x/delayedDelivery", {"tickTime": 100}),
+        ("POST", f"/admin/v2/persistent/{ns}/x/delayedDelivery?isGlobal=true",
+         {"tickTime": 7, "maxDeliveryDelayInMillis": 9000}),
         ("DELETE", f"/admin/v2/persistent/{ns}/x/delayedDelivery", None),
+        ("DELETE", f"/admin/v2/persistent/{ns}/x/delayedDelivery?isGlobal=true", None),
         ("DELETE", f"/admin/v2/namespaces/{ns}", None),
         ("DELETE", f"/admin/v2/tenants/{unique}", None),
     ]
@@ -60,7 +63,15 @@ def test_each_change_in_order_then_tombstones(policy, kafka_bootstrap: str,  # t
         (f"ns:{ns}", {"version": v[2], "scope": f"ns:{ns}",
                       "policy": {"maxDeliveryDelayInMillis": 5000}}),
         (f"topic:{topic}", {"version": v[3], "scope": f"topic:{topic}",
-                            "policy": {"tickTime": 100}}),
+                            "policy": {"tickTime": 100}, "local": {"tickTime": 100}}),
+        # `policy`, which admission reads, is local over global, field by field.
+        (f"topic:{topic}", {"version": v[4], "scope": f"topic:{topic}",
+                            "policy": {"tickTime": 100, "maxDeliveryDelayInMillis": 9000},
+                            "local": {"tickTime": 100},
+                            "global": {"tickTime": 7, "maxDeliveryDelayInMillis": 9000}}),
+        (f"topic:{topic}", {"version": v[5], "scope": f"topic:{topic}",
+                            "policy": {"tickTime": 7, "maxDeliveryDelayInMillis": 9000},
+                            "global": {"tickTime": 7, "maxDeliveryDelayInMillis": 9000}}),
         (f"topic:{topic}", None),
         # Deleting the namespace removes its own policy too: two tombstones.
         (f"ns:{ns}", None),

@@ -362,11 +362,26 @@ def test_stats_match_what_was_published(services, redis_url, unique, delayed_top
                        if not k.startswith(b"dwell:subs:") and not k.startswith(b"dwell:sub:"))
         assert s["bufferMemoryBytes"] == measured > 0
         assert s["subscriptions"] == {"s1": {"pendingRedeliveries": 0, "redeliveryIndexBytes": 0}}
+        assert http.put(f"/v1/topics/persistent/{unique}/ns/stats/subscriptions/s2",
+                        json={}).status_code == 200
         p = http.get(f"/admin/v2/persistent/{unique}/ns/stats/stats").json()
-        assert p["delayedMessageIndexSizeInBytes"] == measured
-        assert p["subscriptions"]["s1"] == {"msgDelayed": 120,
-                                            "delayedMessageIndexSizeInBytes": measured}
-        assert http.get(f"/admin/v2/persistent/{unique}/ns/nope/stats").status_code == 404
+        # Each subscription reads the shared index; the topic sums them, as Pulsar does.
+        assert p == {"delayedMessageIndexSizeInBytes": 2 * measured, "subscriptions": {
+            sub: {"msgDelayed": 120, "delayedMessageIndexSizeInBytes": measured}
+            for sub in ("s1", "s2")}}
+        nope = http.get(f"/admin/v2/persistent/{unique}/ns/nope/stats")
+        assert (nope.status_code, nope.json()) == (
+            404, {"reason": f"Topic persistent://{unique}/ns/nope not found"})
+        series = (f'pulsar_subscription_delayed_message_index_size_bytes{{cluster="standalone",'
+                  f'namespace="{unique}/ns",subscription="s2",topic="{topic}"}} ')
+
+        def exported() -> float | None:
+            for row in http.get("/metrics").text.splitlines():
+                if row.startswith(series):
+                    return float(row.removeprefix(series))
+            return None
+
+        assert wait_for(exported, 30, "the subscription's metric", interval=0.5) == measured
         listed = http.get("/v1/stats").json()["topics"]
         assert any(t["topic"] == topic and t["delayedMessages"] == 120 for t in listed)
     finally:

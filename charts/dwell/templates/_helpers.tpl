@@ -177,6 +177,11 @@ affinity:
     {{- include "dwell.env" .root | nindent 4 }}
     - name: DWELL_HTTP_PORT
       value: {{ .port | quote }}
+    {{- if eq .component "policy" }}
+    {{- /* the policy service serves the tracker's figures on Pulsar's topic stats path */}}
+    - name: DWELL_TRACKER_URL
+      value: {{ printf "http://%s:8083" (include "dwell.component" (dict "root" .root "component" "tracker")) | quote }}
+    {{- end }}
     {{- include "dwell.settingsEnv" $values.config | trim | nindent 4 }}
   ports:
     - name: http

@@ -39,6 +39,10 @@ ACKS: Final = "dwell.acks"
 # completed bucket: the record of delivered positions a rebuild of the index skips.
 DELIVERED: Final = "dwell.delivered"
 
+# Pulsar names partition i of a partitioned topic x `x-partition-i`; dwell's ready topic
+# for x has i as a Kafka partition.
+PARTITION_SUFFIX: Final = "-partition-"
+
 PERSISTENT: Final = "persistent"
 NON_PERSISTENT: Final = "non-persistent"
 DOMAINS: Final = (PERSISTENT, NON_PERSISTENT)
@@ -257,6 +261,27 @@ class TopicName:
 
     def __str__(self) -> str:
         return f"{self.domain}://{self.tenant}/{self.namespace}/{self.local}"
+
+    @property
+    def partition_index(self) -> int:
+        """i when the name is Pulsar's partition `x-partition-i`, else -1 (Pulsar's
+        TopicName.getPartitionIndex)."""
+        base, sep, index = self.local.rpartition(PARTITION_SUFFIX)
+        if sep and base and index.isascii() and index.isdigit() and len(index) < 10:
+            return int(index)
+        return -1
+
+    @property
+    def partitioned_topic(self) -> TopicName:
+        """The partitioned topic a partition belongs to; the topic itself otherwise."""
+        if self.partition_index < 0:
+            return self
+        return TopicName(self.domain, self.tenant, self.namespace,
+                         self.local.rpartition(PARTITION_SUFFIX)[0])
+
+    def partition(self, index: int) -> TopicName:
+        return TopicName(self.domain, self.tenant, self.namespace,
+                         f"{self.local}{PARTITION_SUFFIX}{index}")
 
 
 def retry_topic(topic: TopicName, subscription: str) -> str:

@@ -9,13 +9,15 @@ acknowledge, the answer is 503: the change is saved and the feed catches up once
 back.
 
 Responses (the JSON shapes):
-- `GET /admin/v2/tenants` → `["t1", ...]`; `GET /admin/v2/tenants/{t}` → TenantInfo
+- `GET /admin/v2/clusters` → `["standalone"]` (the `cluster` setting);
+  `GET /admin/v2/tenants` → `["t1", ...]`; `GET /admin/v2/tenants/{t}` → TenantInfo
   `{"adminRoles": [...], "allowedClusters": [...]}`.
 - `GET /admin/v2/namespaces/{t}` → `["t/ns", ...]`;
   `GET /admin/v2/namespaces/{t}/{ns}` → `{"delayed_delivery_policies": <policy or null>}`.
 - `GET .../delayedDelivery` → the policy as set (only the fields that were set; unset
-  fields inherit) or `null`; with `applied=true` → every field, resolved field by field
-  topic → namespace → broker defaults.
+  fields inherit) or `null`; a topic has a local and a global (`isGlobal=true`) one. With
+  `applied=true` → every field, resolved field by field: topic local → topic global →
+  namespace → broker defaults.
 - Writes answer 204; errors answer `{"reason": ...}`.
 """
 
@@ -25,17 +27,22 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import orjson
 import pydantic
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ConfigDict
 
 from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
 from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy
 from dwell.core.topics import (
+    NON_PERSISTENT,
+    PARTITION_SUFFIX,
     PERSISTENT,
     InvalidTopicName,
     TopicName,
@@ -47,7 +54,13 @@ from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
 from dwell.policy.settings import PolicySettings
-from dwell.policy.store import Change, PolicyStore, TenantInfo
+from dwell.policy.store import (
+    NAMESPACE_NOT_EMPTY,
+    Change,
+    PolicyStore,
+    TenantInfo,
+)
+from dwell.policy.topics import TopicCatalog
 
 _POLICY_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": DelayedDeliveryPolicies.model_json_schema()}}}}
@@ -55,18 +68,22 @@ _TENANT_BODY = {"requestBody": {"required": False, "content": {"application/json
     "schema": TenantInfo.model_json_schema()}}}}
 
 
+# An invalid name is Pulsar's 412 with Pulsar's text, followed by what is wrong with it.
+INVALID = 412
+
+
 def _tenant(name: str) -> str:
     try:
         return validate_tenant(name)
     except InvalidTopicName as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(INVALID, f"Tenant name is not valid: {exc}") from exc
 
 
 def _namespace(tenant: str, namespace: str) -> str:
     try:
         validate_namespace(tenant, namespace)
     except InvalidTopicName as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(INVALID, f"Namespace name is not valid: {exc}") from exc
     return f"{tenant}/{namespace}"
 
 
@@ -74,14 +91,71 @@ def _topic(tenant: str, namespace: str, topic: str) -> TopicName:
     try:
         return TopicName.of(PERSISTENT, tenant, namespace, topic)
     except InvalidTopicName as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(INVALID, f"Topic name is not valid: {exc}") from exc
+
+
+def _policy_topic(tenant: str, namespace: str, topic: str) -> TopicName:
+    name = _topic(tenant, namespace, topic)
+    if name.partition_index >= 0:
+        raise ApiError(412, "Not allowed to set/get topic policy for a partition")
+    return name
+
+
+def topic_not_found(topic: TopicName) -> str:
+    return f"Topic {topic} not found"
+
+
+async def _partitions_body(request: Request) -> int:
+    """The number of partitions: a JSON number, or Pulsar's PartitionedTopicMetadata."""
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "body: is not valid JSON") from exc
+    if isinstance(body, dict):
+        body = body.get("partitions")
+    if not isinstance(body, int) or isinstance(body, bool):
+        raise ApiError(400, "body: must be the number of partitions (an integer)")
+    if body <= 0:
+        raise ApiError(406, "Number of partitions should be more than 0")
+    return body
+
+
+# Pulsar's "all clusters" name, which allowedClusters may always hold.
+GLOBAL_CLUSTER = "global"
+
+
+def _check_tenant_info(info: TenantInfo, cluster: str) -> TenantInfo:
+    """Pulsar's checks of a TenantInfo (TenantsBase.validateClustersAsync and
+    validateAdminRoleAsync), except that an empty allowedClusters is accepted: dwell has
+    one cluster, which every tenant may use."""
+    if any(not c.strip() for c in info.allowedClusters):
+        raise ApiError(412, "Clusters cannot be empty or blank")
+    if any(c not in (cluster, GLOBAL_CLUSTER) for c in info.allowedClusters):
+        raise ApiError(412, "Clusters do not exist")
+    if any(role.strip() != role for role in info.adminRoles):
+        raise ApiError(412, "AdminRoles contains whitespace in the beginning or end.")
+    return info
+
+
+class _PolicyBody(DelayedDeliveryPolicies):
+    """A policy body as Pulsar's Jackson reads it: unknown fields are ignored, so that a
+    newer client's extra fields do not break every set. The values stay strictly checked
+    ("5000", 5.5, true, negatives, tickTime 0 and overflow are 400s, where Pulsar would
+    coerce or store them)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+def _parse_policy(raw: str | bytes) -> DelayedDeliveryPolicies:
+    return DelayedDeliveryPolicies.model_validate(
+        _PolicyBody.model_validate_json(raw).model_dump(exclude_none=True))
 
 
 async def _policy_body(request: Request) -> DelayedDeliveryPolicies:
     # Parsed here rather than by FastAPI so that strictness holds: "5000", 5.5 and true
     # are refused for the millisecond fields instead of being coerced.
     try:
-        return DelayedDeliveryPolicies.model_validate_json(await request.body())
+        return _parse_policy(await request.body())
     except pydantic.ValidationError as exc:
         raise ApiError(400, validation_reason(exc)) from exc
 
@@ -113,7 +187,7 @@ async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
     if policy is None:
         return None
     try:
-        return DelayedDeliveryPolicies.model_validate_json(orjson.dumps(policy))
+        return _parse_policy(orjson.dumps(policy))
     except pydantic.ValidationError as exc:
         raise ApiError(400, "delayed_delivery_policies." + validation_reason(exc)) from exc
 
@@ -138,6 +212,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
     guard = StoreGuard(store, feed, settings.kafka_bootstrap,
                        timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
+    catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor)
+    tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0)
 
     async def ready() -> dict[str, Any]:
         try:
@@ -171,6 +247,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                     await task
             feed.close()
             await store.redis.aclose()
+            await tracker.aclose()
 
     app.router.lifespan_context = lifespan
 
@@ -205,6 +282,27 @@ def build_app(settings: PolicySettings) -> FastAPI:
                                     "back") from exc
         return Response(status_code=NO_CONTENT)
 
+    # -- clusters: dwell is one cluster, named by the `cluster` setting
+
+    @app.get("/admin/v2/clusters", tags=["clusters"])
+    async def list_clusters() -> list[str]:
+        return [settings.cluster]
+
+    # `pulsar-admin clusters list` reads clusterName here to mark the current cluster.
+    # Values are strings, as Pulsar sends them; only the settings dwell has are listed.
+    runtime_config = {
+        "clusterName": settings.cluster,
+        "delayedDeliveryEnabled": str(broker.enabled).lower(),
+        "delayedDeliveryTickTimeMillis": str(broker.tick_time_ms),
+        "delayedDeliveryMaxDelayInMillis": str(broker.max_delay_ms),
+        "isDelayedDeliveryDeliverAtTimeStrict": str(broker.strict).lower(),
+        "delayedDeliveryFixedDelayDetectionLookahead": str(broker.fixed_delay_detection_lookahead),
+    }
+
+    @app.get("/admin/v2/brokers/configuration/runtime", tags=["clusters"])
+    async def runtime_configuration() -> dict[str, str]:
+        return runtime_config
+
     # -- tenants
 
     @app.get("/admin/v2/tenants", tags=["tenants"])
@@ -215,8 +313,15 @@ def build_app(settings: PolicySettings) -> FastAPI:
              openapi_extra=_TENANT_BODY)
     async def create_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
-        return await commit("tenant_create",
-                            await store.create_tenant(name, await _tenant_body(request)))
+        info = _check_tenant_info(await _tenant_body(request), settings.cluster)
+        return await commit("tenant_create", await store.create_tenant(name, info))
+
+    @app.post("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
+              openapi_extra=_TENANT_BODY)
+    async def update_tenant(tenant: str, request: Request) -> Response:
+        name = _tenant(tenant)
+        info = _check_tenant_info(await _tenant_body(request), settings.cluster)
+        return await commit("tenant_update", await store.update_tenant(name, info))
 
     @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"])
     async def get_tenant(tenant: str) -> Response:
@@ -244,15 +349,18 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"])
     async def get_namespace(tenant: str, namespace: str) -> Response:
-        ns_policy, _ = await store.policies(_namespace(tenant, namespace))
+        ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
         return _json({"delayed_delivery_policies": ns_policy.model_dump(exclude_none=True)
                       if ns_policy is not None else None})
 
     @app.delete("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
                 tags=["namespaces"])
     async def delete_namespace(tenant: str, namespace: str) -> Response:
-        return await commit("namespace_delete",
-                            await store.delete_namespace(_namespace(tenant, namespace)))
+        ns = _namespace(tenant, namespace)
+        for domain in (PERSISTENT, NON_PERSISTENT):
+            if await catalog.in_namespace(domain, ns):
+                raise ApiError(409, NAMESPACE_NOT_EMPTY)
+        return await commit("namespace_delete", await store.delete_namespace(ns))
 
     # -- namespace delayed-delivery policy
 
@@ -261,7 +369,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     @app.get(ns_path, tags=["delayed delivery"])
     async def get_namespace_policy(tenant: str, namespace: str, applied: bool = False,
                                    isGlobal: bool = False) -> Response:
-        ns_policy, _ = await store.policies(_namespace(tenant, namespace))
+        ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
         if applied:
             return _json(resolve_policy(broker, ns_policy, None).to_pulsar_json())
         return _own(ns_policy)
@@ -278,32 +386,143 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("namespace_policy_remove",
                             await store.remove_namespace_policy(_namespace(tenant, namespace)))
 
-    # -- topic delayed-delivery policy (`isGlobal` is accepted for pulsar-admin's sake:
-    # dwell has one cluster, so local and global policies are the same thing)
+    # -- topics: Kafka ready topics (dwell.policy.topics)
+
+    async def _listing(domain: str, tenant: str, namespace: str) -> list[str]:
+        ns = _namespace(tenant, namespace)
+        await store.namespace_policy(ns)  # 404 when the namespace does not exist
+        return await catalog.listing(domain, ns)
+
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}", tags=["topics"])
+    async def list_topics(tenant: str, namespace: str) -> list[str]:
+        return await _listing(PERSISTENT, tenant, namespace)
+
+    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}", tags=["topics"])
+    async def list_non_persistent_topics(tenant: str, namespace: str) -> list[str]:
+        return await _listing(NON_PERSISTENT, tenant, namespace)
+
+    async def _partitioned(domain: str, tenant: str, namespace: str) -> list[str]:
+        ns = _namespace(tenant, namespace)
+        await store.namespace_policy(ns)
+        return await catalog.partitioned(domain, ns)
+
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}/partitioned", tags=["topics"])
+    async def list_partitioned_topics(tenant: str, namespace: str) -> list[str]:
+        return await _partitioned(PERSISTENT, tenant, namespace)
+
+    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}/partitioned", tags=["topics"])
+    async def list_non_persistent_partitioned_topics(tenant: str, namespace: str) -> list[str]:
+        return await _partitioned(NON_PERSISTENT, tenant, namespace)
+
+    topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+
+    @app.put(topic_base, status_code=NO_CONTENT, tags=["topics"])
+    async def create_topic(tenant: str, namespace: str, topic: str) -> Response:
+        name = _topic(tenant, namespace, topic)
+        await store.namespace_policy(name.namespace_name)
+        index = name.partition_index
+        if index >= 0:
+            # Pulsar creates a partition only of a partitioned topic that has it; here
+            # every partition of an existing partitioned topic exists with it.
+            parent = name.partitioned_topic
+            count = await catalog.partitions(parent)
+            suffix = f"Can't create topic {name} with \"{PARTITION_SUFFIX}\" followed by"
+            if count <= 1:
+                raise ApiError(412, f"{suffix} numeric value if there isn't a partitioned "
+                                    f"topic {parent.local} created.")
+            if index >= count:
+                raise ApiError(412, f"{suffix} a number smaller than number of partition of "
+                                    f"partitioned topic {parent.local}")
+            raise ApiError(409, "This topic already exists")
+        if not await catalog.create(name, 1):
+            raise ApiError(409, "This topic already exists")
+        return Response(status_code=NO_CONTENT)
+
+    @app.put(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"])
+    async def create_partitioned_topic(tenant: str, namespace: str, topic: str,
+                                       request: Request) -> Response:
+        name = _topic(tenant, namespace, topic)
+        partitions = await _partitions_body(request)
+        if PARTITION_SUFFIX in name.local:
+            raise ApiError(412, "Partitioned Topic Name should not contain '-partition-'")
+        await store.namespace_policy(name.namespace_name)
+        if partitions == 1:
+            # A ready topic with one partition reads as a non-partitioned topic.
+            raise ApiError(406, "Number of partitions should be more than 1: a partitioned "
+                                "topic of one partition is a non-partitioned topic here")
+        if not await catalog.create(name, partitions):
+            raise ApiError(409, "This topic already exists")
+        return Response(status_code=NO_CONTENT)
+
+    @app.get(topic_base + "/partitions", tags=["topics"])
+    async def get_partitioned_metadata(tenant: str, namespace: str, topic: str) -> Response:
+        count = await catalog.partitions(_topic(tenant, namespace, topic))
+        return _json({"partitions": count if count > 1 else 0})
+
+    async def _delete(name: TopicName, partitioned: bool) -> Response:
+        missing = ApiError(404, f"Partitioned Topic {name} not found" if partitioned
+                           else topic_not_found(name))
+        count = await catalog.partitions(name)
+        if count == 0 or (partitioned and count == 1) or not await catalog.delete(name):
+            raise missing
+        return await commit("topic_policy_remove", await store.drop_topic_policies(name))
+
+    @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"])
+    async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
+        return await _delete(_topic(tenant, namespace, topic), partitioned=False)
+
+    @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"])
+    async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
+        return await _delete(_topic(tenant, namespace, topic), partitioned=True)
+
+    @app.get(topic_base + "/stats", tags=["topics"])
+    async def get_topic_stats(tenant: str, namespace: str, topic: str) -> Response:
+        """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
+        name = _topic(tenant, namespace, topic)
+        parent, index = name.partitioned_topic, name.partition_index
+        count = await catalog.partitions(parent)
+        if not (count == 1 and index < 0 or count > 1 and 0 <= index < count):
+            raise ApiError(404, topic_not_found(name))
+        try:
+            answer = await tracker.get("/admin/v2/persistent/" + "/".join(
+                quote(part, safe="") for part in (tenant, namespace, topic)) + "/stats")
+        except httpx.HTTPError as exc:
+            raise ApiError(503, f"tracker unavailable: {exc}") from exc
+        if answer.status_code == 404:
+            # The topic exists but nothing of it is indexed and no subscription is known.
+            return _json({"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}})
+        if answer.status_code != 200:
+            raise ApiError(503, f"tracker answered {answer.status_code}: {answer.text[:200]}")
+        return Response(answer.content, media_type="application/json")
+
+    # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
+    # apart as Pulsar keeps them; the topic runs with local over global, field by field.
 
     topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
 
     @app.get(topic_path, tags=["delayed delivery"])
     async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
                                isGlobal: bool = False) -> Response:
-        name = _topic(tenant, namespace, topic)
-        ns_policy, topic_policy = await store.policies(name.namespace_name, name)
+        name = _policy_topic(tenant, namespace, topic)
+        ns_policy, levels = await store.topic_policies(name)
         if applied:
-            return _json(resolve_policy(broker, ns_policy, topic_policy).to_pulsar_json())
-        return _own(topic_policy)
+            # What the topic runs with, whichever level was asked for: Pulsar would
+            # answer the asked level's own policy when it has one.
+            return _json(resolve_policy(broker, ns_policy, levels.merged()).to_pulsar_json())
+        return _own(levels.level(isGlobal))
 
     @app.post(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
               openapi_extra=_POLICY_BODY)
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
-        name = _topic(tenant, namespace, topic)
-        return await commit("topic_policy_set",
-                            await store.set_topic_policy(name, await _policy_body(request)))
+        name = _policy_topic(tenant, namespace, topic)
+        return await commit("topic_policy_set", await store.set_topic_policy(
+            name, await _policy_body(request), isGlobal))
 
     @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"])
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
-        return await commit("topic_policy_remove",
-                            await store.remove_topic_policy(_topic(tenant, namespace, topic)))
+        return await commit("topic_policy_remove", await store.remove_topic_policy(
+            _policy_topic(tenant, namespace, topic), isGlobal))
 
     return app

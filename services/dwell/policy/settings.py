@@ -18,3 +18,6 @@ class PolicySettings(CommonSettings):
     # checked between calls, and how long a call waits for a rebuild before its 503.
     store_check_interval_ms: int = Field(1000, ge=50)
     store_rebuild_timeout_ms: int = Field(10000, ge=1000)
+    # The tracker, whose index figures `GET /admin/v2/persistent/.../stats` serves on the
+    # admin URL, where pulsar-admin's `topics stats` asks for them.
+    tracker_url: str = "http://127.0.0.1:8083"

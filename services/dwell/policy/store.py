@@ -22,17 +22,31 @@ from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import TopicName
 from dwell.http import ApiError
 
-# Pulsar's texts, which pulsar-admin users grep for.
-TENANT_MISSING = "Tenant does not exist"
-TENANT_EXISTS = "Tenant already exists"
-NAMESPACE_MISSING = "Namespace policies does not exist"
+# Pulsar 4.0's texts (pulsar-broker's TenantsBase, NamespacesBase, AdminResource), which
+# pulsar-admin prints and its users grep for; Pulsar words one case differently per call.
+TENANT_MISSING = "Tenant does not exist"  # get a tenant, create a namespace in it
+TENANT_MISSING_ON_DELETE = "Tenant doesn't exist"
+TENANT_MISSING_ON_LIST = "Tenant not found"  # list its namespaces
+TENANT_EXISTS = "Tenant already exist"
+TENANT_NOT_EMPTY = "The tenant still has active namespaces"
+NAMESPACE_MISSING = "Namespace does not exist"
 NAMESPACE_EXISTS = "Namespace already exists"
+NAMESPACE_NOT_EMPTY = "Cannot delete non empty namespace"
+
+
+def tenant_missing_on_update(tenant: str) -> str:
+    return f"Tenant {tenant} not found"
+
+
+def namespace_missing_on_delete(ns: str) -> str:
+    return f"Namespace {ns} does not exist."
 
 # Return codes of lua/put-5.lua, remove-6.lua and namespace_delete-6.lua.
 ABSENT = 0
 PARENT_MISSING = -1
 EXISTS = -2
 NOT_EMPTY = -2
+CHANGED = -3
 
 LUA = Path(__file__).parent / "lua"
 
@@ -102,6 +116,58 @@ def _policy(raw: bytes | None) -> DelayedDeliveryPolicies | None:
     return DelayedDeliveryPolicies.model_validate(orjson.loads(raw)["policy"])
 
 
+class TopicPolicies(pydantic.BaseModel):
+    """A topic's two policies, as Pulsar keeps them: the local one (this cluster) and the
+    global one (`isGlobal`, replicated to every cluster in Pulsar)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    local: DelayedDeliveryPolicies | None = None
+    global_: DelayedDeliveryPolicies | None = pydantic.Field(None, alias="global")
+
+    def level(self, is_global: bool) -> DelayedDeliveryPolicies | None:
+        return self.global_ if is_global else self.local
+
+    def with_level(self, is_global: bool,
+                   policy: DelayedDeliveryPolicies | None) -> TopicPolicies:
+        local, global_ = (self.local, policy) if is_global else (policy, self.global_)
+        return TopicPolicies(local=local, **{"global": global_})
+
+    def merged(self) -> DelayedDeliveryPolicies | None:
+        """The topic level as admission resolves it: field by field the local value,
+        else the global one (Pulsar's PolicyHierarchyValue: local, global, namespace,
+        broker)."""
+        if self.local is None:
+            return self.global_
+        if self.global_ is None:
+            return self.local
+        return DelayedDeliveryPolicies.model_validate(
+            self.global_.model_dump(exclude_none=True) | self.local.model_dump(exclude_none=True))
+
+    def record_fields(self) -> dict[str, Any]:
+        """The record's fields after its scope: `policy` (what admission reads) plus the
+        levels that are set."""
+        merged = self.merged()
+        fields: dict[str, Any] = {
+            "policy": merged.model_dump(exclude_none=True) if merged is not None else None}
+        if self.local is not None:
+            fields["local"] = self.local.model_dump(exclude_none=True)
+        if self.global_ is not None:
+            fields["global"] = self.global_.model_dump(exclude_none=True)
+        return fields
+
+
+def _topic_record(raw: bytes | None) -> tuple[int, TopicPolicies]:
+    """(version, policies) of a topic's record; version 0 when there is none. A record
+    written before local and global were kept apart holds only `policy`: the local one."""
+    if raw is None:
+        return 0, TopicPolicies()
+    doc = orjson.loads(raw)
+    if "local" not in doc and "global" not in doc:
+        doc["local"] = doc["policy"]
+    return int(doc["version"]), TopicPolicies.model_validate(doc)
+
+
 class PolicyStore:
     def __init__(self, client: aredis.Redis) -> None:
         self.redis = client
@@ -153,6 +219,17 @@ class PolicyStore:
             raise ApiError(409, TENANT_EXISTS)
         return [(scope, int(v))]
 
+    async def update_tenant(self, name: str, info: TenantInfo) -> list[Change]:
+        scope = tenant_scope(name)
+        # The tenant record is its own parent: the update writes only over an existing one.
+        v = await self._run(
+            "put", [keys.POLICY_VERSION, keys.tenant(name), keys.tenant(name), keys.TENANTS,
+                    keys.POLICY_SCOPES],
+            ["1", "0", name, scope, _tail(scope, tenant=info.model_dump())])
+        if v == PARENT_MISSING:
+            raise ApiError(404, tenant_missing_on_update(name))
+        return [(scope, int(v))]
+
     async def get_tenant(self, name: str) -> TenantInfo:
         raw = await self.redis.get(keys.tenant(name))
         if raw is None:
@@ -169,10 +246,9 @@ class PolicyStore:
                        keys.namespaces(name), keys.TENANTS, keys.POLICY_SCOPES],
             ["0", scope, "1", name])
         if v == ABSENT:
-            raise ApiError(404, TENANT_MISSING)
+            raise ApiError(404, TENANT_MISSING_ON_DELETE)
         if v == NOT_EMPTY:
-            raise ApiError(409, f"Cannot delete tenant {name}: it still has namespaces; "
-                                "delete them first")
+            raise ApiError(409, TENANT_NOT_EMPTY)
         return [(scope, int(v))]
 
     # -- namespaces (`ns` is `tenant/namespace`)
@@ -196,7 +272,7 @@ class PolicyStore:
             pipe.smembers(keys.namespaces(tenant_name))
             exists, members = await pipe.execute()
         if not exists:
-            raise ApiError(404, TENANT_MISSING)
+            raise ApiError(404, TENANT_MISSING_ON_LIST)
         return sorted(m.decode() for m in members)
 
     async def delete_namespace(self, ns: str) -> list[Change]:
@@ -207,28 +283,24 @@ class PolicyStore:
              keys.namespace_policy(ns), keys.namespaces(tenant_name), keys.POLICY_SCOPES],
             [namespace_scope(ns), namespace_policy_scope(ns), ns])
         if code == ABSENT:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise ApiError(404, namespace_missing_on_delete(ns))
         if code == NOT_EMPTY:
-            raise ApiError(409, f"Cannot delete namespace {ns}: topics in it still have "
-                                "delayed-delivery policies; remove them first")
+            # dwell's namespace holds topics once a topic policy names them.
+            raise ApiError(409, NAMESPACE_NOT_EMPTY)
         changes = [(namespace_policy_scope(ns), int(v_policy))] if v_policy else []
         return [*changes, (namespace_scope(ns), int(v_ns))]
 
     # -- delayed-delivery policies
 
-    async def policies(self, ns: str, topic: TopicName | None = None
-                       ) -> tuple[DelayedDeliveryPolicies | None, DelayedDeliveryPolicies | None]:
-        """The namespace's and (when asked) the topic's own policies, read together;
-        404 when the namespace does not exist."""
+    async def namespace_policy(self, ns: str) -> DelayedDeliveryPolicies | None:
+        """The namespace's own policy; 404 when the namespace does not exist."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.exists(keys.namespace(ns))
             pipe.get(keys.namespace_policy(ns))
-            if topic is not None:
-                pipe.get(keys.topic_policy(str(topic)))
-            exists, ns_raw, *topic_raw = await pipe.execute()
+            exists, ns_raw = await pipe.execute()
         if not exists:
             raise ApiError(404, NAMESPACE_MISSING)
-        return _policy(ns_raw), _policy(topic_raw[0] if topic_raw else None)
+        return _policy(ns_raw)
 
     async def set_namespace_policy(self, ns: str, policy: DelayedDeliveryPolicies
                                    ) -> list[Change]:
@@ -251,26 +323,59 @@ class PolicyStore:
             raise ApiError(404, NAMESPACE_MISSING)
         return [(scope, int(v))] if v > 0 else []
 
-    async def set_topic_policy(self, topic: TopicName, policy: DelayedDeliveryPolicies
-                               ) -> list[Change]:
+    async def topic_policies(self, topic: TopicName
+                             ) -> tuple[DelayedDeliveryPolicies | None, TopicPolicies]:
+        """The namespace's policy and the topic's local and global ones, read together;
+        404 when the namespace does not exist."""
+        ns = topic.namespace_name
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.namespace(ns))
+            pipe.get(keys.namespace_policy(ns))
+            pipe.get(keys.topic_policy(str(topic)))
+            exists, ns_raw, topic_raw = await pipe.execute()
+        if not exists:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return _policy(ns_raw), _topic_record(topic_raw)[1]
+
+    async def set_topic_policy(self, topic: TopicName, policy: DelayedDeliveryPolicies | None,
+                               is_global: bool = False) -> list[Change]:
+        """Set (or, with None, remove) the topic's local or global policy; the other one
+        stays. The record holds both, so the write is a compare-and-set on its version,
+        retried when another write came between the read and it."""
         ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
-        v = await self._run(
-            "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
-                    keys.namespace_topic_policies(ns), keys.POLICY_SCOPES],
-            ["1", "0", name, scope, _tail(scope, policy=policy.model_dump(exclude_none=True))])
+        while True:
+            version, current = _topic_record(await self.redis.get(keys.topic_policy(name)))
+            after = current.with_level(is_global, policy)
+            if after.local is None and after.global_ is None:
+                v = await self._run(
+                    "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
+                               keys.topic_policy(name), keys.namespace_topic_policies(ns),
+                               keys.POLICY_SCOPES],
+                    ["1", scope, "0", name, str(version)])
+            else:
+                v = await self._run(
+                    "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
+                            keys.namespace_topic_policies(ns), keys.POLICY_SCOPES],
+                    ["1", "0", name, scope, _tail(scope, **after.record_fields()),
+                     str(version)])
+            if v != CHANGED:
+                break
         if v == PARENT_MISSING:
             raise ApiError(404, NAMESPACE_MISSING)
-        return [(scope, int(v))]
+        return [(scope, int(v))] if v > 0 else []
 
-    async def remove_topic_policy(self, topic: TopicName) -> list[Change]:
+    async def remove_topic_policy(self, topic: TopicName, is_global: bool = False
+                                  ) -> list[Change]:
+        return await self.set_topic_policy(topic, None, is_global)
+
+    async def drop_topic_policies(self, topic: TopicName) -> list[Change]:
+        """Remove both of a deleted topic's policies, as Pulsar does with the topic."""
         ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
         v = await self._run(
             "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
                        keys.topic_policy(name), keys.namespace_topic_policies(ns),
                        keys.POLICY_SCOPES],
-            ["1", scope, "0", name])
-        if v == PARENT_MISSING:
-            raise ApiError(404, NAMESPACE_MISSING)
+            ["0", scope, "0", name])
         return [(scope, int(v))] if v > 0 else []
 
     # -- what the change feed reads

@@ -18,7 +18,7 @@ from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
-from dwell.tracker.stats import topic_stats, topics
+from dwell.tracker.stats import pulsar_stats, topic_stats, topics
 
 
 def _topic(kind: str, tenant: str, namespace: str, topic: str) -> str:
@@ -116,16 +116,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     def pulsar_topic_stats(tenant: str, namespace: str, topic: str) -> dict[str, Any]:
         name = _topic("persistent", tenant, namespace, topic)
         if not r.sismember(keys.TOPICS, name) and not subscriptions.names(r, name):
-            raise ApiError(404, "Topic not found")
-        s = stats_of(name)
-        # PIP-448: the index is shared, so every subscription reports the topic's figures.
-        return {
-            "delayedMessageIndexSizeInBytes": s["bufferMemoryBytes"],
-            "subscriptions": {
-                sub: {"msgDelayed": s["delayedMessages"],
-                      "delayedMessageIndexSizeInBytes": s["bufferMemoryBytes"]}
-                for sub in s["subscriptions"]
-            },
-        }
+            raise ApiError(404, f"Topic {name} not found")
+        return pulsar_stats(stats_of(name))
 
     return app

@@ -64,7 +64,16 @@ _SUBSCRIPTION_FAMILIES = {
     "pulsar_subscription_delayed": "Delayed messages a subscription will receive",
     "dwell_tracker_subscription_pending_redeliveries":
         "Redeliveries waiting in the subscription's index",
+    "pulsar_subscription_delayed_message_index_size_bytes":
+        "Bytes of the delayed-message index a subscription reads: the topic's shared index "
+        "plus its own redeliveries' index",
 }
+
+
+def subscription_index_bytes(s: dict[str, Any], sub: str) -> int:
+    """One subscription's delayedMessageIndexSizeInBytes in a `topic_stats` snapshot: the
+    shared index plus its own redeliveries' index."""
+    return int(s["bufferMemoryBytes"]) + int(s["subscriptions"][sub]["redeliveryIndexBytes"])
 
 
 class IndexStats(Collector):
@@ -84,8 +93,8 @@ class IndexStats(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         topic_fams = [(GaugeMetricFamily(name, text, labels=_TOPIC), field)
                       for name, (text, field) in _TOPIC_FAMILIES.items()]
-        sub_delayed, pending = (GaugeMetricFamily(name, text, labels=_SUBSCRIPTION)
-                                for name, text in _SUBSCRIPTION_FAMILIES.items())
+        sub_delayed, pending, sub_bytes = (GaugeMetricFamily(name, text, labels=_SUBSCRIPTION)
+                                           for name, text in _SUBSCRIPTION_FAMILIES.items())
         for s in self.snapshot:
             try:
                 ns = TopicName.parse(s["topic"]).namespace_name
@@ -97,10 +106,12 @@ class IndexStats(Collector):
             for sub, ss in s["subscriptions"].items():
                 sub_delayed.add_metric([*lv, sub], s["delayedMessages"])
                 pending.add_metric([*lv, sub], ss["pendingRedeliveries"])
+                sub_bytes.add_metric([*lv, sub], subscription_index_bytes(s, sub))
         for fam, _ in topic_fams:
             yield fam
         yield sub_delayed
         yield pending
+        yield sub_bytes
 
 
 INDEX_STATS = IndexStats()

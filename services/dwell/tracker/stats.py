@@ -20,6 +20,7 @@ from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
 from dwell.tracker import metrics
 from dwell.tracker.ingest import FIXED_FIELD
+from dwell.tracker.metrics import subscription_index_bytes
 
 log = logging.getLogger("dwell.tracker.stats")
 
@@ -103,3 +104,17 @@ class StatsRefresher:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def pulsar_stats(s: dict[str, Any]) -> dict[str, Any]:
+    """The delayed-delivery part of Pulsar's TopicStats from `topic_stats`. PIP-448's index
+    is shared, so every subscription reports the topic's delayed messages and index bytes
+    (its own redeliveries' index added); the topic's figure is their sum, as Pulsar's
+    PersistentTopic computes it, and so counts the shared index once per subscription
+    (`pulsar_delayed_message_index_size_bytes` is the index's own size)."""
+    subs = {sub: {"msgDelayed": s["delayedMessages"],
+                  "delayedMessageIndexSizeInBytes": subscription_index_bytes(s, sub)}
+            for sub in s["subscriptions"]}
+    return {"delayedMessageIndexSizeInBytes":
+            sum(sub["delayedMessageIndexSizeInBytes"] for sub in subs.values()),
+            "subscriptions": subs}

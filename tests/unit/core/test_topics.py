@@ -234,3 +234,17 @@ def test_dwell_topic_constants() -> None:
         "dwell.delayed",
         "dwell.acks",
     )
+
+
+@pytest.mark.parametrize(("local", "index", "parent"), [
+    ("x-partition-0", 0, "x"), ("x-partition-12", 12, "x"), ("a-partition-b-partition-3", 3,
+                                                              "a-partition-b"),
+    ("x", -1, "x"), ("x-partition-", -1, "x-partition-"), ("-partition-1", -1, "-partition-1"),
+    ("x-partition-1a", -1, "x-partition-1a"), ("x-partition-٣", -1, "x-partition-٣"),
+])
+def test_partition_names(local: str, index: int, parent: str) -> None:
+    topic = TopicName.of("persistent", "t", "ns", local)
+    assert topic.partition_index == index
+    assert topic.partitioned_topic == TopicName.of("persistent", "t", "ns", parent)
+    if index >= 0:
+        assert topic.partitioned_topic.partition(index) == topic

@@ -86,6 +86,35 @@ def topic_names(bootstrap: str, timeout: float = 15.0) -> set[str]:
         raise KafkaUnavailable(f"list_topics: {exc}") from exc
 
 
+def partition_counts(bootstrap: str, timeout: float = 15.0) -> dict[str, int]:
+    """Every topic the cluster has, with its number of partitions (one metadata request)."""
+    try:
+        md = admin(bootstrap).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"list_topics: {exc}") from exc
+    return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
+
+
+def delete_topic(bootstrap: str, name: str, timeout: float = 15.0) -> bool:
+    """Delete a topic; False when there was none. KafkaUnavailable when Kafka cannot answer.
+    Returns once the cluster's metadata no longer lists it, so that what follows (a list,
+    a create of the same name) sees it gone."""
+    client = admin(bootstrap)
+    futures = client.delete_topics([name], operation_timeout=timeout)
+    try:
+        futures[name].result(timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return False
+        raise KafkaUnavailable(f"cannot delete topic {name}: {exc}") from exc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if name not in client.list_topics(timeout=timeout).topics:
+            return True
+        time.sleep(0.05)
+    raise KafkaUnavailable(f"topic {name} still listed {timeout}s after its deletion")
+
+
 def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
     """The partition ids of an existing topic; KafkaUnavailable when it is not there."""
     md = admin(bootstrap).list_topics(topic, timeout=timeout)

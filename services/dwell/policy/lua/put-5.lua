@@ -10,13 +10,23 @@
 -- ARGV[3] member for KEYS[4], or ""
 -- ARGV[4] the scope (`tenant:t`, `namespace:t/ns`, `ns:t/ns`, `topic:persistent://t/ns/x`)
 -- ARGV[5] the JSON text that follows the version: `,"scope":...}`
+-- ARGV[6] optional: the version the record must still have ("0": absent), for a write
+--         computed from the record as it was read (a topic's local and global policies)
 --
--- Returns the new version (> 0), PARENT_MISSING (-1) or EXISTS (-2).
+-- Returns the new version (> 0), PARENT_MISSING (-1), EXISTS (-2) or CHANGED (-3: the
+-- record is no longer at ARGV[6]).
 if ARGV[1] == "1" and redis.call("EXISTS", KEYS[2]) == 0 then
   return -1
 end
 if ARGV[2] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then
   return -2
+end
+if ARGV[6] and ARGV[6] ~= "" then
+  local current = redis.call("GET", KEYS[3])
+  local have = current and string.match(current, '^{"version":(%d+),') or "0"
+  if have ~= ARGV[6] then
+    return -3
+  end
 end
 local version = redis.call("INCR", KEYS[1])
 redis.call("SET", KEYS[3], '{"version":' .. string.format("%d", version) .. ARGV[5])

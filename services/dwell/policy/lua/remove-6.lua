@@ -10,14 +10,21 @@
 -- ARGV[2] the scope
 -- ARGV[3] "1": refuse while KEYS[4] has members
 -- ARGV[4] member for KEYS[5], or ""
+-- ARGV[5] optional: the version the record must still have (see put-5.lua)
 --
 -- Returns the tombstone's version (> 0), ABSENT (0: nothing to remove, no version taken),
--- PARENT_MISSING (-1) or NOT_EMPTY (-2).
+-- PARENT_MISSING (-1), NOT_EMPTY (-2) or CHANGED (-3).
 if ARGV[1] == "1" and redis.call("EXISTS", KEYS[2]) == 0 then
   return -1
 end
 if redis.call("EXISTS", KEYS[3]) == 0 then
   return 0
+end
+if ARGV[5] and ARGV[5] ~= "" then
+  local have = string.match(redis.call("GET", KEYS[3]), '^{"version":(%d+),') or "0"
+  if have ~= ARGV[5] then
+    return -3
+  end
 end
 if ARGV[3] == "1" and redis.call("SCARD", KEYS[4]) > 0 then
   return -2

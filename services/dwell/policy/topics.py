@@ -1,0 +1,76 @@
+"""Pulsar topics as dwell has them: a topic exists when its Kafka ready topic does
+(dwell.core.topics maps the names). A ready topic with one Kafka partition is a
+non-partitioned Pulsar topic; one with N > 1 is a partitioned topic, whose partition
+`x-partition-i` is the ready topic's Kafka partition i. Kafka is the record: nothing about
+topics is kept anywhere else."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dwell.adapters import kafka
+from dwell.core.topics import InvalidTopicName, TopicName
+from dwell.http import ApiError
+
+
+def _unavailable(exc: Exception) -> ApiError:
+    return ApiError(503, f"Kafka unavailable: {exc}")
+
+
+class TopicCatalog:
+    def __init__(self, bootstrap: str, replication: int) -> None:
+        self.bootstrap = bootstrap
+        self.replication = replication
+
+    async def _counts(self) -> dict[str, int]:
+        try:
+            return await asyncio.to_thread(kafka.partition_counts, self.bootstrap)
+        except kafka.KafkaUnavailable as exc:
+            raise _unavailable(exc) from exc
+
+    async def partitions(self, topic: TopicName) -> int:
+        """The number of Kafka partitions of the topic's ready topic; 0 when it has none."""
+        return (await self._counts()).get(topic.kafka_topic, 0)
+
+    async def in_namespace(self, domain: str, ns: str) -> dict[TopicName, int]:
+        """The namespace's topics of one domain, with their partition counts."""
+        found = {}
+        for name, count in (await self._counts()).items():
+            try:
+                topic = TopicName.from_kafka(name)
+            except InvalidTopicName:
+                continue  # dwell's own topics, and names that map to no Pulsar topic
+            if topic.domain == domain and topic.namespace_name == ns:
+                found[topic] = count
+        return found
+
+    async def listing(self, domain: str, ns: str) -> list[str]:
+        """Pulsar's topic list: non-partitioned topics and the partitions of the others."""
+        names = []
+        for topic, count in (await self.in_namespace(domain, ns)).items():
+            names += [str(topic)] if count == 1 else [str(topic.partition(i))
+                                                      for i in range(count)]
+        return sorted(names)
+
+    async def partitioned(self, domain: str, ns: str) -> list[str]:
+        return sorted(str(topic) for topic, count in
+                      (await self.in_namespace(domain, ns)).items() if count > 1)
+
+    async def create(self, topic: TopicName, partitions: int) -> bool:
+        """Create the ready topic; False when it exists already."""
+        try:
+            return await asyncio.to_thread(kafka.ensure_topic, self.bootstrap, topic.kafka_topic,
+                                           partitions, self.replication)
+        except kafka.TopicRefused as exc:
+            raise ApiError(409, f"topic: {topic} maps to the Kafka topic {topic.kafka_topic}, "
+                                f"which Kafka refuses ({exc}); Kafka treats '.' and '_' in "
+                                "topic names alike") from exc
+        except kafka.KafkaUnavailable as exc:
+            raise _unavailable(exc) from exc
+
+    async def delete(self, topic: TopicName) -> bool:
+        """Delete the ready topic; False when there was none."""
+        try:
+            return await asyncio.to_thread(kafka.delete_topic, self.bootstrap, topic.kafka_topic)
+        except kafka.KafkaUnavailable as exc:
+            raise _unavailable(exc) from exc
