@@ -39,13 +39,14 @@ def test_inheritance_scenario(policy, unique: str) -> None:  # type: ignore[no-u
     assert json.loads(ok(url, "-o", "json", "namespaces", "list", unique)) == [ns]
     ok(url, "namespaces", "set-delayed-delivery", ns, "-e", "-md", "10d", "-fd", "5m")
     ok(url, "topic-policies", "set-delayed-delivery", topic, "-e", "-t", "500ms")
+    ok(url, "topic-policies", "set-delayed-delivery", topic, "-g", "-e", "-t", "2s", "-md", "2w")
 
     # Only the flags given were sent: the topic policy holds active and tickTime alone.
     assert json.loads(ok(url, "-o", "json", "topic-policies", "get-delayed-delivery",
                          topic)) == {"active": True, "tickTime": 500}
     assert json.loads(ok(url, "-o", "json", "topic-policies", "get-delayed-delivery", topic,
                          "--applied")) == {"active": True, "tickTime": 500,
-                                           "maxDeliveryDelayInMillis": 864_000_000,
+                                           "maxDeliveryDelayInMillis": 1_209_600_000,
                                            "fixedDeliveryDelayInMillis": 300_000}
     table = ok(url, "topic-policies", "get-delayed-delivery", topic, "-ap")
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
@@ -53,12 +54,13 @@ def test_inheritance_scenario(policy, unique: str) -> None:  # type: ignore[no-u
     assert rows == {
         "active (active)": ["true", "topic"],
         "tick time (tickTime)": ["500 ms (500ms)", "topic"],
-        "max delay (maxDeliveryDelayInMillis)": ["864000000 ms (1w3d)", "namespace"],
+        "max delay (maxDeliveryDelayInMillis)": ["1209600000 ms (2w)", "topic (global)"],
         "fixed delay (fixedDeliveryDelayInMillis)": ["300000 ms (5m)", "namespace"],
     }
 
     ok(url, "topic-policies", "remove-delayed-delivery", topic)
     assert ok(url, "-o", "json", "topic-policies", "get-delayed-delivery", topic) == "null\n"
+    ok(url, "topic-policies", "remove-delayed-delivery", topic, "-g")
     ok(url, "namespaces", "remove-delayed-delivery", ns)
     ok(url, "namespaces", "delete", ns)
     ok(url, "tenants", "delete", unique)

@@ -10,7 +10,7 @@ import httpx
 
 
 class AdminError(Exception):
-    """A failed call, already worded for the user (`404 Namespace policies does not exist`)."""
+    """A failed call, already worded for the user (`404 Namespace does not exist`)."""
 
 
 def path(*segments: str) -> str:

@@ -107,11 +107,11 @@ TopicArg = Annotated[str, typer.Argument(metavar="TOPIC",
                                          help="persistent://tenant/namespace/topic "
                                               "(or tenant/namespace/topic).")]
 GlobalOpt = Annotated[bool, typer.Option(
-    "--global", "-g", help="Accepted for pulsar-admin compatibility (sent as isGlobal); "
-                           "dwell has one cluster, so it changes nothing.")]
+    "--global", "-g", help="The topic's global policy (Pulsar's isGlobal), kept apart from "
+                           "its local one; a field the local policy sets takes precedence.")]
 AppliedOpt = Annotated[bool, typer.Option(
-    "--applied", "-ap", help="Show the effective policy: every field resolved topic → namespace → "
-                      "broker default, with where each value comes from.")]
+    "--applied", "-ap", help="Show the effective policy: every field resolved topic (local, then "
+                      "global) → namespace → broker default, with where each value comes from.")]
 
 
 def _list_table(header: str, items: list[str]) -> Table:
@@ -328,7 +328,9 @@ def topic_get(ctx: typer.Context, topic: TopicArg, applied: AppliedOpt = False,
                          params=params | ({"applied": "true"} if applied else {}))
     levels = None
     if applied and ctx.obj.output is Output.table:
-        levels = [("topic", client.call("GET", _topic_url(topic), params=params)),
+        levels = [("topic", client.call("GET", _topic_url(topic))),
+                  ("topic (global)", client.call("GET", _topic_url(topic),
+                                                 params=_global(True))),
                   ("namespace", client.call("GET", path("namespaces", name.tenant,
                                                         name.namespace, "delayedDelivery")))]
     _show_policy(ctx, str(name), policy, levels)
