@@ -21,6 +21,7 @@ Prints the figures and writes bench/out/admission_ceiling.json.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -139,7 +140,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"]:
+    if sys.argv[1:2] == ["serve"]:  # the stand-in server main() starts
         serve()
     else:
+        argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
         main()
