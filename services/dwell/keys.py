@@ -107,6 +107,10 @@ INGESTED = "dwell:trk:ingested"
 # it lost the registry; a value below what the tracker wrote means a rollback
 # (dwell.tracker.registry).
 SUBSCRIPTIONS_APPLIED = "dwell:trk:subs:applied"
+# STRING: the last micro-batch of the backoff query whose decisions the subscriptions'
+# redelivery indexes hold. Only a rebuild creates it, so a Redis without it lost them; a
+# value below the batch before the running one means a rollback (dwell_spark.recovery).
+BACKOFF_APPLIED = "dwell:backoff:applied"
 
 
 def subscriptions(topic: str) -> str:
