@@ -125,12 +125,13 @@ class SubscriptionRegistry:
 
     def ensure(self) -> None:
         """Return once Redis holds what `dwell.subscriptions` holds; ApiError 503 when that
-        could not be had (Kafka unreachable)."""
+        could not be had (Kafka or Redis unreachable during the rebuild)."""
         if self._behind() is None:
             return
         try:
             self.rebuild()
-        except kafka.KafkaUnavailable as exc:
+        except Exception as exc:  # Kafka or Redis unreachable mid-rebuild: the call may retry
+            log.warning("subscription registry rebuild failed: %s", exc)
             raise ApiError(503, "the subscription registry is being rebuilt from "
                                 f"{topics.SUBSCRIPTIONS} (Redis lost it): {exc}",
                            {"Retry-After": "1"}) from exc
