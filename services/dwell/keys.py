@@ -102,6 +102,15 @@ DUE_SUBSCRIPTIONS = "dwell:due:subs"  # ZSET "<topic> <sub>" -> earliest redeliv
 # them). Redis losing it, or holding less than the tracker wrote, is how the tracker sees
 # that Redis lost writes (dwell.tracker.recovery).
 INGESTED = "dwell:trk:ingested"
+# STRING: the offset of `dwell.subscriptions` below which Redis holds every registration
+# (`dwell:subs:{topic}`). Only a rebuild of the registry creates it, so a Redis that lost
+# it lost the registry; a value below what the tracker wrote means a rollback
+# (dwell.tracker.registry).
+SUBSCRIPTIONS_APPLIED = "dwell:trk:subs:applied"
+# STRING: the last micro-batch of the backoff query whose decisions the subscriptions'
+# redelivery indexes hold. Only a rebuild creates it, so a Redis without it lost them; a
+# value below the batch before the running one means a rollback (dwell_spark.recovery).
+BACKOFF_APPLIED = "dwell:backoff:applied"
 
 
 def subscriptions(topic: str) -> str:

@@ -22,7 +22,9 @@ tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` 
 plain Kafka consumer that registered its subscription over the tracker's HTTP API) takes
 them from the tracker's subscription registry in Redis, cached per Python worker for
 backoff_registry_ttl_ms. Replays after a crash are harmless: index adds are set unions, removes
-of what is gone are no-ops, and the redelivery count is written, not incremented."""
+of what is gone are no-ops, and the redelivery count is written, not incremented. The
+state holds every pending redelivery, so after Redis lost the indexes dwell_spark.recovery
+puts them back from it before the next batch's decisions are applied."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ from dwell.core.topics import TopicName, dlq_topic
 from dwell.index import subscriptions as registry
 from dwell.index.redelivery import SubscriptionIndex
 
-from . import metrics
+from . import metrics, recovery
 from .drain import TopicCache, write_ranges
 from .records import Range
 from .settings import SparkSettings
@@ -79,7 +81,9 @@ EVENT_SCHEMA = StructType([
 ])
 # The pending redelivery (or dead letter) of one message: due at ``dueAt`` in the index
 # bucket ``bucket`` (field and offset follow from the messageId), as redelivery
-# ``redeliveryCount``. The state's timer only drops it once an ack can no longer matter.
+# ``redeliveryCount``, stored as the redelivery index stores it (-(count + 1): a dead
+# letter), so that the state alone can put the entry back into a lost index
+# (dwell_spark.recovery). The state's timer only drops it once an ack can no longer matter.
 STATE_SCHEMA = StructType([
     StructField("dueAt", LongType()),
     StructField("bucket", LongType()),
@@ -198,7 +202,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
                     emit(DLQ, at, None, count)
                     return None
                 emit(DEAD, at, bucket, count)
-                return (at, bucket, count)
+                return (at, bucket, -count - 1)
             emit(SCHEDULE, at, bucket, count + 1)
             return (at, bucket, count + 1)
 
@@ -298,17 +302,22 @@ WARM_UP_TOPIC = "persistent://dwell/system/backoff-warm-up"
 WARM_UP_RESEND_S = 5.0
 
 
+def send_warm_up(p: kafka.Producer) -> None:
+    """One warm-up event on dwell.acks; it also makes an idle query run a micro-batch."""
+    body = {"event": ACK, "topic": WARM_UP_TOPIC, "subscription": "warm-up",
+            "messageId": "dwell.delayed:0:0", "ts": int(time.time() * 1000)}
+    p.send(names.ACKS, json.dumps(body).encode(),
+           key=f"{WARM_UP_TOPIC}/warm-up".encode()).result(10)
+
+
 def warm_up(bootstrap: str, done: threading.Event, compression_type: str = "none") -> None:
     """Send the warm-up event until a batch has read it: one sent before the query has
     fixed its starting offsets ("latest" on a new checkpoint) is never read."""
     p = kafka.Producer(bootstrap, linger_ms=0, compression_type=compression_type)
     try:
         while not done.is_set():
-            body = {"event": ACK, "topic": WARM_UP_TOPIC, "subscription": "warm-up",
-                    "messageId": "dwell.delayed:0:0", "ts": int(time.time() * 1000)}
             try:
-                p.send(names.ACKS, json.dumps(body).encode(),
-                       key=f"{WARM_UP_TOPIC}/warm-up".encode()).result(10)
+                send_warm_up(p)
             except Exception:
                 log.warning("backoff warm-up event not sent; retrying", exc_info=True)
             done.wait(WARM_UP_RESEND_S)
@@ -323,13 +332,18 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     lookup = RegistryLookup(settings.redis_url, settings.backoff_registry_ttl_ms)
     tick = settings.redelivery_tick_ms
     grace = settings.backoff_state_grace_ms
+    nudger = kafka.Producer(settings.kafka_bootstrap, linger_ms=0,
+                            compression_type=settings.kafka_compression_type)
+    keeper = recovery.IndexKeeper(spark, settings, redis, lambda: send_warm_up(nudger))
 
     def _step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
               state: GroupState) -> Iterator[pd.DataFrame]:
         return step(key, batches, state, lookup, tick, grace)
 
-    def _batch(df: DataFrame, _batch_id: int) -> None:
+    def _batch(df: DataFrame, batch_id: int) -> None:
         rows = df.collect()
+        # Before this batch's decisions: Redis must hold those of the batches before it.
+        keeper.before(batch_id)
         if not warmed.is_set() and any(r.topic == WARM_UP_TOPIC for r in rows):
             warmed.set()
             metrics.mark_ready("backoff")
@@ -343,6 +357,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
             leads = [int(r.at) - now for r in rows if r.action in (SCHEDULE, DEAD)]
             log.info("backoff: %d decisions; earliest scheduled redelivery due in %s ms",
                      len(rows), min(leads) if leads else "-")
+        keeper.after(batch_id)
 
     decisions = (events(spark, settings)
                  .groupBy("topic", "subscription", "messageId")
@@ -357,4 +372,6 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     threading.Thread(target=warm_up, args=(settings.kafka_bootstrap, warmed,
                                            settings.kafka_compression_type),
                      name="backoff-warm-up", daemon=True).start()
+    threading.Thread(target=keeper.run, args=(threading.Event(),), name="backoff-redis-check",
+                     daemon=True).start()
     return query

@@ -35,6 +35,16 @@ LEASE_RENEWALS = Counter("dwell_drain_lease_renewals_total", "Leases of claimed 
 LEASES_LOST = Counter("dwell_drain_leases_lost_total", "Claimed buckets whose lease another "
                       "drainer took before the round completed them (their remaining records "
                       "are not written by this round)", registry=REGISTRY)
+BACKOFF_REBUILDS = Counter("dwell_backoff_index_rebuilds_total",
+                           "Rebuilds of the subscriptions' redelivery indexes from the backoff "
+                           "state because Redis lost them or rolled back, by reason",
+                           ["reason"], registry=REGISTRY)
+BACKOFF_REBUILT = Counter("dwell_backoff_rebuild_redeliveries_total",
+                          "Pending redeliveries a rebuild found in the backoff state: put back "
+                          "before their time (pending), put back already due (due: the "
+                          "drain sends them at once; those in flight at the loss reach the "
+                          "retry topic twice), or skipped as already on the retry or dead-"
+                          "letter topic (skipped_delivered)", ["outcome"], registry=REGISTRY)
 DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
               registry=REGISTRY)
 

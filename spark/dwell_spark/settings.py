@@ -51,6 +51,9 @@ class SparkSettings(CommonSettings):
     # for "not registered"): a re-registration reaches events without settings within
     # this time, and a busy subscription costs one Redis read per worker per TTL.
     backoff_registry_ttl_ms: int = Field(2000, ge=0)
+    # Losing Redis (dwell_spark.recovery): how often an idle app checks that Redis still
+    # holds the redelivery indexes (a running backoff micro-batch checks before it applies).
+    redis_check_interval_ms: int = Field(1000, ge=50)
     # Shuffle partitions of the backoff state (fixed once a checkpoint exists). Each is
     # one state task per micro-batch, ~200 ms on local[2] even when idle: one is enough
     # until the events outgrow a core.

@@ -38,6 +38,9 @@ ACKS: Final = "dwell.acks"
 # What the drain (and the restage, for the originals it moved) took out of the index, per
 # completed bucket: the record of delivered positions a rebuild of the index skips.
 DELIVERED: Final = "dwell.delivered"
+# Compacted record of the tracker's subscription registry: key "<topic> <subscription>",
+# value the settings JSON, a tombstone when the subscription is deleted.
+SUBSCRIPTIONS: Final = "dwell.subscriptions"
 
 # Pulsar names partition i of a partitioned topic x `x-partition-i`; dwell's ready topic
 # for x has i as a Kafka partition.

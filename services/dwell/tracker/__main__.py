@@ -1,5 +1,6 @@
 """`python -m dwell.tracker`: the ingest consumer, the restage (re-filing of long,
-varied delays), the stats refresher and the HTTP API in one process."""
+varied delays), the subscription registry's Redis check, the stats refresher and the HTTP
+API in one process."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import threading
 from prometheus_client import REGISTRY
 
 from dwell import memory
-from dwell.adapters.kafka import ensure_topic
+from dwell.adapters.kafka import DWELL_TOPIC_DEFAULTS, ensure_topic
 from dwell.adapters.redis import connect
+from dwell.core import topics
 from dwell.core.positions import REFILED_FIELD_BASE
 from dwell.http import serve
 from dwell.tracker import metrics
 from dwell.tracker.app import build_app
 from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
+from dwell.tracker.registry import SubscriptionRegistry
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import StatsRefresher
@@ -51,6 +54,15 @@ def main() -> None:
                            refiled_topic=settings.refile_log,
                            interval_s=settings.lowmark_interval_ms / 1000)
     threading.Thread(target=keeper.run, name="tracker-lowmark", daemon=True).start()
+    parts, config = DWELL_TOPIC_DEFAULTS[topics.SUBSCRIPTIONS]
+    ensure_topic(settings.kafka_bootstrap, topics.SUBSCRIPTIONS, parts,
+                 settings.kafka_replication_factor, config)
+    registry = SubscriptionRegistry(r, settings.kafka_bootstrap,
+                                    compression_type=settings.kafka_compression_type)
+    registry_stop = threading.Event()
+    threading.Thread(target=registry.run,
+                     args=(settings.redis_check_interval_ms / 1000, registry_stop),
+                     name="tracker-registry", daemon=True).start()
     restager = None
     if settings.restage_enabled:
         restager = Restager(connect(settings.redis_url), settings.kafka_bootstrap,
@@ -71,8 +83,10 @@ def main() -> None:
     REGISTRY.register(metrics.INDEX_STATS)
     threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
     try:
-        serve(build_app(settings, r, loop, refiled, restager, keeper), settings)
+        serve(build_app(settings, r, loop, refiled, restager, keeper, registry), settings)
     finally:
+        registry_stop.set()
+        registry.close()
         keeper.stop()
         loop.stop()
         refiled.stop()

@@ -1,8 +1,10 @@
-"""The tracker's HTTP API (port 8083): subscription registration, per-topic stats,
-Pulsar's topic stats path with its delayed-delivery fields, and /metrics."""
+"""The tracker's HTTP API (port 8083): subscription registration (Kafka first, through
+dwell.tracker.registry), per-topic stats, Pulsar's topic stats path with its
+delayed-delivery fields, and /metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -13,9 +15,9 @@ from dwell import keys
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app
-from dwell.index import subscriptions
 from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
+from dwell.tracker.registry import SubscriptionRegistry
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import pulsar_stats, topic_stats, topics
@@ -38,7 +40,13 @@ def _sub(name: str) -> str:
 def build_app(settings: TrackerSettings, r: redislib.Redis,
               ingest: IngestLoop | None = None, refiled: IngestLoop | None = None,
               restager: Restager | None = None,
-              keeper: LowmarkKeeper | None = None) -> FastAPI:
+              keeper: LowmarkKeeper | None = None,
+              registry: SubscriptionRegistry | None = None) -> FastAPI:
+    if registry is None:
+        registry = SubscriptionRegistry(r, settings.kafka_bootstrap,
+                                        compression_type=settings.kafka_compression_type)
+    reg = registry
+
     async def ready() -> dict[str, Any]:
         checks: dict[str, Any] = {"redis": bool(r.ping())}
         for name, loop in (("ingest", ingest), ("ingestRefiled", refiled)):
@@ -54,6 +62,10 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             checks["restageError"] = restager.error
         if keeper is not None and keeper.error:
             checks["lowmarkError"] = keeper.error
+        if reg.error:
+            checks["subscriptionRegistryError"] = reg.error
+        if reg.rebuilding:
+            checks["subscriptionRegistryRebuilding"] = True
         checks["ready"] = all(v for k, v in checks.items()
                               if not k.endswith(("Error", "Rebuilding")))
         return checks
@@ -63,6 +75,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     lookahead = settings.delayed_delivery_fixed_delay_detection_lookahead
 
     def stats_of(topic: str) -> dict[str, Any]:
+        reg.ensure()  # the stats list the topic's registered subscriptions
         return topic_stats(r, topic, int(time.time() * 1000), strict=strict,
                            lookahead=lookahead)
 
@@ -81,13 +94,13 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             settings_ = SubscriptionSettings.from_json(body)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
-        subscriptions.put(r, name, sub, settings_)
+        await asyncio.to_thread(reg.put, name, sub, settings_)
         return settings_.to_json()
 
     @app.get(base + "/subscriptions/{sub}")
     def get_subscription(kind: str, tenant: str, namespace: str, topic: str,
                          sub: str) -> dict[str, Any]:
-        found = subscriptions.get(r, _topic(kind, tenant, namespace, topic), _sub(sub))
+        found = reg.get(_topic(kind, tenant, namespace, topic), _sub(sub))
         if found is None:
             raise ApiError(404, "Subscription not found")
         return found.to_json()
@@ -95,7 +108,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     @app.delete(base + "/subscriptions/{sub}", status_code=204)
     def delete_subscription(kind: str, tenant: str, namespace: str, topic: str,
                             sub: str) -> Response:
-        if not subscriptions.delete(r, _topic(kind, tenant, namespace, topic), _sub(sub)):
+        if not reg.delete(_topic(kind, tenant, namespace, topic), _sub(sub)):
             raise ApiError(404, "Subscription not found")
         return Response(status_code=204)
 
@@ -115,7 +128,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats")
     def pulsar_topic_stats(tenant: str, namespace: str, topic: str) -> dict[str, Any]:
         name = _topic("persistent", tenant, namespace, topic)
-        if not r.sismember(keys.TOPICS, name) and not subscriptions.names(r, name):
+        if not r.sismember(keys.TOPICS, name) and not reg.names(name):
             raise ApiError(404, f"Topic {name} not found")
         return pulsar_stats(stats_of(name))
 

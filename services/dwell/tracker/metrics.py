@@ -41,6 +41,12 @@ RESTAGE_LEASES_LOST = Counter("dwell_tracker_restage_leases_lost_total",
                               "Claimed buckets whose lease another round took before the "
                               "restage completed them (their remaining records are not "
                               "re-filed by this round)")
+REGISTRY_REBUILDS = Counter("dwell_tracker_subscription_registry_rebuilds_total",
+                            "Rebuilds of the subscription registry from dwell.subscriptions "
+                            "because Redis lost it or rolled back, by reason", ["reason"])
+REGISTRY_REBUILD_SECONDS = Histogram("dwell_tracker_subscription_registry_rebuild_seconds",
+                                     "One rebuild of the subscription registry",
+                                     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 MARKS_WRITTEN = Counter("dwell_delivered_marks_total",
                         "Completed buckets whose positions went to dwell.delivered")
 

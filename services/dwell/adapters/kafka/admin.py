@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer as _Consumer
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dwell.core import topics as names
@@ -68,6 +68,8 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
     names.REFILED: (4, {}),
     names.ACKS: (4, {}),
     names.DELIVERED: (4, {}),
+    names.SUBSCRIPTIONS: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                              "segment.ms": "3600000"}),
 }
 
 
@@ -130,6 +132,23 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, 
     try:
         return {p: watermarks(c, topic, p, timeout)[1]
                 for p in partitions(bootstrap, topic, timeout)}
+    finally:
+        c.close()
+
+
+def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) -> dict[int, int]:
+    """Per partition of an existing topic, the first offset whose record timestamp is at or
+    after ``ts_ms`` (the partition's end offset when there is none)."""
+    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader"})
+    try:
+        wanted = [TopicPartition(topic, p, ts_ms)
+                  for p in partitions(bootstrap, topic, timeout)]
+        try:
+            found = c.offsets_for_times(wanted, timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"offsets_for_times {topic}: {exc}") from exc
+        return {tp.partition: tp.offset if tp.offset >= 0
+                else watermarks(c, topic, tp.partition, timeout)[1] for tp in found}
     finally:
         c.close()
 
