@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -204,7 +204,10 @@ NO_CONTENT = 204
 
 
 def build_app(settings: PolicySettings) -> FastAPI:
-    store = PolicyStore(connect_async(settings.redis_url))
+    feed: PolicyFeed
+    # Writes refuse while the store's counter is below what the feed carries (rebuild.py).
+    store = PolicyStore(connect_async(settings.redis_url),
+                        floor=lambda: feed.highest_version)
     feed = PolicyFeed(store, settings.kafka_bootstrap,
                       replication=settings.kafka_replication_factor,
                       timeout_ms=settings.feed_timeout_ms,
@@ -269,17 +272,21 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
         return error(503, f"policy store (Redis) unavailable: {exc}")
 
-    async def commit(kind: str, changes: list[Change]) -> Response:
-        if changes:
-            CHANGES.labels(kind).inc()
-            VERSION.set(max(version for _, version in changes))
-        for scope, _ in changes:
-            try:
-                await feed.publish(scope)
-            except FeedUnavailable as exc:
-                raise ApiError(503, f"the change is saved, but the change feed (Kafka) did not "
-                                    f"acknowledge it: {exc}; it is published once Kafka is "
-                                    "back") from exc
+    async def commit(kind: str, *writes: Callable[[], Awaitable[list[Change]]]) -> Response:
+        """Run the call's store writes in order, each one's changes published before the
+        next runs, so that Redis losing data between two of them loses none the call made."""
+        for write in writes:
+            changes = await guard.write(write)
+            if changes:
+                CHANGES.labels(kind).inc()
+                VERSION.set(max(version for _, version in changes))
+            for scope, _ in changes:
+                try:
+                    await feed.publish(scope)
+                except FeedUnavailable as exc:
+                    raise ApiError(503, "the change is saved, but the change feed (Kafka) did "
+                                        f"not acknowledge it: {exc}; it is published once "
+                                        "Kafka is back") from exc
         return Response(status_code=NO_CONTENT)
 
     # -- clusters: dwell is one cluster, named by the `cluster` setting
@@ -314,14 +321,14 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def create_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
         info = _check_tenant_info(await _tenant_body(request), settings.cluster)
-        return await commit("tenant_create", await store.create_tenant(name, info))
+        return await commit("tenant_create", lambda: store.create_tenant(name, info))
 
     @app.post("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
               openapi_extra=_TENANT_BODY)
     async def update_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
         info = _check_tenant_info(await _tenant_body(request), settings.cluster)
-        return await commit("tenant_update", await store.update_tenant(name, info))
+        return await commit("tenant_update", lambda: store.update_tenant(name, info))
 
     @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"])
     async def get_tenant(tenant: str) -> Response:
@@ -329,7 +336,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.delete("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"])
     async def delete_tenant(tenant: str) -> Response:
-        return await commit("tenant_delete", await store.delete_tenant(_tenant(tenant)))
+        name = _tenant(tenant)
+        return await commit("tenant_delete", lambda: store.delete_tenant(name))
 
     # -- namespaces
 
@@ -342,10 +350,10 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def create_namespace(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
         policy = await _namespace_body(request)
-        changes = await store.create_namespace(ns)
-        if policy is not None:
-            changes += await store.set_namespace_policy(ns, policy)
-        return await commit("namespace_create", changes)
+        if policy is None:
+            return await commit("namespace_create", lambda: store.create_namespace(ns))
+        return await commit("namespace_create", lambda: store.create_namespace(ns),
+                            lambda: store.set_namespace_policy(ns, policy))
 
     @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"])
     async def get_namespace(tenant: str, namespace: str) -> Response:
@@ -360,7 +368,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         for domain in (PERSISTENT, NON_PERSISTENT):
             if await catalog.in_namespace(domain, ns):
                 raise ApiError(409, NAMESPACE_NOT_EMPTY)
-        return await commit("namespace_delete", await store.delete_namespace(ns))
+        return await commit("namespace_delete", lambda: store.delete_namespace(ns))
 
     # -- namespace delayed-delivery policy
 
@@ -378,13 +386,15 @@ def build_app(settings: PolicySettings) -> FastAPI:
               openapi_extra=_POLICY_BODY)
     async def set_namespace_policy(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
+        policy = await _policy_body(request)
         return await commit("namespace_policy_set",
-                            await store.set_namespace_policy(ns, await _policy_body(request)))
+                            lambda: store.set_namespace_policy(ns, policy))
 
     @app.delete(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"])
     async def remove_namespace_policy(tenant: str, namespace: str) -> Response:
+        ns = _namespace(tenant, namespace)
         return await commit("namespace_policy_remove",
-                            await store.remove_namespace_policy(_namespace(tenant, namespace)))
+                            lambda: store.remove_namespace_policy(ns))
 
     # -- topics: Kafka ready topics (dwell.policy.topics)
 
@@ -465,7 +475,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         count = await catalog.partitions(name)
         if count == 0 or (partitioned and count == 1) or not await catalog.delete(name):
             raise missing
-        return await commit("topic_policy_remove", await store.drop_topic_policies(name))
+        return await commit("topic_policy_remove", lambda: store.drop_topic_policies(name))
 
     @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"])
     async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
@@ -516,13 +526,15 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
         name = _policy_topic(tenant, namespace, topic)
-        return await commit("topic_policy_set", await store.set_topic_policy(
-            name, await _policy_body(request), isGlobal))
+        policy = await _policy_body(request)
+        return await commit("topic_policy_set",
+                            lambda: store.set_topic_policy(name, policy, isGlobal))
 
     @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"])
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
-        return await commit("topic_policy_remove", await store.remove_topic_policy(
-            _policy_topic(tenant, namespace, topic), isGlobal))
+        name = _policy_topic(tenant, namespace, topic)
+        return await commit("topic_policy_remove",
+                            lambda: store.remove_topic_policy(name, isGlobal))
 
     return app

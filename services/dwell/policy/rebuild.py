@@ -9,9 +9,16 @@ lost its last writes, a replica that missed them) means the store is behind: the
 replays the feed into it, scope by scope, keeping whatever Redis holds at the same or a
 later version (`restore-3.lua`), raises the counter past the feed's and writes a new
 epoch. Calls wait for that (at most `store_rebuild_timeout_ms`, then 503 with
-Retry-After), so none is answered from a store that is behind: no wrong 404, and no write
-that would give a scope a version lower than the one the feed carries. The rebuild
-publishes nothing: the feed already carries all of it.
+Retry-After), so none is answered from a store that is behind. The rebuild publishes
+nothing: the feed already carries all of it.
+
+The check before a call cannot stop Redis from losing data between the check and the
+call's write. So each write script makes the same two checks itself, atomically with the
+write (`storeBehind` in the scripts' includes), and refuses with STORE_BEHIND before it
+takes a version: a write never lands in an emptied or rolled-back store, where it would
+get a version lower than the feed's (and the next rebuild would drop it) or a wrong 404
+from a parent that is missing only because Redis lost it. `StoreGuard.write` turns that
+refusal into a rebuild and one more try, else a 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -20,17 +27,19 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from dwell.adapters import kafka
 from dwell.core import topics
 from dwell.http import ApiError
 from dwell.policy.feed import PolicyFeed, record_version
 from dwell.policy.metrics import REBUILD_SECONDS, REBUILDS
-from dwell.policy.store import PolicyStore
+from dwell.policy.store import PolicyStore, StoreBehind
 
 log = logging.getLogger("dwell.policy.rebuild")
 
-
+T = TypeVar("T")
 
 class StoreGuard:
     def __init__(self, store: PolicyStore, feed: PolicyFeed, bootstrap: str, *,
@@ -61,6 +70,22 @@ class StoreGuard:
         except (TimeoutError, kafka.KafkaUnavailable) as exc:
             raise ApiError(503, "the policy store is being rebuilt from dwell.policies "
                                 f"(Redis lost its data): {exc or 'not done in time'}",
+                           {"Retry-After": "1"}) from exc
+
+    async def write(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run a store write; when its script found the store behind the feed, rebuild the
+        store and run it once more. ApiError 503 when the store is behind again."""
+        try:
+            return await op()
+        except StoreBehind:
+            log.warning("a write found the policy store behind %s: rebuilding it first",
+                        topics.POLICIES)
+        await self.ensure()
+        try:
+            return await op()
+        except StoreBehind as exc:
+            raise ApiError(503, "the policy store lost data again while being rebuilt from "
+                                f"{topics.POLICIES}; nothing was changed: {exc}",
                            {"Retry-After": "1"}) from exc
 
     async def rebuild(self) -> None:

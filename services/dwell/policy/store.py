@@ -8,6 +8,7 @@ The store runs on one Redis node: its keys (dwell.keys, policy section) share no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pydantic import ConfigDict
 
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
+from dwell.core import topics
 from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import TopicName
 from dwell.http import ApiError
@@ -41,12 +43,19 @@ def tenant_missing_on_update(tenant: str) -> str:
 def namespace_missing_on_delete(ns: str) -> str:
     return f"Namespace {ns} does not exist."
 
-# Return codes of lua/put-5.lua, remove-6.lua and namespace_delete-6.lua.
+# Return codes of lua/put-6.lua, remove-7.lua and namespace_delete-7.lua.
 ABSENT = 0
 PARENT_MISSING = -1
 EXISTS = -2
 NOT_EMPTY = -2
 CHANGED = -3
+STORE_BEHIND = -4
+
+
+class StoreBehind(Exception):
+    """A write script found the store behind `dwell.policies` (no epoch, or its version
+    counter below the feed's highest version) and wrote nothing: the store must be
+    rebuilt (dwell.policy.rebuild) before the write is tried again."""
 
 LUA = Path(__file__).parent / "lua"
 
@@ -169,12 +178,25 @@ def _topic_record(raw: bytes | None) -> tuple[int, TopicPolicies]:
 
 
 class PolicyStore:
-    def __init__(self, client: aredis.Redis) -> None:
+    """`floor` answers the highest version the service has seen on `dwell.policies`: every
+    write refuses (StoreBehind) while the version counter is below it or the epoch is gone,
+    in the same script as the write."""
+
+    def __init__(self, client: aredis.Redis, floor: Callable[[], int] = lambda: 0) -> None:
         self.redis = client
+        self._floor = floor
         self._scripts = redis_adapter.Scripts(client, LUA)
 
     async def _run(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
         return await self._scripts.run(script, keys_, args)
+
+    async def _write(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
+        """Run a write script (put, remove, namespace_delete), whose last key is the epoch
+        and last argument the floor; StoreBehind when it refused."""
+        result = await self._run(script, [*keys_, keys.POLICY_EPOCH], [*args, self._floor()])
+        if (result[0] if isinstance(result, list) else result) == STORE_BEHIND:
+            raise StoreBehind(f"{script}: the policy store is behind {topics.POLICIES}")
+        return result
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
@@ -211,10 +233,10 @@ class PolicyStore:
 
     async def create_tenant(self, name: str, info: TenantInfo) -> list[Change]:
         scope = tenant_scope(name)
-        v = await self._run(
+        v = await self._write(
             "put", [keys.POLICY_VERSION, keys.TENANTS, keys.tenant(name), keys.TENANTS,
                     keys.POLICY_SCOPES],
-            ["0", "1", name, scope, _tail(scope, tenant=info.model_dump())])
+            ["0", "1", name, scope, _tail(scope, tenant=info.model_dump()), ""])
         if v == EXISTS:
             raise ApiError(409, TENANT_EXISTS)
         return [(scope, int(v))]
@@ -222,10 +244,10 @@ class PolicyStore:
     async def update_tenant(self, name: str, info: TenantInfo) -> list[Change]:
         scope = tenant_scope(name)
         # The tenant record is its own parent: the update writes only over an existing one.
-        v = await self._run(
+        v = await self._write(
             "put", [keys.POLICY_VERSION, keys.tenant(name), keys.tenant(name), keys.TENANTS,
                     keys.POLICY_SCOPES],
-            ["1", "0", name, scope, _tail(scope, tenant=info.model_dump())])
+            ["1", "0", name, scope, _tail(scope, tenant=info.model_dump()), ""])
         if v == PARENT_MISSING:
             raise ApiError(404, tenant_missing_on_update(name))
         return [(scope, int(v))]
@@ -241,10 +263,10 @@ class PolicyStore:
 
     async def delete_tenant(self, name: str) -> list[Change]:
         scope = tenant_scope(name)
-        v = await self._run(
+        v = await self._write(
             "remove", [keys.POLICY_VERSION, keys.TENANTS, keys.tenant(name),
                        keys.namespaces(name), keys.TENANTS, keys.POLICY_SCOPES],
-            ["0", scope, "1", name])
+            ["0", scope, "1", name, ""])
         if v == ABSENT:
             raise ApiError(404, TENANT_MISSING_ON_DELETE)
         if v == NOT_EMPTY:
@@ -256,10 +278,10 @@ class PolicyStore:
     async def create_namespace(self, ns: str) -> list[Change]:
         tenant_name = ns.partition("/")[0]
         scope = namespace_scope(ns)
-        v = await self._run(
+        v = await self._write(
             "put", [keys.POLICY_VERSION, keys.tenant(tenant_name), keys.namespace(ns),
                     keys.namespaces(tenant_name), keys.POLICY_SCOPES],
-            ["1", "1", ns, scope, _tail(scope)])
+            ["1", "1", ns, scope, _tail(scope), ""])
         if v == PARENT_MISSING:
             raise ApiError(404, TENANT_MISSING)
         if v == EXISTS:
@@ -277,7 +299,7 @@ class PolicyStore:
 
     async def delete_namespace(self, ns: str) -> list[Change]:
         tenant_name = ns.partition("/")[0]
-        code, v_ns, v_policy = await self._run(
+        code, v_ns, v_policy = await self._write(
             "namespace_delete",
             [keys.POLICY_VERSION, keys.namespace(ns), keys.namespace_topic_policies(ns),
              keys.namespace_policy(ns), keys.namespaces(tenant_name), keys.POLICY_SCOPES],
@@ -305,20 +327,20 @@ class PolicyStore:
     async def set_namespace_policy(self, ns: str, policy: DelayedDeliveryPolicies
                                    ) -> list[Change]:
         scope = namespace_policy_scope(ns)
-        v = await self._run(
+        v = await self._write(
             "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.namespace_policy(ns),
                     keys.namespace_policy(ns), keys.POLICY_SCOPES],
-            ["1", "0", "", scope, _tail(scope, policy=policy.model_dump(exclude_none=True))])
+            ["1", "0", "", scope, _tail(scope, policy=policy.model_dump(exclude_none=True)), ""])
         if v == PARENT_MISSING:
             raise ApiError(404, NAMESPACE_MISSING)
         return [(scope, int(v))]
 
     async def remove_namespace_policy(self, ns: str) -> list[Change]:
         scope = namespace_policy_scope(ns)
-        v = await self._run(
+        v = await self._write(
             "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.namespace_policy(ns),
                        keys.namespace_policy(ns), keys.namespace_policy(ns), keys.POLICY_SCOPES],
-            ["1", scope, "0", ""])
+            ["1", scope, "0", "", ""])
         if v == PARENT_MISSING:
             raise ApiError(404, NAMESPACE_MISSING)
         return [(scope, int(v))] if v > 0 else []
@@ -347,13 +369,13 @@ class PolicyStore:
             version, current = _topic_record(await self.redis.get(keys.topic_policy(name)))
             after = current.with_level(is_global, policy)
             if after.local is None and after.global_ is None:
-                v = await self._run(
+                v = await self._write(
                     "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
                                keys.topic_policy(name), keys.namespace_topic_policies(ns),
                                keys.POLICY_SCOPES],
                     ["1", scope, "0", name, str(version)])
             else:
-                v = await self._run(
+                v = await self._write(
                     "put", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
                             keys.namespace_topic_policies(ns), keys.POLICY_SCOPES],
                     ["1", "0", name, scope, _tail(scope, **after.record_fields()),
@@ -371,11 +393,11 @@ class PolicyStore:
     async def drop_topic_policies(self, topic: TopicName) -> list[Change]:
         """Remove both of a deleted topic's policies, as Pulsar does with the topic."""
         ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
-        v = await self._run(
+        v = await self._write(
             "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
                        keys.topic_policy(name), keys.namespace_topic_policies(ns),
                        keys.POLICY_SCOPES],
-            ["0", scope, "0", name])
+            ["0", scope, "0", name, ""])
         return [(scope, int(v))] if v > 0 else []
 
     # -- what the change feed reads

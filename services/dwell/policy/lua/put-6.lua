@@ -5,6 +5,7 @@
 -- KEYS[3] the record to write
 -- KEYS[4] the SET listing such records (ARGV[3] is added to it unless ARGV[3] == "")
 -- KEYS[5] the scopes ZSET (scope -> version of its latest change)
+-- KEYS[6] the store's epoch (dwell:policy:epoch), which must exist
 -- ARGV[1] "1": the parent must exist
 -- ARGV[2] "1": refuse when the record exists (create), else overwrite (set)
 -- ARGV[3] member for KEYS[4], or ""
@@ -12,9 +13,17 @@
 -- ARGV[5] the JSON text that follows the version: `,"scope":...}`
 -- ARGV[6] optional: the version the record must still have ("0": absent), for a write
 --         computed from the record as it was read (a topic's local and global policies)
+-- ARGV[7] optional: the highest version seen on `dwell.policies`; KEYS[1] must not be
+--         below it
 --
--- Returns the new version (> 0), PARENT_MISSING (-1), EXISTS (-2) or CHANGED (-3: the
--- record is no longer at ARGV[6]).
+-- Returns the new version (> 0), PARENT_MISSING (-1), EXISTS (-2), CHANGED (-3: the
+-- record is no longer at ARGV[6]) or STORE_BEHIND (-4: no epoch, or the counter below
+-- ARGV[7]; checked first, since every other answer would come from a store that lost
+-- data).
+--- @include "storeBehind"
+if storeBehind(KEYS[1], KEYS[6], ARGV[7]) then
+  return -4
+end
 if ARGV[1] == "1" and redis.call("EXISTS", KEYS[2]) == 0 then
   return -1
 end

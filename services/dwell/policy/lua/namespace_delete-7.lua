@@ -7,12 +7,19 @@
 -- KEYS[4] the namespace's delayed-delivery policy
 -- KEYS[5] the tenant's SET of namespaces
 -- KEYS[6] the scopes ZSET
+-- KEYS[7] the store's epoch (dwell:policy:epoch), which must exist
 -- ARGV[1] the namespace's scope (`namespace:t/ns`)
 -- ARGV[2] its policy's scope (`ns:t/ns`)
 -- ARGV[3] the namespace (`t/ns`, member of KEYS[5])
+-- ARGV[4] optional: the highest version seen on `dwell.policies` (see put-6.lua)
 --
--- Returns {code, namespaceVersion, policyVersion}: code ABSENT (0), NOT_EMPTY (-2) or
--- DELETED (1); policyVersion is 0 when the namespace had no policy.
+-- Returns {code, namespaceVersion, policyVersion}: code ABSENT (0), NOT_EMPTY (-2),
+-- STORE_BEHIND (-4, see put-6.lua) or DELETED (1); policyVersion is 0 when the namespace
+-- had no policy.
+--- @include "storeBehind"
+if storeBehind(KEYS[1], KEYS[7], ARGV[4]) then
+  return {-4, 0, 0}
+end
 if redis.call("EXISTS", KEYS[2]) == 0 then
   return {0, 0, 0}
 end
