@@ -1,8 +1,9 @@
-"""Redis losing data between the policy service's check and a call's write (real Redis,
-Kafka and the service's app, run in-process so that the test can lose the data at that
-very moment): the write refuses atomically, the store is rebuilt from `dwell.policies`,
-and the change is made once more, under a version above every earlier one on the feed.
-The app runs on a Redis database of its own, which the tests empty or roll back."""
+"""Redis losing data between the policy service's check and a call's write, or between
+the write and its record on `dwell.policies` (real Redis, Kafka and the service's app, run
+in-process so that the test can lose the data at that very moment): the store is rebuilt
+from the feed and the change is made once more, under a version above every earlier one
+on the feed. The app runs on a Redis database of its own, which the tests empty or roll
+back."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dwell.adapters import redis as redis_adapter
 from dwell.core import topics
 from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.policy.app import build_app
-from dwell.policy.feed import record_version
+from dwell.policy.feed import PolicyFeed, record_version
 from dwell.policy.rebuild import StoreGuard
 from dwell.policy.settings import PolicySettings
 from dwell.policy.store import PolicyStore, StoreBehind, TenantInfo
@@ -30,27 +31,37 @@ pytestmark = pytest.mark.integration
 DB = 14
 
 
-class LoseAfterCheck:
-    """Makes Redis lose data right after the guard's check returns, `times` times once
-    armed: the window between a call's check and its write."""
+class Losses:
+    """Makes Redis lose data, `times` times once armed, at one of two moments: right after
+    the guard's check returns (between a call's check and its write), or right before the
+    feed reads a scope to publish it (between a write and its record on the feed)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.lose: Callable[[], object] = lambda: None
+        self.at = "check"
         self.times = 0
         self.lost = 0
-        check = StoreGuard.ensure
+        check, publish = StoreGuard.ensure, PolicyFeed.publish
 
-        async def ensure(guard: StoreGuard) -> None:
-            await check(guard)
-            if self.times:
+        def maybe(at: str) -> None:
+            if self.times and self.at == at:
                 self.times -= 1
                 self.lose()
                 self.lost += 1
 
-        monkeypatch.setattr(StoreGuard, "ensure", ensure)
+        async def ensure(guard: StoreGuard) -> None:
+            await check(guard)
+            maybe("check")
 
-    def arm(self, lose: Callable[[], object], times: int = 1) -> None:
-        self.lose, self.times = lose, times
+        async def publish_(feed: PolicyFeed, scope: str) -> None:
+            maybe("publish")
+            await publish(feed, scope)
+
+        monkeypatch.setattr(StoreGuard, "ensure", ensure)
+        monkeypatch.setattr(PolicyFeed, "publish", publish_)
+
+    def arm(self, lose: Callable[[], object], times: int = 1, at: str = "check") -> None:
+        self.lose, self.times, self.at = lose, times, at
 
 
 def _url(stack) -> str:  # type: ignore[no-untyped-def]
@@ -67,8 +78,8 @@ def db(stack) -> Iterator[redis.Redis]:  # type: ignore[no-untyped-def]
 
 @pytest.fixture()
 def app(stack, db: redis.Redis, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
-        ) -> Iterator[tuple[TestClient, LoseAfterCheck]]:
-    hook = LoseAfterCheck(monkeypatch)
+        ) -> Iterator[tuple[TestClient, Losses]]:
+    hook = Losses(monkeypatch)
     # The interval check stays out of the way: only calls check the store here.
     settings = PolicySettings(redis_url=_url(stack), kafka_bootstrap=stack.kafka_bootstrap,
                               store_check_interval_ms=600_000, feed_sync_interval_ms=600_000)
@@ -212,3 +223,30 @@ def test_every_write_script_refuses_a_store_behind_the_feed(db: redis.Redis,
             await store.redis.aclose()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_change_lost_before_it_reached_the_feed(app, db: redis.Redis, stack, unique: str,
+                                                times: int) -> None:
+    """Redis loses the write after it was made, before the feed published it: the feed
+    would carry nothing of it (or an older state), so the call must not answer 204 for
+    it. Once, the change is made again on the rebuilt store; twice, a 503."""
+    http, hook = app
+    path = _setup(http, unique)
+    _, before = _feed(stack.kafka_bootstrap, f"ns:{unique}/a")
+    hook.arm(db.flushdb, times=times, at="publish")
+    got = http.post(path, json={"tickTime": 250})
+    records, _ = _feed(stack.kafka_bootstrap, f"ns:{unique}/a")
+    if times == 2:
+        assert got.status_code == 503, got.text
+        assert got.headers["Retry-After"] == "1"
+        assert hook.lost == 2
+        assert records[-1][0] <= before
+        assert _rebuilt_answer(http, db, path) == {"tickTime": 100}
+        return
+    assert got.status_code == 204, got.text
+    assert hook.lost == 1
+    version, value = records[-1]
+    assert version > before
+    assert value is not None and orjson.loads(value)["policy"] == {"tickTime": 250}
+    assert _rebuilt_answer(http, db, path) == {"tickTime": 250}

@@ -6,7 +6,9 @@ Every change is saved in Redis (dwell.policy.store) and then put on `dwell.polic
 (docs/internals.md, "Read your writes"): a publish to a namespace admission does not know
 yet waits until admission has applied the feed up to where it is now. When Kafka does not
 acknowledge, the answer is 503: the change is saved and the feed catches up once Kafka is
-back.
+back. When Redis loses data around a write (before it: the write script refuses; after it,
+before its record reached the feed), the store is rebuilt from the feed and the write made
+once more (dwell.policy.rebuild, docs/internals.md "Losing Redis").
 
 Responses (the JSON shapes):
 - `GET /admin/v2/clusters` → `["standalone"]` (the `cluster` setting);
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
@@ -44,6 +47,7 @@ from dwell.core.topics import (
     NON_PERSISTENT,
     PARTITION_SUFFIX,
     PERSISTENT,
+    POLICIES,
     InvalidTopicName,
     TopicName,
     validate_namespace,
@@ -61,6 +65,8 @@ from dwell.policy.store import (
     TenantInfo,
 )
 from dwell.policy.topics import TopicCatalog
+
+log = logging.getLogger("dwell.policy.app")
 
 _POLICY_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": DelayedDeliveryPolicies.model_json_schema()}}}}
@@ -275,11 +281,19 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def commit(kind: str, *writes: Callable[[], Awaitable[list[Change]]]) -> Response:
         """Run the call's store writes in order, each one's changes published before the
         next runs, so that Redis losing data between two of them loses none the call made."""
+        changed = False
         for write in writes:
+            changed |= bool(await publish(write))
+        if changed:
+            CHANGES.labels(kind).inc()
+        return Response(status_code=NO_CONTENT)
+
+    async def publish(write: Callable[[], Awaitable[list[Change]]]) -> list[Change]:
+        """Make one write and put its changes on the feed. A change the feed does not carry
+        afterwards was lost by Redis between the write and its publishing (publish sends
+        what the store holds): the write is made again, once, on the rebuilt store."""
+        for _ in range(2):
             changes = await guard.write(write)
-            if changes:
-                CHANGES.labels(kind).inc()
-                VERSION.set(max(version for _, version in changes))
             for scope, _ in changes:
                 try:
                     await feed.publish(scope)
@@ -287,7 +301,14 @@ def build_app(settings: PolicySettings) -> FastAPI:
                     raise ApiError(503, "the change is saved, but the change feed (Kafka) did "
                                         f"not acknowledge it: {exc}; it is published once "
                                         "Kafka is back") from exc
-        return Response(status_code=NO_CONTENT)
+            if all(feed.carried(scope) >= version for scope, version in changes):
+                if changes:
+                    VERSION.set(max(version for _, version in changes))
+                return changes
+            log.warning("Redis lost a change before it reached %s: making it again",
+                        POLICIES)
+        raise ApiError(503, "Redis lost the change twice before it reached the change feed "
+                            f"({POLICIES}); try again", {"Retry-After": "1"})
 
     # -- clusters: dwell is one cluster, named by the `cluster` setting
 

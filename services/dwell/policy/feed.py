@@ -85,6 +85,10 @@ class PolicyFeed:
             raise FeedUnavailable(str(exc) or "Kafka did not acknowledge in time") from exc
         self._published[scope] = version
 
+    def carried(self, scope: str) -> int:
+        """The version of the scope's last record Kafka acknowledged; -1 for none."""
+        return self._published.get(scope, -1)
+
     @property
     def highest_version(self) -> int:
         """The highest version this service has seen on the feed (loaded or published):
