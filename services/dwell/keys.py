@@ -52,6 +52,9 @@ POLICY_SCOPES = "dwell:policy:scopes"
 # first start, and after each rebuild). Its absence means Redis lost the store (FLUSHALL,
 # a restart without its data): the policy service rebuilds it from the feed.
 POLICY_EPOCH = "dwell:policy:epoch"
+# SET of the tokens of rebuilds under way: a rebuild writes the epoch only if its token is
+# still there, so a store that lost data while being rebuilt is not marked complete.
+POLICY_REBUILDS = "dwell:policy:rebuilds"
 
 
 def tenant(name: str) -> str:

@@ -32,16 +32,18 @@ DB = 14
 
 
 class Losses:
-    """Makes Redis lose data, `times` times once armed, at one of two moments: right after
-    the guard's check returns (between a call's check and its write), or right before the
-    feed reads a scope to publish it (between a write and its record on the feed)."""
+    """Makes Redis lose data, `times` times once armed, at one of three moments: right
+    after the guard's check returns (between a call's check and its write), right before
+    the feed reads a scope to publish it (between a write and its record on the feed), or
+    right after a rebuild restored the scope `after` (in the middle of a rebuild)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.lose: Callable[[], object] = lambda: None
         self.at = "check"
+        self.after = ""
         self.times = 0
         self.lost = 0
-        check, publish = StoreGuard.ensure, PolicyFeed.publish
+        check, publish, restore = StoreGuard.ensure, PolicyFeed.publish, PolicyStore.restore
 
         def maybe(at: str) -> None:
             if self.times and self.at == at:
@@ -57,11 +59,20 @@ class Losses:
             maybe("publish")
             await publish(feed, scope)
 
+        async def restore_(store: PolicyStore, scope: str, version: int,
+                           value: bytes | None) -> bool:
+            done = await restore(store, scope, version, value)
+            if scope == self.after:
+                maybe("restore")
+            return done
+
         monkeypatch.setattr(StoreGuard, "ensure", ensure)
         monkeypatch.setattr(PolicyFeed, "publish", publish_)
+        monkeypatch.setattr(PolicyStore, "restore", restore_)
 
-    def arm(self, lose: Callable[[], object], times: int = 1, at: str = "check") -> None:
-        self.lose, self.times, self.at = lose, times, at
+    def arm(self, lose: Callable[[], object], times: int = 1, at: str = "check",
+            after: str = "") -> None:
+        self.lose, self.times, self.at, self.after = lose, times, at, after
 
 
 def _url(stack) -> str:  # type: ignore[no-untyped-def]
@@ -205,7 +216,8 @@ def test_every_write_script_refuses_a_store_behind_the_feed(db: redis.Redis,
                 with pytest.raises(StoreBehind):
                     await write()
             assert db.dbsize() == 0
-            await store.mark_complete("e1")
+            await store.begin_rebuild("e1", 10_000)
+            assert await store.mark_complete("e1")
             await store.create_tenant(unique, TenantInfo())
             await store.create_namespace(ns)
             await store.set_namespace_policy(ns, policy)
@@ -250,3 +262,20 @@ def test_change_lost_before_it_reached_the_feed(app, db: redis.Redis, stack, uni
     assert version > before
     assert value is not None and orjson.loads(value)["policy"] == {"tickTime": 250}
     assert _rebuilt_answer(http, db, path) == {"tickTime": 250}
+
+
+def test_store_lost_again_during_its_rebuild(app, db: redis.Redis, unique: str) -> None:
+    """Redis loses its data in the middle of a rebuild, after the tenant was put back: the
+    rebuild must not mark the store complete (the epoch would hide the loss from every
+    check), but start over."""
+    http, hook = app
+    path = _setup(http, unique)
+    db.flushdb()
+    hook.arm(db.flushdb, at="restore", after=f"tenant:{unique}")
+    got = http.get(f"/admin/v2/tenants/{unique}")
+    assert hook.lost == 1
+    assert got.status_code == 200, got.text
+    assert http.get(f"/admin/v2/namespaces/{unique}").json() == [f"{unique}/a"]
+    assert http.get(path).json() == {"tickTime": 100}
+    assert db.exists(keys.POLICY_EPOCH)
+    assert not db.exists(keys.POLICY_REBUILDS)

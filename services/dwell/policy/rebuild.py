@@ -8,9 +8,10 @@ or a counter below the highest version this service has seen on the feed (a rest
 lost its last writes, a replica that missed them) means the store is behind: the guard
 replays the feed into it, scope by scope, keeping whatever Redis holds at the same or a
 later version (`restore-3.lua`), raises the counter past the feed's and writes a new
-epoch. Calls wait for that (at most `store_rebuild_timeout_ms`, then 503 with
-Retry-After), so none is answered from a store that is behind. The rebuild publishes
-nothing: the feed already carries all of it.
+epoch, unless Redis lost data again while the rebuild ran (its token is gone from
+`dwell:policy:rebuilds`, `complete-2.lua`): then it starts over. Calls wait for that (at
+most `store_rebuild_timeout_ms`, then 503 with Retry-After), so none is answered from a
+store that is behind. The rebuild publishes nothing: the feed already carries all of it.
 
 The check before a call cannot stop Redis from losing data between the check and the
 call's write. So each write script makes the same two checks itself, atomically with the
@@ -96,7 +97,15 @@ class StoreGuard:
             self.rebuilding = True
             started = time.monotonic()
             try:
-                restored = await self._replay()
+                restored = 0
+                while True:  # bounded by the caller's timeout (ensure)
+                    complete, count = await self._replay()
+                    restored += count
+                    # Behind no more: another replica's rebuild, begun after the loss, ended.
+                    if complete or await self._behind() is None:
+                        break
+                    log.warning("Redis lost data while the policy store was being rebuilt "
+                                "from %s: rebuilding again", topics.POLICIES)
             finally:
                 self.rebuilding = False
             took = time.monotonic() - started
@@ -106,7 +115,12 @@ class StoreGuard:
                         "lost" if reason == "lost" else "behind the feed", topics.POLICIES,
                         took, restored)
 
-    async def _replay(self) -> int:
+    async def _replay(self) -> tuple[bool, int]:
+        """Put the feed back into the store; (whether the store is marked complete, how
+        many scopes were put back). Not complete when Redis lost data meanwhile."""
+        token = uuid.uuid4().hex
+        # Before the feed is read: a loss after this point takes the token with it.
+        await self._store.begin_rebuild(token, int(2 * self._timeout_s * 1000))
         records = await asyncio.to_thread(kafka.read_all, self._bootstrap, topics.POLICIES,
                                           self._timeout_s)
         latest: dict[str, tuple[int, bytes | None]] = {}
@@ -126,8 +140,7 @@ class StoreGuard:
                             topics.POLICIES, scope)
         await self._store.floor_version(max((v for v, _ in latest.values()), default=0))
         self._feed.note_published({s: v for s, (v, _) in latest.items()})
-        await self._store.mark_complete(uuid.uuid4().hex)
-        return restored
+        return await self._store.mark_complete(token), restored
 
     async def run(self, interval_s: float) -> None:
         """Check on an interval, so that a lost store is rebuilt before the next call."""

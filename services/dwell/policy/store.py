@@ -226,8 +226,19 @@ class PolicyStore:
             "restore", [keys.POLICY_SCOPES, record, listing or record],
             [scope, version, value.decode() if value is not None else "", member]))
 
-    async def mark_complete(self, epoch: str) -> None:
-        await self.redis.set(keys.POLICY_EPOCH, epoch)
+    async def begin_rebuild(self, token: str, ttl_ms: int) -> None:
+        """Note a rebuild under way; its token outlives it by `ttl_ms` at most (a rebuild
+        cut short leaves it behind)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(keys.POLICY_REBUILDS, token)
+            pipe.pexpire(keys.POLICY_REBUILDS, ttl_ms)
+            await pipe.execute()
+
+    async def mark_complete(self, token: str) -> bool:
+        """Write the epoch that ends the rebuild begun with `token`; False, writing
+        nothing, when Redis lost data since it began."""
+        return bool(await self._run("complete", [keys.POLICY_REBUILDS, keys.POLICY_EPOCH],
+                                    [token]))
 
     # -- tenants
 
