@@ -13,6 +13,8 @@ Validation, decided here for both entry paths (the body's shape is `schema.py`'s
   `max_messages_per_request` messages, a payload above `max_payload_bytes` (counted after
   base64 decoding), a property named like a dwell header (`dwell-*`), an `eventTime`
   string past Long.MAX_VALUE. A request without messages gets no results, as in Pulsar.
+  After the plan, `Publisher.route` refuses (404) a topic that does not exist when topics
+  are not auto-created, and a partition `x-partition-N` that x does not have.
 * A well-formed message that cannot be published gets its own result, Pulsar's
   `ProducerAck` with `messageId` "-1", `errorCode` 2 and an `errorMsg`, and the rest of
   the batch goes on: a payload that is not valid base64, and the max-delay rejection

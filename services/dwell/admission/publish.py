@@ -80,8 +80,8 @@ class Publisher(Planner):
 
         Every request with messages needs it, delayed or rejected ones too: the drain
         will write them there, a name Kafka refuses must be refused now rather than when
-        they come due, and a topic that does not exist is refused before its messages
-        are judged."""
+        they come due, and a request to a topic that does not exist is refused whole,
+        whatever its messages."""
         index = topic.partition_index
         if index < 0:
             if topic.kafka_topic not in self._ready_topics:

@@ -105,10 +105,13 @@ def partition_count(bootstrap: str, topic: str, timeout: float = 15.0) -> int:
     except KafkaException as exc:
         raise KafkaUnavailable(f"list_topics {topic}: {exc}") from exc
     t = md.topics.get(topic)
-    if t is None or t.error is not None:
-        if t is not None and t.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-            raise KafkaUnavailable(f"list_topics {topic}: {t.error.str()}")
+    if t is None:
         return 0
+    err = t.error
+    if err is not None:
+        if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return 0
+        raise KafkaUnavailable(f"list_topics {topic}: {err.str()}")
     return len(t.partitions)
 
 
