@@ -20,6 +20,9 @@ EVENT_TIME: Final = "dwell-event-time"  # the message's eventTime (ms), when it 
 DELIVER_AT: Final = "dwell-deliver-at"  # ms since the epoch; kept on the ready copy
 TICK_TIME: Final = "dwell-tick-time"  # the topic's tickTime (ms) when admission took it
 KEY: Final = "dwell-key"  # the message's own key (the record key is the Pulsar topic)
+# The Kafka partition of the ready topic the drain writes the message to, when it was
+# published to a partition `x-partition-N` of a partitioned topic (absent: any partition).
+PARTITION: Final = "dwell-partition"
 
 # -- on re-filed, drained and redelivered copies
 ORIGIN: Final = "dwell-origin"  # <partition>:<offset>: the position in the delay log
@@ -31,4 +34,4 @@ SUBSCRIPTION: Final = "dwell-subscription"  # on retry-topic and DLQ copies
 VERSION: Final = "dwell-version"  # the policy store's version of the change
 
 ALL: Final = (TOPIC, PUBLISH_TIME, PRODUCER, SEQUENCE_ID, EVENT_TIME, DELIVER_AT, TICK_TIME,
-              KEY, ORIGIN, MESSAGE_ID, REDELIVERY_COUNT, SUBSCRIPTION, VERSION)
+              KEY, PARTITION, ORIGIN, MESSAGE_ID, REDELIVERY_COUNT, SUBSCRIPTION, VERSION)

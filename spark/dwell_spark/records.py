@@ -28,10 +28,12 @@ _MESSAGE_ID = hdr.MESSAGE_ID
 _COUNT = hdr.REDELIVERY_COUNT
 _SUBSCRIPTION = hdr.SUBSCRIPTION
 _DELIVER_AT = hdr.DELIVER_AT
+_PARTITION = hdr.PARTITION
 # Headers not copied: those that only make sense on dwell.delayed (the copy carries the
-# key itself) and those the copy sets. A ready-topic record's dwell-origin (where it came
+# key itself, and is written to the partition dwell-partition names) and those the copy
+# sets. A ready-topic record's dwell-origin (where it came
 # from out of dwell.delayed) stays; a redelivery's count and subscription are re-set.
-_DROP_READY = frozenset((hdr.KEY, hdr.TICK_TIME, _MESSAGE_ID))
+_DROP_READY = frozenset((hdr.KEY, hdr.TICK_TIME, _PARTITION, _MESSAGE_ID))
 _DROP_DELAYED = _DROP_READY | {_ORIGIN}
 _REDELIVERY = frozenset((_COUNT, _SUBSCRIPTION))
 READ_TIMEOUT_S = 30.0
@@ -146,10 +148,14 @@ def spans(ranges: Iterable[Range], max_gap: int = MAX_GAP) -> list[list[Range]]:
     return out
 
 
-def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord:
+def output_record(rng: Range, msg, deliver_at: list[bytes],
+                  partitions: list[int] | None = None) -> kafka.OutRecord:
     """(topic, value, key, headers, None) of the copy of confluent-kafka message ``msg``
     (read from ``rng.source``, partition ``rng.partition``); appends its dwell-deliver-at
-    (if any, as the header's bytes) to ``deliver_at`` for the lateness metric.
+    (if any, as the header's bytes) to ``deliver_at`` for the lateness metric, and the
+    partition of the target to write it to (-1: the partitioner's choice) to
+    ``partitions`` when given: the one its dwell-partition names (a message published to
+    a partition `x-partition-N`) for a ready copy from the delay logs.
 
     The hottest line of the drain: the header list is filtered by one comprehension and
     looked up through one dict (C-level), not by a Python branch per header."""
@@ -170,8 +176,13 @@ def output_record(rng: Range, msg, deliver_at: list[bytes]) -> kafka.OutRecord:
         at = d.get(_DELIVER_AT)
         if at:  # redeliveries are not late, and have no lateness
             deliver_at.append(at)
+        if partitions is not None:
+            p = d.get(_PARTITION)
+            partitions.append(int(p) if p and p.isdigit() else -1)
     else:
         headers = [h for h in hs if h[0] not in drop and h[0] not in _REDELIVERY]
+        if partitions is not None:
+            partitions.append(-1)
     if None in d.values():
         headers = [(k, b"" if v is None else v) for k, v in headers]
     headers += origin
@@ -290,6 +301,7 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
     stats = CopyStats()
     stopped: Set[int] = frozenset()
     out: list[kafka.OutRecord] = []
+    partitions: list[int] = []  # of each record in `out` (output_record)
     deliver_at: list[bytes] = []
     cursors: dict[tuple[str, int], _Cursor] = {}
     for group in spans(ranges):
@@ -316,7 +328,7 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
         while j < len(group) and group[j].first <= off:
             rng = group[j]
             if off <= rng.last and (rng.offsets is None or off in rng.offsets):
-                out.append(output_record(rng, msg, deliver_at))
+                out.append(output_record(rng, msg, deliver_at, partitions))
                 if rng.subscription is None:
                     pass
                 elif is_dead_letter(rng):
@@ -329,16 +341,16 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
         # Nothing of a chunk is kept once it is handed over, so a round of any size
         # holds at most a chunk and the producer's bounded queue.
         if len(out) >= SEND_CHUNK:
-            producer.send_unreported(out)
+            producer.send_unreported(out, partitions)
             stats.written += len(out)
             stats.observe_lateness(int(time.time() * 1000), deliver_at)
-            out, deliver_at = [], []
+            out, partitions, deliver_at = [], [], []
             if lost is not None:
                 gone = lost()
                 if not gone <= stopped:
                     _stop_claims(cursors.values(), gone - stopped)
                     stopped = stopped | gone
-    producer.send_unreported(out)
+    producer.send_unreported(out, partitions)
     stats.written += len(out)
     producer.flush(READ_TIMEOUT_S)  # raises unless every copy was written
     stats.observe_lateness(int(time.time() * 1000), deliver_at)

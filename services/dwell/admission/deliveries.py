@@ -36,9 +36,11 @@ class Deliveries:
         self._waiting: deque[tuple[float, asyncio.Future[list[tuple[int, int]]]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def send(self, records: Sequence[kafka.OutRecord]) -> asyncio.Future[list[tuple[int, int]]]:
+    def send(self, records: Sequence[kafka.OutRecord], partitions: Sequence[int] | None = None
+             ) -> asyncio.Future[list[tuple[int, int]]]:
         """A future of every record's (partition, offset), or of the first failure
-        (KafkaUnavailable, or TimeoutError after `timeout_s`)."""
+        (KafkaUnavailable, or TimeoutError after `timeout_s`). `partitions`: as for
+        `kafka.Producer.send_many`."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[tuple[int, int]]] = loop.create_future()
 
@@ -52,7 +54,7 @@ class Deliveries:
             else:
                 fut.set_result(out)  # type: ignore[arg-type]
 
-        self.producer.send_many_then(records, settle)
+        self.producer.send_many_then(records, settle, partitions)
         if loop is not self._loop:
             self._waiting.clear()  # futures of a loop that is gone
             self._loop = None

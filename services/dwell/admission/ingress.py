@@ -183,8 +183,8 @@ class Ingress:
                 if not caught_up and plan.rejected:
                     plan = pub.replan_if_newer(plan, req, version)
                     caught_up = True
-                if plan.sends:
-                    pub.ensure_ready_topic(topic)
+                if plan.results:
+                    pub.route(topic)
                 futures.append(pub.send(plan, producer))
                 planned.append((r, plan, req.producerName, [], request_id,
                                 [m.sequenceId for m in req.messages]))

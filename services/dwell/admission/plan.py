@@ -13,6 +13,8 @@ Validation, decided here for both entry paths (the body's shape is `schema.py`'s
   `max_messages_per_request` messages, a payload above `max_payload_bytes` (counted after
   base64 decoding), a property named like a dwell header (`dwell-*`), an `eventTime`
   string past Long.MAX_VALUE. A request without messages gets no results, as in Pulsar.
+  After the plan, `Publisher.route` refuses (404) a topic that does not exist when topics
+  are not auto-created, and a partition `x-partition-N` that x does not have.
 * A well-formed message that cannot be published gets its own result, Pulsar's
   `ProducerAck` with `messageId` "-1", `errorCode` 2 and an `errorMsg`, and the rest of
   the batch goes on: a payload that is not valid base64, and the max-delay rejection
@@ -44,6 +46,7 @@ from dwell.headers import (
     DELIVER_AT,
     EVENT_TIME,
     KEY,
+    PARTITION,
     PRODUCER,
     PUBLISH_TIME,
     SEQUENCE_ID,
@@ -98,6 +101,17 @@ class Plan:
     rejected: int = 0
     overridden: int = 0  # accepted messages that count as fixed-delay overrides
 
+    def partitions(self) -> list[int] | None:
+        """Each send's Kafka partition (-1: the partitioner's choice), or None when the
+        partitioner chooses for every send: the immediate messages of a partition
+        `x-partition-N` go to partition N of x's ready topic; its delayed ones go to the
+        delay log as any other (the drain reads N from their dwell-partition)."""
+        index = self.topic.partition_index
+        if index < 0:
+            return None
+        ready = self.topic.partitioned_topic.kafka_topic
+        return [index if out[0] == ready else -1 for out in self.sends]
+
 
 def failed(error_code: int, error_msg: str) -> dict[str, Any]:
     """A message's result when it was not published: Pulsar's ProducerAck."""
@@ -121,7 +135,7 @@ def _head(fields: dict[str, Any], kafka_topic: str) -> str:
     return orjson.dumps(fields)[:-1].decode() + f',"messageId":"{kafka_topic}:'
 
 
-def _decided(decision: Decision, tick_b: bytes, ready: str) -> Decided:
+def _decided(decision: Decision, tick_b: bytes, ready: str, partition_h: Headers) -> Decided:
     if type(decision) is Reject:
         return Decided(failed(decision.error_code, decision.full_error), None, 0, "")
     result: dict[str, Any] = {"errorCode": 0, "schemaVersion": SCHEMA_VERSION,
@@ -131,7 +145,8 @@ def _decided(decision: Decision, tick_b: bytes, ready: str) -> Decided:
         result["delayIgnored"] = delay_ignored
     delay_h: Headers = ()
     if decision.delayed:
-        delay_h = ((DELIVER_AT, b"%d" % decision.deliver_at), (TICK_TIME, tick_b))
+        delay_h = ((DELIVER_AT, b"%d" % decision.deliver_at), (TICK_TIME, tick_b),
+                   *partition_h)
     counts = type(decision) is Override and decision.counts_as_override
     return Decided(result, delay_h, int(counts),
                    _head(result, names.DELAYED if delay_h else ready))
@@ -286,25 +301,35 @@ class Planner:
                  ready: str) -> Callable[[int | None, int | None], Decided]:
         """A request's decisions: `decide(deliver_at, deliver_after_ms)` applies admit()
         with the topic's policy to a message received at `now` (`ready`: the topic's
-        ready topic, for the heads of immediate results). dwell_native calls it too."""
+        ready topic, for the heads of immediate results). dwell_native calls it too.
+
+        A partition `x-partition-N` runs with x's policy (its topic policy, then the
+        namespace's), as Pulsar applies a partitioned topic's policies to its partitions,
+        and its delayed messages carry N (dwell-partition) for the drain."""
         persistent = topic.persistent
-        policy = self.cache.effective(topic) if persistent else _NO_POLICY
+        policy = self.cache.effective(topic.partitioned_topic) if persistent else _NO_POLICY
         tick_b = b"%d" % policy.tick_time_ms
         strict = self.strict
+        index = topic.partition_index
+        partition_h: Headers = ((PARTITION, b"%d" % index),) if index >= 0 else ()
 
         def decide(deliver_at: int | None, deliver_after: int | None) -> Decided:
             return _decided(admit(deliver_at=deliver_at, deliver_after_ms=deliver_after,
                                   policy=policy, persistent=persistent, publish_time=now,
                                   now=now, strict=strict),
-                            tick_b, ready)
+                            tick_b, ready, partition_h)
 
         return decide
 
     def _topic_bytes(self, topic: TopicName) -> tuple[bytes, str]:
-        """The topic's name as header bytes and its ready topic, computed once per topic."""
+        """The topic's name as header bytes (dwell-topic, and the delay log's record key)
+        and its ready topic, computed once per topic. For a partition `x-partition-N`
+        both are x's: the messages live in x's ready topic (partition N), and their
+        delayed ones in x's index (docs/internals.md, "Partitions")."""
         got = self._bytes.get(topic)
         if got is None:
-            got = self._bytes.put(topic, (str(topic).encode(), topic.kafka_topic))
+            owner = topic.partitioned_topic
+            got = self._bytes.put(topic, (str(owner).encode(), owner.kafka_topic))
         return got
 
     @staticmethod

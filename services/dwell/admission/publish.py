@@ -38,7 +38,10 @@ class Publisher(Planner):
         # The policy follower's catch_up (see cache.py): asked before a miss is answered.
         self.catch_up = catch_up
         self._topics: BoundedCache[tuple[str, str, str, str], TopicName | str] = BoundedCache()
+        # Ready topics known to exist, and the Kafka partition of each partition topic
+        # (`route`).
         self._ready_topics: set[str] = set()
+        self._partitions: BoundedCache[TopicName, int] = BoundedCache()
         self._labels: dict[str, tuple[Any, Any]] = {}
         self._counters: dict[tuple[str, str], Any] = {}
         self.deliveries = Deliveries(producer, settings.publish_timeout_ms / 1000 + 1.0)
@@ -59,26 +62,65 @@ class Publisher(Planner):
             raise PublishError(400 if domain in names.DOMAINS else 404, f"topic: {got}")
         return got
 
-    def ready_topic_missing(self, topic: TopicName) -> bool:
-        """Whether `ensure_ready_topic` still has to create the topic's ready topic."""
-        return self._topic_bytes(topic)[1] not in self._ready_topics
+    def route_known(self, topic: TopicName) -> bool:
+        """Whether `route` can answer without asking Kafka."""
+        if topic.partition_index < 0:
+            return topic.kafka_topic in self._ready_topics
+        return topic in self._partitions
 
-    def ensure_ready_topic(self, topic: TopicName) -> None:
-        """Create a topic's ready topic on first use (blocking admin call, once per
-        process); PublishError 409 when Kafka refuses its name. Every plan with records
-        needs it, delayed ones too: the drain will write them there, and a name Kafka
-        refuses must be refused now rather than when they come due."""
-        kafka_topic = self._topic_bytes(topic)[1]
-        if kafka_topic not in self._ready_topics:
-            try:
-                kafka.ensure_topic(self.settings.kafka_bootstrap, kafka_topic,
-                                   self.settings.ready_topic_partitions,
-                                   self.settings.kafka_replication_factor)
-            except kafka.TopicRefused as exc:
-                raise PublishError(409, f"topic: {topic} maps to the Kafka topic {kafka_topic}"
-                                        f", which Kafka refuses ({exc}); Kafka treats '.' "
-                                        "and '_' in topic names alike") from None
-            self._ready_topics.add(kafka_topic)
+    def route(self, topic: TopicName) -> int:
+        """The Kafka partition of the ready topic (`Plan.partitions`) that the topic's
+        immediate messages go to, -1 for the partitioner's choice; blocking admin calls,
+        once per topic and process. The ready topic must exist: it is created on first
+        use when `allow_auto_topic_creation` (Pulsar's `allowAutoTopicCreation`), else
+        the publish is refused with 404 `Topic persistent://t/ns/x not found`. A partition
+        `x-partition-N` is Kafka partition N of x's ready topic: 404 when x is not a
+        partitioned topic or has no partition N (Pulsar's wording). PublishError 409 when
+        Kafka refuses the name, KafkaUnavailable when it cannot answer.
+
+        Every request with messages needs it, delayed or rejected ones too: the drain
+        will write them there, a name Kafka refuses must be refused now rather than when
+        they come due, and a request to a topic that does not exist is refused whole,
+        whatever its messages."""
+        index = topic.partition_index
+        if index < 0:
+            if topic.kafka_topic not in self._ready_topics:
+                self._ensure_exists(topic, topic)
+                self._ready_topics.add(topic.kafka_topic)
+            return -1
+        got = self._partitions.get(topic)
+        if got is not None:
+            return got
+        owner = topic.partitioned_topic
+        count = kafka.partition_count(self.settings.kafka_bootstrap, owner.kafka_topic)
+        if count == 0:
+            self._ensure_exists(owner, topic)
+            count = kafka.partition_count(self.settings.kafka_bootstrap, owner.kafka_topic)
+        if count <= 1:
+            raise PublishError(404, f"Topic {topic} not found: {owner} is not a partitioned "
+                                    "topic")
+        if index >= count:
+            raise PublishError(404, f"Illegal topic partition name {topic} with max allowed "
+                                    f"{count} partitions")
+        self._ready_topics.add(owner.kafka_topic)
+        return self._partitions.put(topic, index)
+
+    def _ensure_exists(self, owner: TopicName, asked: TopicName) -> None:
+        """Create `owner`'s ready topic unless it exists (the topic published to is
+        `asked`); 404 instead when topics are not auto-created and it does not exist."""
+        s = self.settings
+        kafka_topic = owner.kafka_topic
+        if not s.allow_auto_topic_creation:
+            if kafka.partition_count(s.kafka_bootstrap, kafka_topic) == 0:
+                raise PublishError(404, f"Topic {asked} not found")
+            return
+        try:
+            kafka.ensure_topic(s.kafka_bootstrap, kafka_topic, s.ready_topic_partitions,
+                               s.kafka_replication_factor)
+        except kafka.TopicRefused as exc:
+            raise PublishError(409, f"topic: {asked} maps to the Kafka topic {kafka_topic}"
+                                    f", which Kafka refuses ({exc}); Kafka treats '.' "
+                                    "and '_' in topic names alike") from None
 
     # -- the policy feed
 
@@ -167,7 +209,7 @@ class Publisher(Planner):
     def send(plan: Plan, producer: kafka.Producer) -> Future[list[tuple[int, int]]]:
         """Write a plan's records as one batch through `producer` (the ingress's; the HTTP
         path sends through `deliveries`): a future of their (partition, offset)s."""
-        return producer.send_many(plan.sends)
+        return producer.send_many(plan.sends, plan.partitions())
 
     async def publish(self, topic: TopicName, body: bytes) -> bytes:
         """The HTTP path: the JSON answer (see `answer`) to a request's body once Kafka
@@ -189,14 +231,18 @@ class Publisher(Planner):
                 and self.cache.version != version):
             plan = self.plan_body(topic, body)
         del body
+        # After the plan: an unknown namespace is refused before its topic is looked up,
+        # and a request without messages asks Kafka nothing.
+        if plan.results and not self.route_known(topic):
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.route, topic)
+            except kafka.KafkaUnavailable as exc:
+                raise PublishError(503, f"Kafka unavailable: {exc}") from None
         offsets: list[tuple[int, int]] = []
         sends = len(plan.sends)
         if sends:
             try:
-                if self.ready_topic_missing(topic):
-                    await asyncio.get_running_loop().run_in_executor(
-                        None, self.ensure_ready_topic, topic)
-                acked = self.deliveries.send(plan.sends)
+                acked = self.deliveries.send(plan.sends, plan.partitions())
                 plan.sends = []
                 offsets = await acked
             except (kafka.KafkaUnavailable, TimeoutError) as exc:

@@ -24,6 +24,10 @@ class AdmissionSettings(CommonSettings):
     # false keeps admission on the pure-Python path, which gives the same answers.
     native: bool = True
 
+    # Pulsar's allowAutoTopicCreation: a publish to a topic whose ready topic does not
+    # exist creates it; false answers 404 `Topic persistent://t/ns/x not found` instead
+    # (topics are then created through the policy service's topic routes).
+    allow_auto_topic_creation: bool = True
     # Partitions of the Kafka topics admission creates on first use.
     ready_topic_partitions: int = Field(4, ge=1)
     delayed_topic_partitions: int = Field(4, ge=1)

@@ -54,6 +54,23 @@ def test_copy_of_a_delayed_record_takes_its_key_and_gets_origin_and_message_id()
     assert due == [b"6000"]
 
 
+def test_a_copy_of_a_partitions_message_goes_to_that_partition_without_the_header() -> None:
+    # Published to x-partition-2: the copy is written to partition 2 of x's ready topic,
+    # from either delay log; a message published to x itself goes where the
+    # partitioner puts it, and so does a redelivery, whatever its record carries.
+    hdrs = [*DELAYED_HEADERS, ("dwell-partition", b"2")]
+    parts: list[int] = []
+    for source in (names.DELAYED, names.REFILED):
+        _, _, _, headers, _ = output_record(Range("persistent.t.ns.x", source, 0, 0, 5),
+                                            Message(4, b"t", b"v", hdrs), [], parts)
+        assert "dwell-partition" not in dict(headers)
+    output_record(Range("persistent.t.ns.x", names.DELAYED, 0, 0, 5),
+                  Message(4, b"t", b"v", DELAYED_HEADERS), [], parts)
+    output_record(Range("persistent.t.ns.x-s-RETRY", "persistent.t.ns.x", 1, 0, 9, "s"),
+                  Message(7, b"k1", b"v", hdrs), [], parts)
+    assert parts == [2, 2, -1, -1]
+
+
 def test_a_refiled_record_keeps_its_original_message_id_and_origin() -> None:
     # The tracker's restage copies a record to the re-file log with the original's id
     # and origin.

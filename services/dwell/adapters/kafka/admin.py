@@ -97,6 +97,24 @@ def partition_counts(bootstrap: str, timeout: float = 15.0) -> dict[str, int]:
     return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
 
 
+def partition_count(bootstrap: str, topic: str, timeout: float = 15.0) -> int:
+    """The number of partitions of one topic, 0 when the cluster has no such topic (one
+    metadata request for that topic alone; dwell's brokers do not auto-create topics)."""
+    try:
+        md = admin(bootstrap).list_topics(topic, timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"list_topics {topic}: {exc}") from exc
+    t = md.topics.get(topic)
+    if t is None:
+        return 0
+    err = t.error
+    if err is not None:
+        if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return 0
+        raise KafkaUnavailable(f"list_topics {topic}: {err.str()}")
+    return len(t.partitions)
+
+
 def delete_topic(bootstrap: str, name: str, timeout: float = 15.0) -> bool:
     """Delete a topic; False when there was none. KafkaUnavailable when Kafka cannot answer.
     Returns once the cluster's metadata no longer lists it, so that what follows (a list,

@@ -76,10 +76,12 @@ class Producer:
         self._queue((record,), lambda _: _done, -1 if partition is None else partition)
         return fut
 
-    def send_many(self, records: Sequence[OutRecord]) -> Future[list[tuple[int, int]]]:
+    def send_many(self, records: Sequence[OutRecord], partitions: Sequence[int] | None = None
+                  ) -> Future[list[tuple[int, int]]]:
         """Send a batch; one future of every (partition, offset) in order, or the first
         error. Cheaper than `send` per record: no Future per message.
-        Headers here are already encoded: a list of (name, bytes)."""
+        Headers here are already encoded: a list of (name, bytes). `partitions`, when
+        given, holds each record's partition (-1: the partitioner's choice)."""
         fut: Future[list[tuple[int, int]]] = Future()
 
         def settle(out: list[tuple[int, int]] | None, exc: Exception | None) -> None:
@@ -88,16 +90,17 @@ class Producer:
             else:
                 fut.set_result(out)  # type: ignore[arg-type]
 
-        self.send_many_then(records, settle)
+        self.send_many_then(records, settle, partitions)
         return fut
 
     def send_many_then(self, records: Sequence[OutRecord],
-                       settle: Callable[[list[tuple[int, int]] | None, Exception | None], None]
-                       ) -> None:
+                       settle: Callable[[list[tuple[int, int]] | None, Exception | None], None],
+                       partitions: Sequence[int] | None = None) -> None:
         """Send a batch and call `settle(offsets, None)` once every record is acknowledged,
         or `settle(None, error)` at the first failure; exactly once, from the thread that
         serves delivery reports (the poll thread, `flush`, or `poll`'s caller). Raises
-        KafkaUnavailable (and never settles) when the client refuses a record at once."""
+        KafkaUnavailable (and never settles) when the client refuses a record at once.
+        `partitions`: as for `send_many`."""
         n = len(records)
         out: list[tuple[int, int]] = [(0, 0)] * n
         if n == 0:
@@ -121,7 +124,8 @@ class Producer:
                 settle(out, None)
 
         # partial(partial, _done)(i) is partial(_done, i), built without a Python frame.
-        self._queue(records, functools.partial(functools.partial, _done))
+        self._queue(records, functools.partial(functools.partial, _done),
+                    partitions=partitions)
 
     @property
     def polls_in_background(self) -> bool:
@@ -132,18 +136,21 @@ class Producer:
         `poll_in_background=False`); the number served."""
         return int(self._p.poll(timeout))
 
-    def send_unreported(self, records: Sequence[OutRecord]) -> None:
+    def send_unreported(self, records: Sequence[OutRecord],
+                        partitions: Sequence[int] | None = None) -> None:
         """Queue records without a delivery report each, for callers that learn of
         failures otherwise: a transaction's `commit` (it raises if any record was not
         written; admission's result records) or `BulkProducer.flush`. Per-record
-        callbacks would only cost time."""
-        self._queue(records)
+        callbacks would only cost time. `partitions`: as for `send_many`."""
+        self._queue(records, partitions=partitions)
 
     def _queue(self, records: Iterable[OutRecord],
                report: Callable[[int], OnDelivery] | None = None,
-               partition: int = -1) -> None:
+               partition: int = -1, partitions: Sequence[int] | None = None) -> None:
         """Hand ``records`` to librdkafka's local queue in order; ``report(i)``, when
         given, is the i-th record's delivery callback (else the producer's own, if any).
+        Every record goes to ``partition``, or the i-th to ``partitions[i]`` when that is
+        given (-1: the partitioner's choice).
 
         While the queue is full, serve the delivery reports that empty it (unless the
         background thread does) and wait a moment: librdkafka only frees room in its
@@ -155,6 +162,8 @@ class Producer:
         produce = self._p.produce
         for i, (topic, value, key, headers, ts) in enumerate(records):
             on_delivery = None if report is None else report(i)
+            if partitions is not None:
+                partition = partitions[i]
             deadline: float | None = None
             while True:
                 try:
