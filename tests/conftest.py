@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 import devstack
@@ -198,3 +199,22 @@ def services(stack: devstack.Stack) -> Iterator[ServiceFactory]:
     factory = ServiceFactory(stack, log_dir)
     yield factory
     factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def policy(services: ServiceFactory) -> Iterator[httpx.Client]:
+    """A policy service for the module, as an HTTP client. A module that needs one
+    started with other settings defines its own ``policy``."""
+    svc = services.start("policy")
+    with httpx.Client(base_url=svc.url, timeout=10) as c:
+        yield c
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def admission(services: ServiceFactory) -> Iterator[httpx.Client]:
+    """An admission service for the module, as an HTTP client (as ``policy``)."""
+    svc = services.start("admission")
+    with httpx.Client(base_url=svc.url, timeout=30) as c:
+        yield c
+    svc.stop()

@@ -216,16 +216,22 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:
         print(f"spark app start times (s): {[round(s, 1) for s in spark.starts]}")
 
 
+def make_namespace(policy: httpx.Client, tenant: str) -> None:
+    """The tenant and its namespace `ns`, with delayed delivery (tickTime 1 s, max delay
+    60 s), through the policy service's client ``policy``."""
+    _ok(policy.put(f"/admin/v2/tenants/{tenant}",
+                   json={"adminRoles": [], "allowedClusters": []}))
+    _ok(policy.put(f"/admin/v2/namespaces/{tenant}/ns"))
+    _ok(policy.post(f"/admin/v2/namespaces/{tenant}/ns/delayedDelivery",
+                    json={"active": True, "tickTime": TICK_MS,
+                          "maxDeliveryDelayInMillis": 60000}))
+
+
 def make_topic(e2e: Stack, tenant: str, admission: str | None = None) -> str:
     """A namespace with delayed delivery (tickTime 1 s, max delay 60 s) and its topic,
     once ``admission`` (default: the main one) has the policy from the feed."""
     with httpx.Client(base_url=e2e.policy, timeout=10) as policy:
-        _ok(policy.put(f"/admin/v2/tenants/{tenant}",
-                       json={"adminRoles": [], "allowedClusters": []}))
-        _ok(policy.put(f"/admin/v2/namespaces/{tenant}/ns"))
-        _ok(policy.post(f"/admin/v2/namespaces/{tenant}/ns/delayedDelivery",
-                        json={"active": True, "tickTime": TICK_MS,
-                              "maxDeliveryDelayInMillis": 60000}))
+        make_namespace(policy, tenant)
     topic = f"persistent://{tenant}/ns/orders"
     # The namespace and its max delay reach admission through the policy feed: poll
     # until a too-long delay is refused (a probe that is never stored).

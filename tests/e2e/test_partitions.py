@@ -13,7 +13,7 @@ from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core.topics import TopicName
 
-from .conftest import SPARK_MARGIN_MS, TICK_MS, Stack, new_tenant, now_ms
+from .conftest import SPARK_MARGIN_MS, TICK_MS, Stack, make_namespace, new_tenant, now_ms
 
 PARTITIONS = 3
 TOPIC_MAX_MS = 5000
@@ -28,12 +28,7 @@ def test_a_delayed_message_to_a_partition_is_drained_to_it_when_due(e2e: Stack) 
     tenant = new_tenant()
     x = TopicName.parse(f"persistent://{tenant}/ns/x")
     with httpx.Client(base_url=e2e.policy, timeout=10) as policy:
-        _ok(policy.put(f"/admin/v2/tenants/{tenant}",
-                       json={"adminRoles": [], "allowedClusters": []}))
-        _ok(policy.put(f"/admin/v2/namespaces/{tenant}/ns"))
-        _ok(policy.post(f"/admin/v2/namespaces/{tenant}/ns/delayedDelivery",
-                        json={"active": True, "tickTime": TICK_MS,
-                              "maxDeliveryDelayInMillis": 60000}))
+        make_namespace(policy, tenant)
         _ok(policy.put(f"/admin/v2/persistent/{tenant}/ns/x/partitions", json=PARTITIONS))
         _ok(policy.post(f"/admin/v2/persistent/{tenant}/ns/x/delayedDelivery",
                         json={"active": True, "tickTime": TICK_MS,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,22 +21,6 @@ pytestmark = pytest.mark.integration
 
 MAX_TEXT = ("org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException: "
             "Exceeds max allowed delivery delay of {} milliseconds")
-
-
-@pytest.fixture(scope="module")
-def policy(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("policy")
-    with httpx.Client(base_url=svc.url, timeout=10) as c:
-        yield c
-    svc.stop()
-
-
-@pytest.fixture(scope="module")
-def admission(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("admission")
-    with httpx.Client(base_url=svc.url, timeout=30) as c:
-        yield c
-    svc.stop()
 
 
 def ok(r: httpx.Response) -> httpx.Response:

@@ -29,22 +29,6 @@ TOPIC_MAX_MS = 5000  # x's own max delay; the namespace allows far more
 
 
 @pytest.fixture(scope="module")
-def policy(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("policy")
-    with httpx.Client(base_url=svc.url, timeout=10) as c:
-        yield c
-    svc.stop()
-
-
-@pytest.fixture(scope="module")
-def admission(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("admission")
-    with httpx.Client(base_url=svc.url, timeout=30) as c:
-        yield c
-    svc.stop()
-
-
-@pytest.fixture(scope="module")
 def strict_topics(services: Any) -> Iterator[httpx.Client]:
     """An admission that does not create topics on publish."""
     svc = services.start("admission", env={"DWELL_ALLOW_AUTO_TOPIC_CREATION": "false",

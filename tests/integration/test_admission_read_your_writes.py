@@ -31,14 +31,6 @@ NOT_BASE64 = "payload is not valid base64"
 
 
 @pytest.fixture(scope="module")
-def policy(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("policy")
-    with httpx.Client(base_url=svc.url, timeout=10) as c:
-        yield c
-    svc.stop()
-
-
-@pytest.fixture(scope="module")
 def replicas(services: Any) -> Iterator[list[httpx.Client]]:
     svcs = [services.start("admission") for _ in range(2)]
     clients = [httpx.Client(base_url=svc.url, timeout=30) for svc in svcs]

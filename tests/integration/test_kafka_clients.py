@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import confluent_kafka
@@ -27,22 +26,6 @@ from dwell.core.topics import TopicName
 pytestmark = pytest.mark.integration
 
 COUNT = 20
-
-
-@pytest.fixture(scope="module")
-def policy(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("policy")
-    with httpx.Client(base_url=svc.url, timeout=10) as c:
-        yield c
-    svc.stop()
-
-
-@pytest.fixture(scope="module")
-def admission(services: Any) -> Iterator[httpx.Client]:
-    svc = services.start("admission")
-    with httpx.Client(base_url=svc.url, timeout=30) as c:
-        yield c
-    svc.stop()
 
 
 def ok(r: httpx.Response) -> httpx.Response:

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 
 import pytest
+import redis as redislib
 from prometheus_client import REGISTRY
 
 from conftest import wait_for
@@ -361,13 +362,7 @@ def test_a_round_longer_than_its_lease_refiles_each_record_once(
     def now() -> int:  # the test's clock: base, plus the time since
         return base + int((time.monotonic() - started) * 1000)
 
-    k = (base + LEAD) // CHUNK
-    n = 3000
-    rows = _publish(kafka_bootstrap, delayed_topic, topic,
-                    [k * CHUNK + d for _ in range(n // 3) for d in (3000, 1000, 2000)])
-    wait_for(lambda: _count(r, topic) == n, 20, "the ingest")
-    idx = TopicIndex(r, topic)
-    idx.mark_restaged(k - 1)
+    k, n, rows, idx = _three_buckets(r, kafka_bootstrap, delayed_topic, topic, base)
     renewed = _metric("dwell_tracker_restage_lease_renewals_total")
     rs = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
     other = restager(r, kafka_bootstrap, delayed_topic, lease_ms=1000, piece_records=200)
@@ -407,6 +402,21 @@ def _metric(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
 
 
+def _three_buckets(r: redislib.Redis, kafka_bootstrap: str, delayed_topic: str, topic: str,
+                   now_ms: int) -> tuple[int, int, list[tuple[int, int, int]], TopicIndex]:
+    """3,000 records in three buckets of the chunk the restage takes next at ``now_ms``,
+    indexed, with the chunk before marked restaged: (chunk, records, what _publish
+    wrote, the topic's index)."""
+    k = (now_ms + LEAD) // CHUNK
+    n = 3000
+    rows = _publish(kafka_bootstrap, delayed_topic, topic,
+                    [k * CHUNK + d for _ in range(n // 3) for d in (3000, 1000, 2000)])
+    wait_for(lambda: _count(r, topic) == n, 20, "the ingest")
+    idx = TopicIndex(r, topic)
+    idx.mark_restaged(k - 1)
+    return k, n, rows, idx
+
+
 def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
         redis_url, kafka_bootstrap, delayed_topic, unique, ingest, slow_kafka) -> None:
     """Another round holds one of the round's buckets now (its lease id replaced ours, as
@@ -416,13 +426,7 @@ def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
     r = connect(redis_url)
     topic = f"persistent://t/ns/lost-{unique}"
     now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
-    k = (now + LEAD) // CHUNK
-    n = 3000
-    rows = _publish(kafka_bootstrap, delayed_topic, topic,
-                    [k * CHUNK + d for _ in range(n // 3) for d in (3000, 1000, 2000)])
-    wait_for(lambda: _count(r, topic) == n, 20, "the ingest")
-    idx = TopicIndex(r, topic)
-    idx.mark_restaged(k - 1)
+    k, n, rows, idx = _three_buckets(r, kafka_bootstrap, delayed_topic, topic, now)
     # Buckets are re-filed in order, 200 records a piece: the last one's turn comes after
     # ten pieces, well after the next renewal.
     taken = k * CHUNK + 3000
