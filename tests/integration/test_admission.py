@@ -141,6 +141,7 @@ def test_fixed_delay_overrides_and_delays_everything(policy: httpx.Client,
                                                      unique: str) -> None:
     make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 1000})
     topic = f"persistent://{unique}/ns/fx"
+    ok(policy.put(f"/admin/v2/persistent/{unique}/ns/fx"))
     ok(policy.post(f"/admin/v2/persistent/{unique}/ns/fx/delayedDelivery",
                    json={"fixedDeliveryDelayInMillis": 60000}))
     t = now_ms()
@@ -192,6 +193,7 @@ def test_topic_policy_overrides_namespace_field_by_field(policy: httpx.Client,
                                                          unique: str) -> None:
     make_namespace(policy, unique, ns_policy={"active": True, "tickTime": 500,
                                               "maxDeliveryDelayInMillis": 5000})
+    ok(policy.put(f"/admin/v2/persistent/{unique}/ns/big"))
     ok(policy.post(f"/admin/v2/persistent/{unique}/ns/big/delayedDelivery",
                    json={"maxDeliveryDelayInMillis": 10000}))
     topic = f"persistent://{unique}/ns/big"

@@ -204,3 +204,25 @@ def test_without_auto_creation_an_unknown_topic_is_404_and_a_created_one_publish
     results = r.json()["messagePublishResults"]
     assert [res["errorCode"] for res in results] == [0, 0]
     assert results[0]["messageId"].startswith(TopicName.parse(topic).kafka_topic + ":0:")
+
+
+def test_pulsars_route_to_one_partition_is_a_publish_to_that_partition(
+        policy: httpx.Client, admission: httpx.Client, unique: str) -> None:
+    x = partitioned_topic(policy, admission, f"pt{unique}")
+    base = f"/topics/persistent/{x.tenant}/{x.namespace}/{x.local}"
+    r = ok(admission.post(f"{base}/partitions/1", json={"messages": [
+        {"payload": "now"}, {"payload": "over", "deliverAfterMs": TOPIC_MAX_MS + 1}]}))
+    now, over = r.json()["messagePublishResults"]
+    topic, partition, _ = now["messageId"].rsplit(":", 2)
+    assert (topic, int(partition), now["errorCode"]) == (x.kafka_topic, 1, 0)
+    assert over["errorMsg"] == MAX_TEXT.format(TOPIC_MAX_MS)
+
+    r = admission.post(f"{base}/partitions/{PARTITIONS}", json={"messages": [{"payload": "a"}]})
+    assert r.status_code == 404
+    assert r.json()["reason"].startswith(f"Illegal topic partition name {x.partition(PARTITIONS)}")
+    r = admission.post(f"{base}-partition-0/partitions/1", json={"messages": [{"payload": "a"}]})
+    assert (r.status_code, r.json()) == (400, {
+        "reason": "Topic name can't contain '-partition-' suffix."})
+    r = admission.post(f"{base}/partitions/one", json={"messages": [{"payload": "a"}]})
+    assert r.status_code == 400 and "partition" in r.json()["reason"]
+

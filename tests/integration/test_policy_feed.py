@@ -37,11 +37,13 @@ def test_each_change_in_order_then_tombstones(policy, kafka_bootstrap: str,  # t
         ("PUT", f"/admin/v2/tenants/{unique}", {"adminRoles": ["ops"]}),
         ("PUT", f"/admin/v2/namespaces/{ns}", None),
         ("POST", f"/admin/v2/namespaces/{ns}/delayedDelivery", {"maxDeliveryDelayInMillis": 5000}),
+        ("PUT", f"/admin/v2/persistent/{ns}/x", None),
         ("POST", f"/admin/v2/persistent/{ns}/x/delayedDelivery", {"tickTime": 100}),
         ("POST", f"/admin/v2/persistent/{ns}/x/delayedDelivery?isGlobal=true",
          {"tickTime": 7, "maxDeliveryDelayInMillis": 9000}),
         ("DELETE", f"/admin/v2/persistent/{ns}/x/delayedDelivery", None),
         ("DELETE", f"/admin/v2/persistent/{ns}/x/delayedDelivery?isGlobal=true", None),
+        ("DELETE", f"/admin/v2/persistent/{ns}/x", None),
         ("DELETE", f"/admin/v2/namespaces/{ns}", None),
         ("DELETE", f"/admin/v2/tenants/{unique}", None),
     ]

@@ -36,6 +36,8 @@ def _fill(http: httpx.Client, tenant: str) -> list[str]:
         assert http.put(f"/admin/v2/namespaces/{tenant}/{ns}").status_code == 204
     assert http.post(f"/admin/v2/namespaces/{tenant}/a/delayedDelivery",
                      json={"active": True, "maxDeliveryDelayInMillis": 5000}).status_code == 204
+    for topic in ("a/x", "b/gone"):
+        assert http.put(f"/admin/v2/persistent/{tenant}/{topic}").status_code == 204
     assert http.post(f"/admin/v2/persistent/{tenant}/a/x/delayedDelivery",
                      json={"tickTime": 100}).status_code == 204
     # Removed ones stay removed: a tombstone on the feed.

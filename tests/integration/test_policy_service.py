@@ -30,9 +30,12 @@ def _reason(resp: httpx.Response) -> str:
     return str(resp.json()["reason"])
 
 
-def _namespace(http: httpx.Client, unique: str) -> str:
+def _namespace(http: httpx.Client, unique: str, *topics: str) -> str:
+    """`<unique>/ns`, created with the given topics (a topic policy names an existing topic)."""
     assert http.put(f"/admin/v2/tenants/{unique}").status_code == 204
     assert http.put(f"/admin/v2/namespaces/{unique}/ns").status_code == 204
+    for topic in topics:
+        assert http.put(f"/admin/v2/persistent/{unique}/ns/{topic}").status_code == 204
     return f"{unique}/ns"
 
 
@@ -171,7 +174,7 @@ BAD_BODIES = [
 
 def test_policy_body_as_pulsar_reads_it(http: httpx.Client, unique: str) -> None:
     """Unknown fields are ignored (Pulsar's Jackson does so), missing ones inherit."""
-    ns = _namespace(http, unique)
+    ns = _namespace(http, unique, "x")
     for url in (f"/admin/v2/namespaces/{ns}/delayedDelivery",
                 f"/admin/v2/persistent/{ns}/x/delayedDelivery"):
         body = {"tickTime": 250, "maxDelay": 5, "fixedDeliveryDelayInMillis": None,
@@ -193,7 +196,7 @@ def test_policy_body_as_pulsar_reads_it(http: httpx.Client, unique: str) -> None
 @pytest.mark.parametrize(("body", "field", "message"), BAD_BODIES)
 def test_bad_policy_bodies_are_400_naming_the_field(http: httpx.Client, unique: str, body: str,
                                                     field: str, message: str) -> None:
-    ns = _namespace(http, unique)
+    ns = _namespace(http, unique, "x")
     for url in (f"/admin/v2/namespaces/{ns}/delayedDelivery",
                 f"/admin/v2/persistent/{ns}/x/delayedDelivery"):
         resp = http.post(url, content=body, headers={"content-type": "application/json"})
@@ -204,7 +207,7 @@ def test_bad_policy_bodies_are_400_naming_the_field(http: httpx.Client, unique: 
 
 def test_topic_policy_and_applied_inherits_field_by_field(http: httpx.Client,
                                                           unique: str) -> None:
-    ns = _namespace(http, unique)
+    ns = _namespace(http, unique, "orders")
     topic_url = f"/admin/v2/persistent/{ns}/orders/delayedDelivery"
     assert http.get(topic_url).text == "null"
     assert http.post(f"/admin/v2/namespaces/{ns}/delayedDelivery",
@@ -233,6 +236,7 @@ def test_topic_policy_and_applied_inherits_field_by_field(http: httpx.Client,
     assert http.delete(topic_url, params={"isGlobal": "false"}).status_code == 204
     assert http.get(topic_url).text == "null"
     assert http.delete(topic_url, params={"isGlobal": "true"}).status_code == 204
+    assert http.delete(f"/admin/v2/persistent/{ns}/orders").status_code == 204
     assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
     assert http.delete(f"/admin/v2/tenants/{unique}").status_code == 204
 
@@ -240,7 +244,7 @@ def test_topic_policy_and_applied_inherits_field_by_field(http: httpx.Client,
 def test_local_and_global_topic_policies(http: httpx.Client, unique: str) -> None:
     """`isGlobal` keeps a second topic policy; the topic runs with local over global over
     namespace over broker, field by field (Pulsar's PolicyHierarchyValue)."""
-    ns = _namespace(http, unique)
+    ns = _namespace(http, unique, "x")
     url = f"/admin/v2/persistent/{ns}/x/delayedDelivery"
     glob = {"isGlobal": "true"}
     assert http.post(f"/admin/v2/namespaces/{ns}/delayedDelivery",
@@ -264,9 +268,12 @@ def test_local_and_global_topic_policies(http: httpx.Client, unique: str) -> Non
     assert http.get(url, params={"applied": "true"}).json() == {
         "active": False, "tickTime": 1000, "maxDeliveryDelayInMillis": 0,
         "fixedDeliveryDelayInMillis": 40}
-    busy = http.delete(f"/admin/v2/namespaces/{ns}")
-    assert busy.status_code == 409
-    assert http.delete(url).status_code == 204
+    assert http.delete(f"/admin/v2/persistent/{ns}/x").status_code == 204
+    # The topic's policies went with it.
+    assert http.get(url).status_code == 404
+    assert http.put(f"/admin/v2/persistent/{ns}/x").status_code == 204
+    assert http.get(url).text == "null"
+    assert http.delete(f"/admin/v2/persistent/{ns}/x").status_code == 204
     assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
 
 
@@ -321,8 +328,11 @@ def test_topics_are_kafka_ready_topics(http: httpx.Client, unique: str,
     assert http.post(f"{base}/x/delayedDelivery", params={"isGlobal": "true"},
                      json={"tickTime": 6}).status_code == 204
     assert http.delete(f"{base}/x").status_code == 204
-    assert http.get(f"{base}/x/delayedDelivery").text == "null"
     assert f"{unique}.ns.x" not in kafka.partition_counts(kafka_bootstrap)
+    assert http.put(f"{base}/x").status_code == 204
+    for params in ({}, {"isGlobal": "true"}):
+        assert http.get(f"{base}/x/delayedDelivery", params=params).text == "null"
+    assert http.delete(f"{base}/x").status_code == 204
     for topic in ("p", "q"):
         busy = http.delete(f"/admin/v2/namespaces/{ns}")
         assert (busy.status_code, _reason(busy)) == (409, "Cannot delete non empty namespace")
@@ -331,12 +341,20 @@ def test_topics_are_kafka_ready_topics(http: httpx.Client, unique: str,
     assert http.delete(f"/admin/v2/namespaces/{ns}").status_code == 204
 
 
-def test_topic_policy_needs_namespace_and_a_valid_name(http: httpx.Client, unique: str) -> None:
+def test_topic_policy_needs_the_topic_and_a_valid_name(http: httpx.Client, unique: str) -> None:
+    """As in Pulsar (TopicPoliciesBase.preValidation), a topic policy names a topic that
+    exists: 404 otherwise, whether or not its namespace does."""
     ns = _namespace(http, unique)
-    for method in ("GET", "POST", "DELETE"):
-        resp = http.request(method, f"/admin/v2/persistent/{unique}/nope/x/delayedDelivery",
-                            json={"tickTime": 5} if method == "POST" else None)
-        assert (resp.status_code, _reason(resp)) == (404, "Namespace does not exist")
+    for topic in (f"{unique}/nope/x", f"{ns}/x"):
+        for method in ("GET", "POST", "DELETE"):
+            resp = http.request(method, f"/admin/v2/persistent/{topic}/delayedDelivery",
+                                json={"tickTime": 5} if method == "POST" else None)
+            assert (resp.status_code, _reason(resp)) == (
+                404, f"Topic persistent://{topic} not found")
+            if method == "GET":
+                resp = http.get(f"/admin/v2/persistent/{topic}/delayedDelivery",
+                                params={"applied": "true"})
+                assert resp.status_code == 404
     bad = http.post(f"/admin/v2/persistent/{ns}/a%20b/delayedDelivery", json={"tickTime": 5})
     assert bad.status_code == 412 and "whitespace" in _reason(bad)
     reserved = http.get("/admin/v2/persistent/dwell/ns/x/delayedDelivery")
@@ -361,7 +379,7 @@ def test_readyz_metrics_docs(http: httpx.Client, unique: str) -> None:
 def test_kill_9_loses_nothing(services, unique: str) -> None:  # type: ignore[no-untyped-def]
     svc = services.start("policy", env=BROKER)
     with httpx.Client(base_url=svc.url, timeout=30) as http:
-        ns = _namespace(http, unique)
+        ns = _namespace(http, unique, "x")
         assert http.post(f"/admin/v2/namespaces/{ns}/delayedDelivery",
                          json={"maxDeliveryDelayInMillis": 7000}).status_code == 204
         assert http.post(f"/admin/v2/persistent/{ns}/x/delayedDelivery",

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.http import BodyLimit, create_app, declared_size, internal_error, too_large
+from dwell.http import ApiError, BodyLimit, create_app, declared_size, internal_error, too_large
 
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
@@ -103,14 +103,20 @@ _PREFIX = "/topics/"
 
 
 def publish_parts(scope: Scope) -> list[str] | None:
-    """The four path segments of a publish request, or None: the FastAPI route's match
-    (a POST, four non-empty segments of the decoded path)."""
+    """The four path segments of a publish request, or None: the FastAPI routes' match
+    (a POST, four non-empty segments of the decoded path, or six ending in
+    `partitions/<N>`, whose topic is then `<topic>-partition-<N>`)."""
     if scope["type"] != "http" or scope["method"] != "POST":
         return None
     path: str = scope["path"]
     if not path.startswith(_PREFIX):
         return None
     parts = path[len(_PREFIX):].split("/")
+    if (len(parts) == 6 and parts[4] == "partitions" and parts[5].isascii()
+            and parts[5].isdigit() and names.PARTITION_SUFFIX not in parts[3]):
+        # Pulsar's route to one partition of x is a publish to x-partition-N; the FastAPI
+        # route answers its malformed forms.
+        parts = [*parts[:3], f"{parts[3]}{names.PARTITION_SUFFIX}{int(parts[5])}"]
     return parts if len(parts) == 4 and all(parts) else None
 
 
@@ -244,6 +250,17 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
                       request: Request) -> Response:
         status, content, headers = await handle(domain, tenant, namespace, topic,
                                                 await request.body())
+        return Response(content, status, headers, media_type="application/json")
+
+    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}/partitions/{partition}")
+    async def publish_to_partition(domain: str, tenant: str, namespace: str, topic: str,
+                                   partition: int, request: Request) -> Response:
+        """Pulsar's route to one partition: the same as a publish to `<topic>-partition-N`."""
+        if names.PARTITION_SUFFIX in topic:
+            raise ApiError(400, "Topic name can't contain '-partition-' suffix.")
+        status, content, headers = await handle(
+            domain, tenant, namespace, f"{topic}{names.PARTITION_SUFFIX}{partition}",
+            await request.body())
         return Response(content, status, headers, media_type="application/json")
 
     return app

@@ -506,6 +506,22 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=True)
 
+    async def tracker_stats(name: TopicName) -> dict[str, Any]:
+        """The tracker's delayed-delivery fields of Pulsar's TopicStats for `name`."""
+        try:
+            answer = await tracker.get("/admin/v2/persistent/" + "/".join(
+                quote(part, safe="") for part in (name.tenant, name.namespace, name.local))
+                + "/stats")
+        except httpx.HTTPError as exc:
+            raise ApiError(503, f"tracker unavailable: {exc}") from exc
+        if answer.status_code == 404:
+            # The topic exists but nothing of it is indexed and no subscription is known.
+            return {"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}}
+        if answer.status_code != 200:
+            raise ApiError(503, f"tracker answered {answer.status_code}: {answer.text[:200]}")
+        stats: dict[str, Any] = orjson.loads(answer.content)
+        return stats
+
     @app.get(topic_base + "/stats", tags=["topics"])
     async def get_topic_stats(tenant: str, namespace: str, topic: str) -> Response:
         """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
@@ -514,27 +530,43 @@ def build_app(settings: PolicySettings) -> FastAPI:
         count = await catalog.partitions(parent)
         if not (count == 1 and index < 0 or count > 1 and 0 <= index < count):
             raise ApiError(404, topic_not_found(name))
-        try:
-            answer = await tracker.get("/admin/v2/persistent/" + "/".join(
-                quote(part, safe="") for part in (tenant, namespace, topic)) + "/stats")
-        except httpx.HTTPError as exc:
-            raise ApiError(503, f"tracker unavailable: {exc}") from exc
-        if answer.status_code == 404:
-            # The topic exists but nothing of it is indexed and no subscription is known.
-            return _json({"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}})
-        if answer.status_code != 200:
-            raise ApiError(503, f"tracker answered {answer.status_code}: {answer.text[:200]}")
-        return Response(answer.content, media_type="application/json")
+        return _json(await tracker_stats(name))
+
+    @app.get(topic_base + "/partitioned-stats", tags=["topics"])
+    async def get_partitioned_stats(tenant: str, namespace: str, topic: str,
+                                    perPartition: bool = True) -> Response:
+        """Pulsar's PartitionedTopicStats: the topic's figures with its partition count, and
+        with `perPartition` each partition's own. dwell indexes a partitioned topic's
+        delayed messages under the topic, not per partition, so the figures are the
+        topic's and each partition reports none of its own."""
+        name = _topic(tenant, namespace, topic)
+        count = await catalog.partitions(name)
+        if name.partition_index >= 0 or count < 2:
+            raise ApiError(404, f"Partitioned Topic {name} not found")
+        stats = {**await tracker_stats(name), "metadata": {"partitions": count, "deleted": False},
+                 "partitions": {}}
+        if perPartition:
+            stats["partitions"] = {str(part): await tracker_stats(part) for part in
+                                   (name.partition(i) for i in range(count))}
+        return _json(stats)
 
     # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
     # apart as Pulsar keeps them; the topic runs with local over global, field by field.
 
     topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
 
+    async def existing_policy_topic(tenant: str, namespace: str, topic: str) -> TopicName:
+        """The topic a policy names; as in Pulsar, it must exist (`topics create`, or a first
+        publish that auto-created it) and must not be a partition."""
+        name = _policy_topic(tenant, namespace, topic)
+        if await catalog.partitions(name) == 0:
+            raise ApiError(404, topic_not_found(name))
+        return name
+
     @app.get(topic_path, tags=["delayed delivery"])
     async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
                                isGlobal: bool = False) -> Response:
-        name = _policy_topic(tenant, namespace, topic)
+        name = await existing_policy_topic(tenant, namespace, topic)
         ns_policy, levels = await store.topic_policies(name)
         if applied:
             # What the topic runs with, whichever level was asked for: Pulsar would
@@ -546,7 +578,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
               openapi_extra=_POLICY_BODY)
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
-        name = _policy_topic(tenant, namespace, topic)
+        name = await existing_policy_topic(tenant, namespace, topic)
         policy = await _policy_body(request)
         return await commit("topic_policy_set",
                             lambda: store.set_topic_policy(name, policy, isGlobal))
@@ -554,7 +586,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"])
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
-        name = _policy_topic(tenant, namespace, topic)
+        name = await existing_policy_topic(tenant, namespace, topic)
         return await commit("topic_policy_remove",
                             lambda: store.remove_topic_policy(name, isGlobal))
 

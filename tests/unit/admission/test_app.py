@@ -92,6 +92,12 @@ def test_publish_paths_are_the_routes_match() -> None:
     assert publish_parts(request("POST", "/topics/persistent/a/b/c/d")) is None
     assert publish_parts(request("GET", "/topics/persistent/a/b/c")) is None
     assert publish_parts({"type": "lifespan"}) is None
+    # Pulsar's route to one partition.
+    assert publish_parts(request("POST", "/topics/persistent/a/b/c/partitions/02")) == [
+        "persistent", "a", "b", "c-partition-2"]
+    for odd in ("c/partitions/x", "c/partitions/-1", "c/partitions/", "c-partition-0/partitions/1",
+                "c/partition/1", "c/partitions/1/2"):
+        assert publish_parts(request("POST", f"/topics/persistent/a/b/{odd}")) is None
 
 
 def test_publish_reaches_the_handler_and_the_rest_reaches_fastapi(
