@@ -76,6 +76,12 @@ def allowed(policies: list[dict[str, Any]], src: dict[str, str] | None,
     return True
 
 
+@pytest.fixture(scope="module")
+def np_docs(helm: str) -> list[dict[str, Any]]:
+    """The chart rendered with the NetworkPolicies on, once for the module."""
+    return render(helm, *NP_ON)
+
+
 def test_off_by_default(helm: str) -> None:
     docs = render(helm)
     assert not by_kind(docs, "NetworkPolicy") and not by_kind(docs, "Ingress")
@@ -95,8 +101,9 @@ def test_network_objects_are_valid_kubernetes(helm: str, kube: str) -> None:
         kubernetes_validate.validate(doc, kube, strict=True)
 
 
-def test_one_network_policy_per_component_selecting_its_pods(helm: str) -> None:
-    docs = render(helm, *NP_ON)
+def test_one_network_policy_per_component_selecting_its_pods(np_docs: list[dict[str, Any]]
+                                                             ) -> None:
+    docs = np_docs
     policies = by_kind(docs, "NetworkPolicy")
     labels = pod_labels(docs)
     got = {p["metadata"]["labels"]["app.kubernetes.io/component"]: p for p in policies.values()}
@@ -131,15 +138,16 @@ UNREACHABLE = [
 @pytest.mark.parametrize(("src", "dst", "port", "want"),
                          [(*c, True) for c in REACHABLE] + [(*c, False) for c in UNREACHABLE])
 def test_network_policies_allow_what_dwell_uses_and_nothing_else(
-        helm: str, src: str, dst: str, port: int, want: bool) -> None:
-    docs = render(helm, *NP_ON)
+        np_docs: list[dict[str, Any]], src: str, dst: str, port: int, want: bool) -> None:
+    docs = np_docs
     labels = pod_labels(docs)
     assert allowed(list(by_kind(docs, "NetworkPolicy").values()), labels[src], labels[dst],
                    port) is want
 
 
-def test_clients_and_prometheus_reach_the_http_ports(helm: str) -> None:
-    docs = render(helm, *NP_ON)
+def test_clients_and_prometheus_reach_the_http_ports(helm: str,
+                                                    np_docs: list[dict[str, Any]]) -> None:
+    docs = np_docs
     policies = list(by_kind(docs, "NetworkPolicy").values())
     labels = pod_labels(docs)
     outside = {"app": "producer"}
@@ -183,8 +191,8 @@ def test_external_redis_and_kafka_are_reached_on_their_ports(helm: str) -> None:
     assert kafka_rule["to"] == [{"ipBlock": {"cidr": "10.1.0.0/16"}}]
 
 
-def test_spark_driver_reaches_the_api_server(helm: str) -> None:
-    docs = render(helm, *NP_ON)
+def test_spark_driver_reaches_the_api_server(np_docs: list[dict[str, Any]]) -> None:
+    docs = np_docs
     policies = list(by_kind(docs, "NetworkPolicy").values())
     labels = pod_labels(docs)
     assert allowed(policies, labels["spark"], None, 443)
