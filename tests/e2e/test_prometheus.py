@@ -50,7 +50,7 @@ BACKOFF = ExponentialRedeliveryBackoff(min_delay_ms=500, max_delay_ms=1000, mult
 DRIVEN = {"DwellDeadLetters": "firing", "DwellAdmissionUnavailable": "pending",
           "DwellDrainTopicFailing": "pending", "DwellPolicyVersionDivergent": "pending",
           "DwellDrainLagHigh": "pending"}
-THRESHOLD = re.compile(r"^(?P<inner>.+?)\s*(?:>|<|>=|<=|==|!=)\s*[0-9.eE+-]+$", re.S)
+THRESHOLD = re.compile(r"^(?P<inner>.+?)\s*(?:>=|<=|==|!=|>|<)\s*[0-9.eE+-]+$", re.S)
 
 
 def host(url: str) -> str:
