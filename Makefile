@@ -24,7 +24,7 @@ down: ## stop exactly what `make up` started
 status: ## what runs where
 	$(DEVSTACK) status
 
-chart-tools: ## build helm (go install) and install promtool, for the chart's tests
+chart-tools: ## build helm (go install) and install Prometheus and promtool, for the chart's and dashboards' tests
 	$(DEVSTACK) install-chart-tools
 
 test: install chart-tools ## every test suite, against real Redis and Kafka it starts (and stops) itself

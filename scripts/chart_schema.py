@@ -66,8 +66,18 @@ LIST = {"type": "array"}
 QUANTITY = {"type": ["string", "integer"], "pattern": "^[0-9]+(\\.[0-9]+)?([EPTGMk]i?|[m])?$"}
 RESOURCES = {"type": "object", "additionalProperties": False,
              "properties": {"requests": MAP, "limits": MAP, "claims": LIST}}
+# An image is pulled by digest when one is set (a release records its builds' digests).
+DIGEST = {"type": "string", "pattern": "^(sha256:[0-9a-f]{64})?$"}
 IMAGE = obj({"registry": STR, "repository": {"type": "string", "minLength": 1}, "tag": STR,
-             "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}, ["repository"])
+             "digest": DIGEST, "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}},
+            ["repository"])
+# NetworkPolicyPeer lists (the API server checks each peer's fields).
+PEERS = {"type": "array", "items": {"type": "object"}}
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+INGRESS_PATH = obj({"path": {"type": "string", "pattern": "^/"},
+                    "pathType": {"enum": ["Prefix", "Exact", "ImplementationSpecific"]},
+                    "service": {"enum": ["policy", "admission", "tracker"]}},
+                   ["path", "pathType", "service"])
 PERSISTENCE = obj({"size": QUANTITY, "storageClass": STR})
 SCHEDULING = {"nodeSelector": MAP, "tolerations": LIST, "affinity": MAP,
               "podAnnotations": MAP}
@@ -133,6 +143,27 @@ def schema() -> dict[str, Any]:
                                     "accessModes": {"type": "array", "minItems": 1, "items": {
                                         "enum": ["ReadWriteMany", "ReadWriteOnce",
                                                  "ReadWriteOncePod"]}}}),
+            }),
+            "networkPolicy": obj({
+                "enabled": BOOL,
+                "clients": PEERS,
+                "metrics": PEERS,
+                "kubeAPIServer": obj({"to": PEERS,
+                                      "ports": {"type": "array", "minItems": 1, "items": PORT}}),
+                "externalTo": PEERS,
+                "dns": obj({"to": PEERS}),
+            }),
+            "ingress": obj({
+                "enabled": BOOL,
+                "className": STR,
+                "annotations": MAP,
+                "hosts": {"type": "array", "items": obj({
+                    "host": STR,
+                    "paths": {"type": "array", "minItems": 1, "items": INGRESS_PATH}},
+                    ["paths"])},
+                "tls": {"type": "array", "items": obj({
+                    "secretName": {"type": "string", "minLength": 1},
+                    "hosts": {"type": "array", "items": STR}}, ["secretName"])},
             }),
             "metrics": obj({
                 "serviceMonitor": obj({"enabled": BOOL, "interval": STR, "labels": MAP}),

@@ -222,8 +222,11 @@ def promtool_bin() -> Path:
 
 
 def install_chart_tools() -> None:
+    import promserver  # scripts/: the Prometheus server of tests/e2e/test_prometheus.py
+
     helm_bin()
     promtool_bin()
+    promserver.prometheus_bin()
 
 
 def install(with_python: bool = True) -> None:
@@ -508,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                     choices=sorted(PROFILES))
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install", help="install what is missing (venv, redis-server, Kafka jars)")
-    sub.add_parser("install-chart-tools", help="build helm and install promtool (tests/chart)")
+    sub.add_parser("install-chart-tools", help="build helm, install promtool and Prometheus "
+                   "(tests/chart, tests/e2e/test_prometheus.py)")
     up = sub.add_parser("up", help="start the stack in the background")
     up.add_argument("names", nargs="*", help="only these processes")
     down = sub.add_parser("down", help="stop what `up` started")

@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from dwell import memory
+from dwell.tracker.metrics import MARKS_WRITTEN
 
 from .records import LATENESS_BOUNDS_MS, CopyStats
 
@@ -110,6 +111,9 @@ class _Lateness(Collector):
 LATENESS = _Lateness()
 REGISTRY.register(LATENESS)
 REGISTRY.register(memory.ALLOCATOR)
+# The drain writes its completed buckets to dwell.delivered with the tracker's helper,
+# which counts them in the process-wide counter: this app serves it from its own registry.
+REGISTRY.register(MARKS_WRITTEN)
 
 
 def record(stats: CopyStats) -> None:

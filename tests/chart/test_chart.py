@@ -39,13 +39,9 @@ EXTERNAL = ["--set", "redis.enabled=false", "--set", "redis.external.host=redis.
 EVERYTHING = ["--set", "metrics.serviceMonitor.enabled=true",
               "--set", "metrics.prometheusRule.enabled=true",
               "--set", "metrics.dashboards.enabled=true",
-              "--set", "admission.autoscaling.enabled=true"]
+              "--set", "admission.autoscaling.enabled=true",
+              "--set", "networkPolicy.enabled=true", "--set", "ingress.enabled=true"]
 VARIANTS = {"defaults": [], "external": EXTERNAL, "everything": EVERYTHING}
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    return str(devstack.helm_bin())
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -41,13 +41,17 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 app.kubernetes.io/part-of: dwell
 {{- end -}}
 
-{{/* registry/repository:tag, the tag defaulting to the chart's appVersion */}}
+{{/* registry/repository@digest when a digest is set, else registry/repository:tag with
+     the tag defaulting to the chart's appVersion */}}
 {{- define "dwell.imageRef" -}}
-{{- $tag := default .root.Chart.AppVersion .image.tag -}}
+{{- $repo := .image.repository -}}
 {{- if .image.registry -}}
-{{- printf "%s/%s:%s" .image.registry .image.repository $tag -}}
+{{- $repo = printf "%s/%s" .image.registry .image.repository -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .image.repository $tag -}}
+{{- printf "%s:%s" $repo (default .root.Chart.AppVersion .image.tag) -}}
 {{- end -}}
 {{- end -}}
 
