@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Final
+from typing import Any, Final
 
 
 class AuthAction(StrEnum):
@@ -69,6 +69,7 @@ class Operation(Enum):
     GET_TOPICS = "list topics"
     LOOKUP = "get topic metadata"
     GET_STATS = "get topic stats"
+    GET_ALL_STATS = "get every topic's stats"
     PRODUCE = "produce"
     SUBSCRIBE = "subscribe"
     GET_SUBSCRIPTION = "get subscription"
@@ -102,6 +103,8 @@ NEEDS: Final[Mapping[Operation, Need]] = {
     Operation.GET_TOPICS: Need.LOOKUP,
     Operation.LOOKUP: Need.LOOKUP,
     Operation.GET_STATS: Need.LOOKUP,
+    # Every tenant's topics at once: Pulsar's broker-stats, a super-user's.
+    Operation.GET_ALL_STATS: Need.SUPER_USER,
     Operation.PRODUCE: Need.PRODUCE,
     Operation.SUBSCRIBE: Need.CONSUME,
     Operation.GET_SUBSCRIPTION: Need.CONSUME,
@@ -178,3 +181,18 @@ def parse_actions(raw: object) -> frozenset[AuthAction]:
                              "functions, sources, sinks, packages)")
         out.add(action)
     return frozenset(out)
+
+
+def auth_policies(namespace_auth: Mapping[str, list[str]]) -> dict[str, Any]:
+    """Pulsar's AuthPolicies JSON, as a namespace's record on `dwell.policies` carries
+    it; dwell grants permissions per namespace only."""
+    return {"namespace_auth": dict(namespace_auth), "destination_auth": {},
+            "subscription_auth_roles": {}}
+
+
+def namespace_auth(record: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """A namespace record's permissions, role -> actions ({} for none)."""
+    if not record:
+        return {}
+    policies = record.get("auth_policies") or {}
+    return dict(policies.get("namespace_auth") or {})
