@@ -45,7 +45,15 @@ def _fill(http: httpx.Client, tenant: str) -> list[str]:
                      json={"tickTime": 7}).status_code == 204
     assert http.delete(f"/admin/v2/persistent/{tenant}/b/gone/delayedDelivery"
                        ).status_code == 204
-    return ["/admin/v2/tenants", f"/admin/v2/tenants/{tenant}", f"/admin/v2/namespaces/{tenant}",
+    # Permissions live in the namespace's record: granted, and granted then revoked.
+    assert http.post(f"/admin/v2/namespaces/{tenant}/a/permissions/app",
+                     json=["produce", "consume"]).status_code == 204
+    assert http.post(f"/admin/v2/namespaces/{tenant}/b/permissions/old",
+                     json=["consume"]).status_code == 204
+    assert http.delete(f"/admin/v2/namespaces/{tenant}/b/permissions/old").status_code == 204
+    return [f"/admin/v2/namespaces/{tenant}/a/permissions",
+            f"/admin/v2/namespaces/{tenant}/b/permissions",
+            "/admin/v2/tenants", f"/admin/v2/tenants/{tenant}", f"/admin/v2/namespaces/{tenant}",
             f"/admin/v2/namespaces/{tenant}/a/delayedDelivery",
             f"/admin/v2/namespaces/{tenant}/b/delayedDelivery",
             f"/admin/v2/persistent/{tenant}/a/x/delayedDelivery",
