@@ -65,12 +65,14 @@ NEEDS: dict[str, dict[tuple[str, str], str]] = {
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"): "L",
         ("DELETE", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"): "A",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats"): "L",
+        ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitioned-stats"): "L",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"): "A",
         ("POST", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"): "A",
         ("DELETE", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"): "A",
     },
     "admission": {
         ("POST", "/topics/{domain}/{tenant}/{namespace}/{topic}"): "P",
+        ("POST", "/topics/{domain}/{tenant}/{namespace}/{topic}/partitions/{partition}"): "P",
     },
     "tracker": {
         ("PUT", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/subscriptions/{sub}"): "C",
@@ -184,7 +186,7 @@ def _fill(path: str, tenant: str, method: str) -> str:
     return (path.replace("{tenant}", tenant).replace("{namespace}", "ns")
             .replace("{topic}", topic).replace("{domain}", "persistent")
             .replace("{kind}", "persistent").replace("{sub}", "s1")
-            .replace("{role}", "someone"))
+            .replace("{role}", "someone").replace("{partition}", "0"))
 
 
 def _body(path: str, method: str, tenant: str) -> object:
