@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, NotAllowedError, Producer
+from dwell.security import http_verify
 
 console = Console()
 MAX_DELAY_MS = 30_000
@@ -39,7 +40,7 @@ def now_ms() -> int:
 
 
 def setup_policy(policy_url: str) -> None:
-    with httpx.Client(base_url=policy_url, timeout=10) as http:
+    with httpx.Client(base_url=policy_url, timeout=10, verify=http_verify()) as http:
         for path in ("/admin/v2/tenants/demo", "/admin/v2/namespaces/demo/shop"):
             r = http.put(path)
             if r.status_code not in (204, 409):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -185,8 +186,14 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
 
-def serve(host: str, port: int) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz on a daemon thread; returns the server."""
+def serve(host: str, port: int, tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on a daemon thread, over TLS with `tls`;
+    returns the server."""
     server = ThreadingHTTPServer((host, port), _Handler)
+    if tls is not None:
+        # The handshake runs on the request's thread, at its first read: a slow client
+        # never holds up the accept loop.
+        server.socket = tls.wrap_socket(server.socket, server_side=True,
+                                        do_handshake_on_connect=False)
     threading.Thread(target=server.serve_forever, name="dwell-metrics", daemon=True).start()
     return server

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import ssl
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -21,6 +22,7 @@ from dwell.cli.flags import (
     persistent_topic,
 )
 from dwell.core.durations import format_duration_ms
+from dwell.security import TlsSettings, http_verify
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 
@@ -31,8 +33,8 @@ class Output(StrEnum):
 
 
 class Ctx:
-    def __init__(self, url: str, output: Output) -> None:
-        self.client = PolicyClient(url)
+    def __init__(self, url: str, output: Output, verify: ssl.SSLContext | bool) -> None:
+        self.client = PolicyClient(url, verify=verify)
         self.output = output
         self.console = Console()
 
@@ -93,12 +95,17 @@ def main(
     ctx: typer.Context,
     url: Annotated[str, typer.Option(
         "--url", envvar="DWELL_POLICY_URL",
-        help="Base URL of the policy service.")] = DEFAULT_URL,
+        help="Base URL of the policy service (https:// when it serves TLS).")] = DEFAULT_URL,
+    tls_trust_certs_file_path: Annotated[str, typer.Option(
+        "--tls-trust-certs-file-path", envvar="DWELL_TLS_TRUST_CERTS_FILE_PATH",
+        help="PEM file of the CA that signs the policy service's certificate (pulsar-admin's "
+             "tlsTrustCertsFilePath); default: the system's CAs.")] = "",
     output: Annotated[Output, typer.Option(
         "--output", "-o", help="table: for people; json: the service's JSON on stdout, "
                                "for scripts.")] = Output.table,
 ) -> None:
-    ctx.obj = Ctx(url, output)
+    ctx.obj = Ctx(url, output, http_verify(TlsSettings(
+        tls_trust_certs_file_path=tls_trust_certs_file_path)))
 
 
 NamespaceArg = Annotated[str, typer.Argument(metavar="TENANT/NAMESPACE",

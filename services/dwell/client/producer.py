@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from dwell.core.topics import TopicName
+from dwell.security import http_verify
 
 DEFAULT_ADMISSION_URL = "http://127.0.0.1:8082"
 # Pulsar's ServerError.NotAllowedError: the publish checks (max delay, ...) refused it.
@@ -53,7 +54,7 @@ class Producer:
         t = self.topic
         self._path = f"/topics/{t.domain}/{t.tenant}/{t.namespace}/{t.local}"
         self._http = httpx.Client(base_url=base.rstrip("/"), timeout=timeout_s,
-                                  transport=transport)
+                                  transport=transport, verify=http_verify())
         self._sequence = 0
 
     def send(self, payload: bytes | str, *, key: str | None = None,
