@@ -233,6 +233,8 @@ def install_chart_tools() -> None:
 def install(with_python: bool = True) -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     redis_server_bin()
+    if not shutil.which("openssl"):  # --secure makes its certificates with it
+        _apt_install("openssl", "openssl")
     if not shutil.which("java"):
         sys.exit("dwell: java (17+) is needed to run Apache Kafka")
     kafka_libs()
@@ -359,7 +361,7 @@ class Stack:
             "DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY),
             "DWELL_SPARK_METRICS_PORT": str(port)}
         return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], port, env, cwd=SPARK_DIR,
-                    health_url=f"{self.scheme}://127.0.0.1:{port}/readyz", start_timeout=180,
+                    health_url=f"{self.scheme}://127.0.0.1:{port}/readyz", start_timeout=360,
                     ca_dir=self.pki if self.secure else None)
 
     def proc(self, name: str) -> Proc:
