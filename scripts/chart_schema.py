@@ -33,6 +33,9 @@ CHART_OWNED = frozenset({
     "http_host", "http_port", "redis_url", "kafka_bootstrap", "kafka_replication_factor",
     "spark_master", "spark_metrics_port", "spark_jars", "tracker_url",
     *TlsSettings.model_fields, *KafkaSecurity.model_fields, *RedisSecurity.model_fields,
+    # from the `auth:` values, the keys from its existingSecret
+    "authentication_enabled", "authorization_enabled", "super_user_roles",
+    "token_secret_key", "token_public_key",
 })
 NONEMPTY = {"type": "string", "minLength": 1}
 COMPONENT_SETTINGS = {"policy": PolicySettings, "admission": AdmissionSettings,
@@ -155,6 +158,14 @@ def schema() -> dict[str, Any]:
                                     "accessModes": {"type": "array", "minItems": 1, "items": {
                                         "enum": ["ReadWriteMany", "ReadWriteOnce",
                                                  "ReadWriteOncePod"]}}}),
+            }),
+            "auth": obj({
+                "enabled": BOOL,
+                "superUserRoles": {"type": "array", "items": {"type": "string",
+                                                              "minLength": 1}},
+                "existingSecret": STR,
+                "secretKeyKey": STR,
+                "publicKeyKey": STR,
             }),
             "metrics": obj({
                 "serviceMonitor": obj({"enabled": BOOL, "interval": STR, "labels": MAP}),

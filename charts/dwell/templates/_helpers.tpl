@@ -185,6 +185,7 @@ affinity:
       value: {{ printf "%s://%s:8083" (include "dwell.scheme" .root) (include "dwell.component" (dict "root" .root "component" "tracker")) | quote }}
     {{- end }}
     {{- include "dwell.settingsEnv" $values.config | trim | nindent 4 }}
+    {{- include "dwell.authEnv" .root | nindent 4 }}
   ports:
     - name: http
       containerPort: {{ .port }}
@@ -197,6 +198,7 @@ affinity:
     - name: tmp
       mountPath: /tmp
     {{- include "dwell.securityMounts" .root | nindent 4 }}
+    {{- include "dwell.authVolumeMount" .root | nindent 4 }}
 {{- end -}}
 
 {{/* The pod template of one of the three HTTP services */}}
@@ -218,6 +220,7 @@ spec:
     - name: tmp
       emptyDir: {}
     {{- include "dwell.securityVolumes" .root | nindent 4 }}
+    {{- include "dwell.authVolume" .root | nindent 4 }}
   {{- include "dwell.scheduling" $values | trim | nindent 2 }}
 {{- end -}}
 
