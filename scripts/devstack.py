@@ -296,7 +296,12 @@ class Stack:
             "DWELL_ADMISSION_URL": f"{self.scheme}://127.0.0.1:{self.ports['admission']}",
             "DWELL_TRACKER_URL": f"{self.scheme}://127.0.0.1:{self.ports['tracker']}",
             "DWELL_SPARK_CHECKPOINT_DIR": str(self.state / "spark-checkpoints"),
-        } | (secure_stack.client_env(self.pki) if self.secure else {})
+        } | (self._secure_client_env() if self.secure else {})
+
+    def _secure_client_env(self) -> dict[str, str]:
+        secure_stack.ensure_pki(self.state)
+        secure_stack.admin_token(self.pki, VENV / "bin" / "dwell-admin")
+        return secure_stack.client_env(self.pki)
 
     def _server_env(self) -> dict[str, str]:
         return secure_stack.server_env(self.pki) if self.secure else {}
@@ -361,7 +366,7 @@ class Stack:
             "DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY),
             "DWELL_SPARK_METRICS_PORT": str(port)}
         return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], port, env, cwd=SPARK_DIR,
-                    health_url=f"{self.scheme}://127.0.0.1:{port}/readyz", start_timeout=360,
+                    health_url=f"{self.scheme}://127.0.0.1:{port}/readyz", start_timeout=600,
                     ca_dir=self.pki if self.secure else None)
 
     def proc(self, name: str) -> Proc:

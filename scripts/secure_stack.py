@@ -1,8 +1,9 @@
 """The secured local stack (`devstack.py up --secure`): a CA and certificates made at
 start with openssl, Kafka with a SASL_SSL listener (SCRAM-SHA-512 user `dwell`, created
 when the log dir is formatted), Redis on a TLS port with an ACL user and the default user
-off, HTTPS on the services' and the Spark app's ports, and the DWELL_* settings that
-point every dwell process at them.
+off, HTTPS on the services' and the Spark app's ports, token authentication and
+authorization on the services (an HS256 key made at start, super-user role `admin`), and
+the DWELL_* settings that point every dwell process and client at them.
 
 Everything lives under `.dwell/<profile>/secure/` (mode 0700), never in the repository.
 Passwords are random per state directory and stored in files that the settings read as
@@ -25,6 +26,7 @@ from typing import Any
 KAFKA_USER = "dwell"
 KAFKA_MECHANISM = "SCRAM-SHA-512"
 REDIS_USER = "dwell"
+SUPER_USER = "admin"
 # Kafka's own inter-broker login on the SASL_SSL listener (PLAIN, in server.properties).
 _BROKER_USER = "broker"
 _CERT_DAYS = 30
@@ -84,6 +86,10 @@ def ensure_pki(state: Path) -> Path:
     d.chmod(0o700)
     for name in ("kafka-password", "kafka-broker-password", "redis-password"):
         _secret(d / name)
+    key = d / "token-secret.key"
+    if not key.exists():
+        key.write_bytes(secrets.token_bytes(32))  # raw HS256 key, as Pulsar's file: form
+        key.chmod(0o600)
     if (d / "server.pem").exists() and (d / "ca.pem").exists():
         return d
     ossl = openssl_bin()
@@ -155,10 +161,24 @@ def redis_args(d: Path, port: int) -> list[str]:
             "--aclfile", str(acl)]
 
 
+def admin_token(d: Path, dwell_admin: Path) -> Path:
+    """A super-user token (`dwell-admin tokens create`), made once when the venv has it;
+    clients on the stack send it through DWELL_AUTH_PARAMS=file:<path>."""
+    path = d / "admin.token"
+    if not path.exists() and dwell_admin.exists() and (d / "token-secret.key").exists():
+        token = subprocess.run([str(dwell_admin), "tokens", "create", "--secret-key",
+                                f"file:{d / 'token-secret.key'}", "--subject", SUPER_USER],
+                               check=True, capture_output=True, text=True).stdout.strip()
+        path.write_text(token)
+        path.chmod(0o600)
+    return path
+
+
 def client_env(d: Path) -> dict[str, str]:
     """The settings every dwell process (and client) gets on the secured stack."""
     ca = str(d / "ca.pem")
     return {
+        "DWELL_AUTH_PARAMS": f"file:{d / 'admin.token'}",
         "DWELL_TLS_TRUST_CERTS_FILE_PATH": ca,
         "DWELL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "DWELL_KAFKA_SASL_MECHANISM": KAFKA_MECHANISM,
@@ -172,10 +192,14 @@ def client_env(d: Path) -> dict[str, str]:
 
 
 def server_env(d: Path) -> dict[str, str]:
-    """What a process serving HTTP (a service, the Spark app) adds: its certificate."""
+    """What a process serving HTTP (a service, the Spark app) adds: its certificate and
+    token authentication."""
     return {"DWELL_TLS_ENABLED": "true",
             "DWELL_TLS_CERTIFICATE_FILE_PATH": str(d / "server.pem"),
-            "DWELL_TLS_KEY_FILE_PATH": str(d / "server.key")}
+            "DWELL_TLS_KEY_FILE_PATH": str(d / "server.key"),
+            "DWELL_AUTHENTICATION_ENABLED": "true", "DWELL_AUTHORIZATION_ENABLED": "true",
+            "DWELL_SUPER_USER_ROLES": SUPER_USER,
+            "DWELL_TOKEN_SECRET_KEY": f"file:{d / 'token-secret.key'}"}
 
 
 def client_context(d: Path) -> ssl.SSLContext:

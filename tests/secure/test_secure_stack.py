@@ -1,10 +1,12 @@
-"""End to end on the secured stack: a delayed message published over HTTPS arrives on
-time at a SASL_SSL consumer, a nack comes back through the retry topic, plain-text
-clients are refused by Kafka, Redis and the HTTPS ports, and no test secret shows in
-the logs, metrics, OpenAPI documents or error answers."""
+"""End to end on the secured stack, auth on: a delayed message published over HTTPS with
+a token of a role granted `produce` arrives on time at a SASL_SSL consumer, a nack comes
+back through the retry topic, plain-text clients are refused by Kafka, Redis and the
+HTTPS ports, a missing or foreign token by the services, and no test secret shows in the
+logs, metrics, OpenAPI documents or error answers."""
 
 from __future__ import annotations
 
+import base64
 import os
 import ssl
 import subprocess
@@ -38,8 +40,14 @@ def now_ms() -> int:
 
 
 def secrets_of(s: devstack.Stack) -> dict[str, str]:
-    return {name: (s.pki / name).read_text()
-            for name in ("kafka-password", "kafka-broker-password", "redis-password")}
+    out = {name: (s.pki / name).read_text()
+           for name in ("kafka-password", "kafka-broker-password", "redis-password",
+                        "admin.token")}
+    key = (s.pki / "token-secret.key").read_bytes()
+    out["token secret key (base64)"] = base64.b64encode(key).decode()
+    out["token secret key (base64url)"] = base64.urlsafe_b64encode(key).decode().rstrip("=")
+    out["token secret key (hex)"] = key.hex()
+    return out
 
 
 def ca(s: devstack.Stack) -> ssl.SSLContext:
@@ -56,26 +64,43 @@ def admin_cli(s: devstack.Stack, *args: str) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=60)
 
 
+def token(s: devstack.Stack, role: str) -> str:
+    done = admin_cli(s, "tokens", "create", "--secret-key",
+                     f"file:{s.pki / 'token-secret.key'}", "--subject", role)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 @pytest.fixture(scope="module")
 def namespace(secured: devstack.Stack) -> str:
-    """A tenant and namespace made with dwell-admin over HTTPS, delayed delivery on."""
+    """A tenant and namespace made with dwell-admin over HTTPS as the super-user (the
+    stack's DWELL_AUTH_PARAMS), delayed delivery on, role `app` granted produce and
+    consume."""
     ns = f"sec{uuid.uuid4().hex[:8]}/app"
     tenant = ns.split("/")[0]
     for args in (("tenants", "create", tenant), ("namespaces", "create", ns),
                  ("namespaces", "set-delayed-delivery", ns, "--time", f"{TICK_MS}ms",
-                  "--enable")):
+                  "--enable"),
+                 ("namespaces", "grant-permission", ns, "--role", "app",
+                  "--actions", "produce,consume")):
         done = admin_cli(secured, *args)
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     return ns
 
 
-def test_delayed_message_and_nack_redelivery_over_sasl_ssl(secured: devstack.Stack,
-                                                          namespace: str) -> None:
+@pytest.fixture(scope="module")
+def app_token(secured: devstack.Stack) -> str:
+    return token(secured, "app")
+
+
+def test_delayed_message_and_nack_redelivery_over_sasl_ssl(
+        secured: devstack.Stack, namespace: str, app_token: str) -> None:
     topic = f"persistent://{namespace}/orders-{uuid.uuid4().hex[:6]}"
     backoff = ExponentialRedeliveryBackoff.builder().min_delay_ms(NACK_MIN_MS).max_delay_ms(
         NACK_MIN_MS).multiplier(1).build()
     with Consumer(topic, "secure-app", negative_ack_redelivery_backoff=backoff,
-                  initial_position="earliest") as consumer, Producer(topic) as producer:
+                  initial_position="earliest", token=app_token) as consumer, \
+            Producer(topic, token=app_token) as producer:
         sent = now_ms()
         mid = producer.send(b"later", deliver_after=DELAY_MS)
         due = sent + DELAY_MS
@@ -115,15 +140,30 @@ def test_delayed_message_and_nack_redelivery_over_sasl_ssl(secured: devstack.Sta
     assert b"later" in values
 
 
-def test_policy_reads_stats_from_the_tracker_over_https(secured: devstack.Stack,
-                                                        namespace: str) -> None:
+def test_policy_reads_stats_from_the_tracker_over_https(
+        secured: devstack.Stack, namespace: str, app_token: str) -> None:
     topic = f"persistent://{namespace}/stats-{uuid.uuid4().hex[:6]}"
-    with Producer(topic) as producer:
-        producer.send(b"x", deliver_after=60_000 // 2)
+    with Producer(topic, token=app_token) as producer:
+        producer.send(b"x", deliver_after=30_000)
     t = TopicName.parse(topic)
-    with httpx.Client(base_url=url(secured, "policy"), verify=ca(secured)) as http:
-        r = http.get(f"/admin/v2/persistent/{t.tenant}/{t.namespace}/{t.local}/stats")
+    with httpx.Client(base_url=url(secured, "policy"), verify=ca(secured),
+                      headers={"Authorization": f"Bearer {app_token}"}) as http:
+        # Admission makes the ready topic with 4 partitions: a partitioned topic's
+        # partition has the stats.
+        r = http.get(f"/admin/v2/persistent/{t.tenant}/{t.namespace}/{t.local}"
+                     "-partition-0/stats")
     assert r.status_code == 200, r.text
+    assert r.json()["delayedMessageIndexSizeInBytes"] >= 0
+
+
+def test_publishing_needs_a_token_of_a_granted_role(secured: devstack.Stack,
+                                                    namespace: str) -> None:
+    body = {"messages": [{"payload": "eA==", "deliverAfterMs": 1000}]}
+    path = f"/topics/persistent/{namespace}/auth-{uuid.uuid4().hex[:6]}"
+    with httpx.Client(base_url=url(secured, "admission"), verify=ca(secured)) as http:
+        assert http.post(path, json=body).status_code == 401
+        other = {"Authorization": f"Bearer {token(secured, 'stranger')}"}
+        assert http.post(path, json=body, headers=other).status_code == 403
 
 
 def test_plain_text_kafka_client_is_refused(secured: devstack.Stack) -> None:
@@ -151,7 +191,7 @@ def test_plain_text_and_unauthenticated_redis_clients_are_refused(
         redislib.Redis(port=port, username="dwell", password="not-the-password", **tls).ping()
     ok = redislib.Redis(port=port, username="dwell",
                         password=secrets_of(secured)["redis-password"], **tls)
-    assert ok.acl_whoami() == b"dwell"
+    assert ok.acl_whoami() in ("dwell", b"dwell")
 
 
 @pytest.mark.parametrize("name", ["policy", "admission", "tracker", "spark"])
@@ -166,10 +206,11 @@ def _leaks(text: str, secrets: dict[str, str]) -> list[str]:
     return [name for name, value in secrets.items() if value in text]
 
 
-def test_no_secret_in_logs_metrics_openapi_or_errors(secured: devstack.Stack,
-                                                     namespace: str) -> None:
+def test_no_secret_in_logs_metrics_openapi_or_errors(
+        secured: devstack.Stack, namespace: str, app_token: str) -> None:
     secrets = secrets_of(secured)
     assert all(len(v) >= 16 for v in secrets.values())
+    secrets["app token"] = app_token
     seen: dict[str, str] = {}
     with httpx.Client(verify=ca(secured), timeout=10) as http:
         for name in ("policy", "admission", "tracker", "spark"):
@@ -177,11 +218,12 @@ def test_no_secret_in_logs_metrics_openapi_or_errors(secured: devstack.Stack,
         for name in ("policy", "admission", "tracker"):
             for path in ("/openapi.json", "/docs", "/readyz"):
                 seen[f"{name} {path}"] = http.get(f"{url(secured, name)}{path}").text
-        # Error answers: a bad body, an unknown route.
+        # Error answers: a bad body, no token, an unknown route.
         r = http.post(f"{url(secured, 'admission')}/topics/persistent/{namespace}/x",
-                      content=b"{not json")
+                      content=b"{not json", headers={"Authorization": f"Bearer {app_token}"})
         assert r.status_code == 400
         seen["admission 400"] = r.text
+        seen["policy 401"] = http.get(f"{url(secured, 'policy')}/admin/v2/tenants").text
         seen["policy 404"] = http.get(f"{url(secured, 'policy')}/nope").text
     for log in sorted(secured.log_dir.glob("*.log")):
         seen[f"log {log.name}"] = log.read_text(errors="replace")
