@@ -553,8 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install", help="install what is missing (venv, redis-server, Kafka jars)")
     sub.add_parser("install-chart-tools", help="build helm and install promtool (tests/chart)")
-    secure_help = ("SASL_SSL Kafka, TLS Redis with an ACL user, HTTPS services; certificates "
-                   "and passwords made under .dwell/<profile>/secure/")
+    secure_help = ("SASL_SSL Kafka, TLS Redis with an ACL user, HTTPS services with token "
+                   "auth; certificates, passwords and keys made under .dwell/<profile>/secure/")
     up = sub.add_parser("up", help="start the stack in the background")
     up.add_argument("names", nargs="*", help="only these processes")
     up.add_argument("--secure", action="store_true", help=secure_help)
