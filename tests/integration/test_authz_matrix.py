@@ -25,6 +25,7 @@ from conftest import ServiceFactory, wait_for
 from dwell.admission.app import build_app as admission_app
 from dwell.admission.settings import AdmissionSettings
 from dwell.auth.tokens import create_secret_key, create_token
+from dwell.client import Consumer, Producer, PublishError, SubscribeError
 from dwell.policy.app import build_app as policy_app
 from dwell.policy.settings import PolicySettings
 from dwell.tracker.app import build_app as tracker_app
@@ -253,3 +254,19 @@ def test_a_refusal_does_not_tell_whether_a_tenant_exists(secured: Secured) -> No
     post = httpx.post(f"{secured.urls['admission']}/topics/persistent/{missing}/ns/x",
                       headers=headers, json={"messages": [{"payload": "x"}]})
     assert post.status_code == 403
+
+
+def test_the_sdk_sends_its_token(secured: Secured, kafka_bootstrap: str) -> None:
+    topic = f"persistent://{secured.own}/ns/sdk"
+    with Producer(topic, admission_url=secured.urls["admission"],
+                  token=secured.tokens["produce-only"]) as producer:
+        assert producer.send(b"hello", deliver_after=60_000)
+    with Producer(topic, admission_url=secured.urls["admission"]) as anonymous, \
+            pytest.raises(PublishError, match="HTTP 401: Authentication required"):
+        anonymous.send(b"hello")
+    with pytest.raises(SubscribeError, match="HTTP 403: Unauthorized"):
+        Consumer(topic, "billing", tracker_url=secured.urls["tracker"],
+                 bootstrap=kafka_bootstrap, token=secured.tokens["produce-only"])
+    consumer = Consumer(topic, "billing", tracker_url=secured.urls["tracker"],
+                        bootstrap=kafka_bootstrap, token=secured.tokens["consume-only"])
+    consumer.close()
