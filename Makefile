@@ -30,10 +30,12 @@ chart-tools: ## build helm (go install) and install Prometheus and promtool, for
 test: install chart-tools ## every test suite, against real Redis and Kafka it starts (and stops) itself
 	$(DEVSTACK) --profile test down
 	$(DEVSTACK) --profile faults down
-	rm -rf .dwell/test .dwell/faults
+	$(DEVSTACK) --profile secure down
+	rm -rf .dwell/test .dwell/faults .dwell/secure
 	set -o pipefail; rc=0; \
 	  $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
-	  $(DEVSTACK) --profile test down; $(DEVSTACK) --profile faults down; exit $$rc
+	  $(DEVSTACK) --profile test down; $(DEVSTACK) --profile faults down; \
+	  $(DEVSTACK) --profile secure down; exit $$rc
 
 test-unit: install ## the unit tests only (no servers)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

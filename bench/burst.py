@@ -17,9 +17,9 @@ import time
 import uuid
 
 import httpx
-import redis
 from workload import Checker, FaultStack, Generator, now_ms
 
+from dwell.adapters import redis as redis_adapter
 from dwell.core.topics import TopicName
 
 
@@ -36,7 +36,7 @@ def main() -> int:
         stack.make_namespace(tenant)
         topics = [f"persistent://{tenant}/ns/t{i}" for i in range(4)]
         time.sleep(2)  # the namespace reaches admission through the policy feed
-        r = redis.Redis.from_url(stack.redis_url)
+        r = redis_adapter.connect(stack.redis_url)
         checker = Checker(stack.kafka_bootstrap, [TopicName.parse(t).kafka_topic for t in topics])
         checker.start()
         time.sleep(10)

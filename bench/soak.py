@@ -19,7 +19,6 @@ import sys
 import time
 import uuid
 
-import redis
 from workload import (
     Checker,
     FaultStack,
@@ -31,6 +30,7 @@ from workload import (
     wait_delivered,
 )
 
+from dwell.adapters import redis as redis_adapter
 from dwell.core.topics import TopicName
 
 KILLABLE = FaultStack.DWELL
@@ -78,7 +78,7 @@ def main() -> int:
                 # Warm: a minute of load, before the first kill.
                 rss_warm = stack.rss_kib()
             if not flushed and elapsed >= args.minutes * 30:
-                redis.Redis.from_url(stack.redis_url).flushall()
+                redis_adapter.connect(stack.redis_url).flushall()
                 faults.append(f"{elapsed:5.0f}s  redis FLUSHALL")
                 flushed = True
             if time.monotonic() >= next_kill:

@@ -17,6 +17,7 @@ from typing import Any
 
 from dwell.admission.settings import AdmissionSettings
 from dwell.policy.settings import PolicySettings
+from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
 from dwell.settings import CommonSettings
 from dwell.tracker.settings import TrackerSettings
 from dwell_spark.settings import SparkSettings
@@ -25,15 +26,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "charts" / "dwell" / "values.schema.json"
 
 
-# Settings the chart sets itself from other values (addresses, ports, the Spark master):
-# not for a `config:` map.
+# Settings the chart sets itself from other values (addresses, ports, the Spark master,
+# the connections' security from tls/kafka.security/redis.tls and Secrets): not for a
+# `config:` map.
 CHART_OWNED = frozenset({
     "http_host", "http_port", "redis_url", "kafka_bootstrap", "kafka_replication_factor",
     "spark_master", "spark_metrics_port", "spark_jars", "tracker_url",
+    *TlsSettings.model_fields, *KafkaSecurity.model_fields, *RedisSecurity.model_fields,
     # from the `auth:` values, the keys from its existingSecret
     "authentication_enabled", "authorization_enabled", "super_user_roles",
     "token_secret_key", "token_public_key",
 })
+NONEMPTY = {"type": "string", "minLength": 1}
 COMPONENT_SETTINGS = {"policy": PolicySettings, "admission": AdmissionSettings,
                       "tracker": TrackerSettings, "spark": SparkSettings}
 
@@ -103,14 +107,23 @@ def schema() -> dict[str, Any]:
             "config": settings_schema(CommonSettings, own_only=False),
             "podSecurityContext": MAP,
             "securityContext": MAP,
+            "tls": obj({
+                "enabled": BOOL, "existingSecret": STR, "trustCertsKey": STR,
+                "certManager": obj({
+                    "enabled": BOOL,
+                    "issuerRef": obj({"name": STR,
+                                      "kind": {"enum": ["Issuer", "ClusterIssuer"]}}),
+                    "duration": STR, "renewBefore": STR}),
+            }),
             "redis": obj({
                 "enabled": BOOL,
                 "image": IMAGE,
                 "external": obj({"host": STR, "port": {"type": "integer", "minimum": 1,
                                                        "maximum": 65535},
                                  "db": {"type": "integer", "minimum": 0}}),
-                "auth": obj({"existingSecret": STR,
-                             "existingSecretPasswordKey": {"type": "string", "minLength": 1}}),
+                "auth": obj({"existingSecret": STR, "existingSecretPasswordKey": NONEMPTY,
+                             "username": STR}),
+                "tls": obj({"enabled": BOOL, "caSecret": STR, "caSecretKey": NONEMPTY}),
                 "persistence": PERSISTENCE,
                 "resources": RESOURCES,
             }),
@@ -118,6 +131,15 @@ def schema() -> dict[str, Any]:
                 "enabled": BOOL,
                 "image": IMAGE,
                 "external": obj({"bootstrap": STR}),
+                "security": obj({
+                    "protocol": {"enum": ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]},
+                    "saslMechanism": {"enum": ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512",
+                                               "OAUTHBEARER"]},
+                    "username": STR, "existingSecret": STR,
+                    "existingSecretPasswordKey": NONEMPTY,
+                    "oauthbearer": obj({"tokenEndpointUrl": STR, "clientId": STR,
+                                        "scope": STR}),
+                    "caSecret": STR, "caSecretKey": NONEMPTY}),
                 "replicationFactor": POS,
                 "clusterId": {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
                 "persistence": PERSISTENCE,

@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import secure_stack
+
 ROOT = Path(__file__).resolve().parent.parent
 STATE_ROOT = ROOT / ".dwell"
 CACHE = STATE_ROOT / "cache"
@@ -47,6 +49,8 @@ PROFILES: dict[str, dict[str, int]] = {
     "faults": {name: port + _TEST_OFFSET + 500 for name, port in _DEV_PORTS.items()},
     # bench/burst.py and bench/soak.py: a whole stack of their own, beside the suites'.
     "bench": {name: port + _TEST_OFFSET + 700 for name, port in _DEV_PORTS.items()},
+    # tests/secure: a stack started --secure (SASL_SSL Kafka, TLS Redis, HTTPS).
+    "secure": {name: port + _TEST_OFFSET + 900 for name, port in _DEV_PORTS.items()},
 }
 SERVICES = ("policy", "admission", "tracker")
 
@@ -232,6 +236,8 @@ def install_chart_tools() -> None:
 def install(with_python: bool = True) -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     redis_server_bin()
+    if not shutil.which("openssl"):  # --secure makes its certificates with it
+        _apt_install("openssl", "openssl")
     if not shutil.which("java"):
         sys.exit("dwell: java (17+) is needed to run Apache Kafka")
     kafka_libs()
@@ -253,10 +259,15 @@ class Proc:
     health_url: str | None = None
     cwd: Path = ROOT
     start_timeout: float = 60.0
+    # The CA of an https:// health_url; the DWELL_* settings a readiness check connects with.
+    ca_dir: Path | None = None
+    check_env: dict[str, str] = field(default_factory=dict)
 
 
 class Stack:
-    def __init__(self, profile: str = "dev") -> None:
+    def __init__(self, profile: str = "dev", secure: bool | None = None) -> None:
+        """`secure`: SASL_SSL Kafka, TLS Redis and HTTPS (scripts/secure_stack.py); None
+        takes what the profile was last started with."""
         if profile not in PROFILES:
             raise ValueError(f"unknown profile {profile!r}")
         self.profile = profile
@@ -264,11 +275,17 @@ class Stack:
         self.state = STATE_ROOT / profile
         self.run_dir = self.state / "run"
         self.log_dir = self.state / "logs"
+        self.secure = secure_stack.enabled(self.state) if secure is None else secure
+        self.pki = secure_stack.folder(self.state)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.secure else "http"
 
     # -- environment shared by every dwell process of this profile
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.ports['redis']}/0"
+        return f"{'rediss' if self.secure else 'redis'}://127.0.0.1:{self.ports['redis']}/0"
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -278,32 +295,51 @@ class Stack:
         return {
             "DWELL_REDIS_URL": self.redis_url,
             "DWELL_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            "DWELL_POLICY_URL": f"http://127.0.0.1:{self.ports['policy']}",
-            "DWELL_ADMISSION_URL": f"http://127.0.0.1:{self.ports['admission']}",
-            "DWELL_TRACKER_URL": f"http://127.0.0.1:{self.ports['tracker']}",
+            "DWELL_POLICY_URL": f"{self.scheme}://127.0.0.1:{self.ports['policy']}",
+            "DWELL_ADMISSION_URL": f"{self.scheme}://127.0.0.1:{self.ports['admission']}",
+            "DWELL_TRACKER_URL": f"{self.scheme}://127.0.0.1:{self.ports['tracker']}",
             "DWELL_SPARK_CHECKPOINT_DIR": str(self.state / "spark-checkpoints"),
-        }
+        } | (self._secure_client_env() if self.secure else {})
+
+    def _secure_client_env(self) -> dict[str, str]:
+        secure_stack.ensure_pki(self.state)
+        secure_stack.admin_token(self.pki, VENV / "bin" / "dwell-admin")
+        return secure_stack.client_env(self.pki)
+
+    def _server_env(self) -> dict[str, str]:
+        return secure_stack.server_env(self.pki) if self.secure else {}
 
     # -- process definitions
     def redis(self) -> Proc:
         data = self.state / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        return Proc("redis", [redis_server_bin(), "--bind", "127.0.0.1", "--port",
-                              str(self.ports["redis"]), "--dir", str(data),
+        listen = (secure_stack.redis_args(secure_stack.ensure_pki(self.state),
+                                          self.ports["redis"]) if self.secure
+                  else ["--port", str(self.ports["redis"])])
+        return Proc("redis", [redis_server_bin(), "--bind", "127.0.0.1", *listen,
+                              "--dir", str(data),
                               "--appendonly", "yes", "--appendfsync", "everysec",
                               "--save", "", "--protected-mode", "yes",
                               "--daemonize", "no"], self.ports["redis"])
 
     def kafka(self) -> Proc:
         libs = kafka_libs()
-        kdir = self.state / "kafka"
+        # The secured broker keeps its own log dir: its SCRAM user is made at format time.
+        kdir = self.state / ("kafka-secure" if self.secure else "kafka")
         data = kdir / "data"
         kdir.mkdir(parents=True, exist_ok=True)
         props = kdir / "server.properties"
         tpl = string.Template((KAFKA_DIR / "server.properties.template").read_text())
-        props.write_text(tpl.substitute(port=self.ports["kafka"],
-                                        controller_port=self.ports["kafka_controller"],
-                                        data_dir=data))
+        text = tpl.substitute(port=self.ports["kafka"],
+                              controller_port=self.ports["kafka_controller"], data_dir=data)
+        format_args: list[str] = []
+        if self.secure:
+            pki = secure_stack.ensure_pki(self.state)
+            text += secure_stack.kafka_properties(pki, self.ports["kafka"],
+                                                  self.ports["kafka_controller"])
+            format_args = secure_stack.kafka_format_args(pki)
+        props.write_text(text)
+        props.chmod(0o600)
         cp = f"{libs}/*"
         if not (data / "meta.properties").exists():
             # Kafka wants the 22-char base64 form; StorageTool makes one for us.
@@ -312,24 +348,29 @@ class Stack:
                 check=True, capture_output=True, text=True).stdout.strip()
             say(f"formatting Kafka log dir {data.relative_to(ROOT)} (KRaft)")
             subprocess.run(["java", "-cp", cp, "kafka.tools.StorageTool", "format", "-t",
-                            cluster_id, "-c", str(props)], check=True, capture_output=True)
+                            cluster_id, "-c", str(props), *format_args], check=True,
+                           capture_output=True)
         return Proc("kafka", ["java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
                               f"-Dlog4j2.configurationFile={KAFKA_DIR / 'log4j2.properties'}",
                               "-cp", cp, "kafka.Kafka", str(props)],
-                    self.ports["kafka"], start_timeout=90)
+                    self.ports["kafka"], start_timeout=90, check_env=self.service_env())
 
     def service(self, name: str) -> Proc:
-        env = self.service_env() | {"DWELL_HTTP_PORT": str(self.ports[name])}
+        env = self.service_env() | self._server_env() | {
+            "DWELL_HTTP_PORT": str(self.ports[name])}
         return Proc(name, [str(VENV_PY), "-m", f"dwell.{name}"], self.ports[name], env,
-                    health_url=f"http://127.0.0.1:{self.ports[name]}/healthz")
+                    health_url=f"{self.scheme}://127.0.0.1:{self.ports[name]}/healthz",
+                    ca_dir=self.pki if self.secure else None)
 
     def spark(self) -> Proc:
         jars = ",".join(str(p) for p in spark_kafka_jars())
         port = self.ports["spark"]
-        env = self.service_env() | {"DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY),
-                                    "DWELL_SPARK_METRICS_PORT": str(port)}
+        env = self.service_env() | self._server_env() | {
+            "DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY),
+            "DWELL_SPARK_METRICS_PORT": str(port)}
         return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], port, env, cwd=SPARK_DIR,
-                    health_url=f"http://127.0.0.1:{port}/readyz", start_timeout=180)
+                    health_url=f"{self.scheme}://127.0.0.1:{port}/readyz", start_timeout=600,
+                    ca_dir=self.pki if self.secure else None)
 
     def proc(self, name: str) -> Proc:
         if name == "redis":
@@ -448,7 +489,8 @@ def _ensure_dwell_topics(stack: Stack) -> None:
         "ensure_dwell_topics(sys.argv[1])"
     )
     if VENV_PY.exists() and (ROOT / "services" / "dwell" / "adapters" / "kafka").is_dir():
-        subprocess.run([str(VENV_PY), "-c", code, stack.kafka_bootstrap], check=True)
+        subprocess.run([str(VENV_PY), "-c", code, stack.kafka_bootstrap], check=True,
+                       env=dict(os.environ) | stack.service_env())
 
 
 def _alive(pid: int) -> bool:
@@ -473,26 +515,28 @@ def _port_open(port: int) -> bool:
 def _healthy(p: Proc) -> bool:
     if p.health_url:
         try:
-            with urllib.request.urlopen(p.health_url, timeout=1) as r:
+            ctx = secure_stack.client_context(p.ca_dir) if p.ca_dir else None
+            with urllib.request.urlopen(p.health_url, timeout=1, context=ctx) as r:
                 return r.status == 200
         except OSError:
             return False
     if p.name == "kafka":
-        return _port_open(p.port) and _kafka_ready(p.port)
+        return _port_open(p.port) and _kafka_ready(p.port, p.check_env)
     if p.port:
         return _port_open(p.port)
     return True
 
 
-def _kafka_ready(port: int) -> bool:
+def _kafka_ready(port: int, env: dict[str, str]) -> bool:
     # The listener opens before the broker has joined its own quorum; a metadata
-    # request answering with a broker list means it takes produce requests.
+    # request answering with a broker list means it takes produce requests. The
+    # adapter's ping connects with the stack's DWELL_KAFKA_* settings (SASL_SSL).
     if not VENV_PY.exists():
         return True
-    code = ("from confluent_kafka.admin import AdminClient;import sys;"
-            f"a=AdminClient({{'bootstrap.servers':'127.0.0.1:{port}'}});"
-            "sys.exit(0 if a.list_topics(timeout=3).brokers else 1)")
-    return subprocess.run([str(VENV_PY), "-c", code], capture_output=True).returncode == 0
+    code = ("import sys; from dwell.adapters.kafka import ping;"
+            f"sys.exit(0 if ping('127.0.0.1:{port}', 3) else 1)")
+    return subprocess.run([str(VENV_PY), "-c", code], capture_output=True,
+                          env=dict(os.environ) | env).returncode == 0
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -513,16 +557,22 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("install", help="install what is missing (venv, redis-server, Kafka jars)")
     sub.add_parser("install-chart-tools", help="build helm, install promtool and Prometheus "
                    "(tests/chart, tests/e2e/test_prometheus.py)")
+    secure_help = ("SASL_SSL Kafka, TLS Redis with an ACL user, HTTPS services with token "
+                   "auth; certificates, passwords and keys made under .dwell/<profile>/secure/")
     up = sub.add_parser("up", help="start the stack in the background")
     up.add_argument("names", nargs="*", help="only these processes")
+    up.add_argument("--secure", action="store_true", help=secure_help)
     down = sub.add_parser("down", help="stop what `up` started")
     down.add_argument("names", nargs="*")
     sub.add_parser("status", help="what runs where")
     sub.add_parser("env", help="print the environment dwell processes get, as JSON")
     run = sub.add_parser("run", help="start the stack in the foreground; Ctrl-C stops it")
     run.add_argument("--demo", action="store_true", help="run the demo once the stack is up")
+    run.add_argument("--secure", action="store_true", help=secure_help)
     args = ap.parse_args(argv)
     stack = Stack(args.profile)
+    if args.cmd in ("up", "run"):
+        secure_stack.prepare(stack, args.secure)
 
     if args.cmd == "install":
         install()

@@ -18,7 +18,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dwell.cli.client import token_from_auth_params
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, NotAllowedError, Producer
+from dwell.security import http_verify
 
 console = Console()
 MAX_DELAY_MS = 30_000
@@ -38,8 +40,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def setup_policy(policy_url: str) -> None:
-    with httpx.Client(base_url=policy_url, timeout=10) as http:
+def setup_policy(policy_url: str, token: str | None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    with httpx.Client(base_url=policy_url, timeout=10, verify=http_verify(),
+                      headers=headers) as http:
         for path in ("/admin/v2/tenants/demo", "/admin/v2/namespaces/demo/shop"):
             r = http.put(path)
             if r.status_code not in (204, 409):
@@ -133,12 +137,17 @@ def main() -> int:
     policy_url = os.environ.get("DWELL_POLICY_URL", "http://127.0.0.1:8081")
     topic = f"persistent://demo/shop/orders-{uuid.uuid4().hex[:6]}"
     console.rule("dwell demo")
-    setup_policy(policy_url)
+    # A stack with authentication on (devstack --secure) gives its super-user's token as
+    # dwell-admin's DWELL_AUTH_PARAMS.
+    params = os.environ.get("DWELL_AUTH_PARAMS")
+    token = token_from_auth_params(params) if params else None
+    setup_policy(policy_url, token)
     console.print(f"[bold]topic[/]  {topic}")
     backoff = ExponentialRedeliveryBackoff.builder().min_delay_ms(1000).max_delay_ms(
         4000).multiplier(2).build()
     with Consumer(topic, "demo-app", negative_ack_redelivery_backoff=backoff,
-                  initial_position="earliest") as consumer, Producer(topic) as producer:
+                  initial_position="earliest", token=token) as consumer, \
+            Producer(topic, token=token) as producer:
         sent = publish(producer)
         ok = await_arrivals(consumer, sent)
         ok = redelivery(consumer, producer) and ok

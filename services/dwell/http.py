@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dwell import memory
+from dwell.security import uvicorn_ssl
 from dwell.settings import CommonSettings
 
 log = logging.getLogger("dwell")
@@ -188,7 +189,8 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
 
 
 def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
-    """Run `app` under uvicorn, with uvicorn's own HTTP implementation. No dwell service
+    """Run `app` under uvicorn, with uvicorn's own HTTP implementation, over TLS when
+    DWELL_TLS_ENABLED (certificate and key from settings). No dwell service
     looks at a client's address, so uvicorn's proxy-headers middleware (which rewrites it
     from X-Forwarded-For on every request from a trusted host) is left out."""
     logging.basicConfig(level=settings.log_level.upper(),
@@ -196,4 +198,5 @@ def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
     memory.configure()
     memory.Releaser().start()
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
-                log_level=settings.log_level, access_log=False, proxy_headers=False)
+                log_level=settings.log_level, access_log=False, proxy_headers=False,
+                **uvicorn_ssl(settings))

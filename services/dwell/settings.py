@@ -11,15 +11,17 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dwell.core.policy import BrokerDefaults
+from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
 
 
-class CommonSettings(BaseSettings):
+class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
 
     env: Literal["development", "production"] = "development"
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=1, le=65535)
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # May hold a password: kept out of the settings' repr.
+    redis_url: str = Field("redis://127.0.0.1:6379/0", repr=False)
     kafka_bootstrap: str = "127.0.0.1:9092"
     kafka_replication_factor: int = Field(1, ge=1)
     # Codec of every record dwell produces (librdkafka's compression.type). "none" by
@@ -49,9 +51,11 @@ class CommonSettings(BaseSettings):
     def _refuse_insecure_production(self) -> CommonSettings:
         # Outside development a Redis without a password is refused, as the
         # FastAPI template refuses its `changethis` secret.
-        if self.env == "production" and not urlparse(self.redis_url).password:
+        if (self.env == "production" and not urlparse(self.redis_url).password
+                and self.redis_password is None):
             raise ValueError("DWELL_REDIS_URL has no password; production needs Redis AUTH "
-                             "(set it from a Secret, e.g. redis://:$(REDIS_PASSWORD)@host:6379/0)")
+                             "(set DWELL_REDIS_PASSWORD from a Secret, or "
+                             "redis://:$(REDIS_PASSWORD)@host:6379/0)")
         if self.authorization_enabled and not self.authentication_enabled:
             raise ValueError("DWELL_AUTHORIZATION_ENABLED needs DWELL_AUTHENTICATION_ENABLED: "
                              "roles come from tokens")

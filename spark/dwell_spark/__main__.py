@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from dwell import memory
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import ensure_dwell_topics
+from dwell.security import server_context
 
 from . import backoff, drain, metrics
 from .settings import SparkSettings
@@ -69,9 +70,10 @@ def main() -> int:
     ensure_dwell_topics(settings.kafka_bootstrap, settings.kafka_replication_factor)
     spark = session(settings)
     r = redis_adapter.connect(settings.redis_url)
-    metrics.serve(settings.http_host, settings.spark_metrics_port)
+    metrics.serve(settings.http_host, settings.spark_metrics_port, server_context(settings))
     memory.Releaser().start()
-    log.info("metrics on http://%s:%d/metrics", settings.http_host, settings.spark_metrics_port)
+    log.info("metrics on %s://%s:%d/metrics", "https" if settings.tls_enabled else "http",
+             settings.http_host, settings.spark_metrics_port)
     # Start the Python workers and JIT before the first due bucket does (the first job
     # of a session takes seconds, later ones a fraction).
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()

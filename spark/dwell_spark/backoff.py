@@ -44,6 +44,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
 from dwell.core import subscriptions as subs
 from dwell.core import topics as names
 from dwell.core.backoff import (
@@ -57,6 +58,7 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic
 from dwell.index import subscriptions as registry
 from dwell.index.redelivery import SubscriptionIndex
+from dwell.security import spark_kafka_options
 
 from . import metrics, recovery
 from .drain import TopicCache, write_ranges
@@ -144,7 +146,7 @@ class RegistryLookup:
         with _lock:
             r = _clients.get(self.redis_url)
             if r is None:
-                r = _clients[self.redis_url] = redislib.Redis.from_url(self.redis_url)
+                r = _clients[self.redis_url] = redis_adapter.connect(self.redis_url)
         found = registry.get(r, topic, sub)
         _cache[key] = (now + self.ttl_ms / 1000, found)
         return found
@@ -283,6 +285,7 @@ class Scheduler:
 def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
     raw = (spark.readStream.format("kafka")
            .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+           .options(**spark_kafka_options(settings))
            .option("subscribe", names.ACKS)
            .option("startingOffsets", settings.acks_starting_offsets)
            .option("failOnDataLoss", "false")

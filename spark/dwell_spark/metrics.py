@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import ssl
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -189,8 +191,23 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
 
-def serve(host: str, port: int) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz on a daemon thread; returns the server."""
-    server = ThreadingHTTPServer((host, port), _Handler)
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that does not speak TLS to the TLS port, or hangs up, is not worth a
+        # stack trace in the app's log.
+        if isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError)):
+            return
+        super().handle_error(request, client_address)
+
+
+def serve(host: str, port: int, tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on a daemon thread, over TLS with `tls`;
+    returns the server."""
+    server = _Server((host, port), _Handler)
+    if tls is not None:
+        # The handshake runs on the request's thread, at its first read: a slow client
+        # never holds up the accept loop.
+        server.socket = tls.wrap_socket(server.socket, server_side=True,
+                                        do_handshake_on_connect=False)
     threading.Thread(target=server.serve_forever, name="dwell-metrics", daemon=True).start()
     return server

@@ -7,6 +7,7 @@ ARCHITECTURE.md's, and every pod runs non-root on a read-only root filesystem.""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -29,7 +30,7 @@ CHART = ROOT / "charts" / "dwell"
 KUBE_VERSIONS = ("1.27.0", "1.37.0")
 # Custom resources of the Prometheus Operator: no schema in kubernetes-validate; checked
 # by their own tests below (the rules with promtool, the selector against the Services).
-CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate"}
 PORTS = {"policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
 EXTERNAL = ["--set", "redis.enabled=false", "--set", "redis.external.host=redis.example",
             "--set", "redis.auth.existingSecret=dwell-redis",
@@ -41,7 +42,17 @@ EVERYTHING = ["--set", "metrics.serviceMonitor.enabled=true",
               "--set", "metrics.dashboards.enabled=true",
               "--set", "admission.autoscaling.enabled=true",
               "--set", "networkPolicy.enabled=true", "--set", "ingress.enabled=true"]
-VARIANTS = {"defaults": [], "external": EXTERNAL, "everything": EVERYTHING}
+# HTTPS from cert-manager, SASL_SSL Kafka and TLS Redis with an ACL user, from Secrets.
+SECURE = [*EXTERNAL, "--set", "tls.enabled=true", "--set", "tls.certManager.enabled=true",
+          "--set", "tls.certManager.issuerRef.name=ca-issuer",
+          "--set", "kafka.security.protocol=SASL_SSL",
+          "--set", "kafka.security.saslMechanism=SCRAM-SHA-512",
+          "--set", "kafka.security.username=dwell",
+          "--set", "kafka.security.existingSecret=dwell-kafka",
+          "--set", "kafka.security.caSecret=kafka-ca",
+          "--set", "redis.auth.username=dwell", "--set", "redis.tls.enabled=true",
+          "--set", "redis.tls.caSecret=redis-ca", "--set", "metrics.serviceMonitor.enabled=true"]
+VARIANTS = {"defaults": [], "external": EXTERNAL, "everything": EVERYTHING, "secure": SECURE}
 # Authentication is on by default and needs the Secret holding the token key: every
 # rendering below names one (a later --set overrides it).
 TOKEN_KEYS = ["--set", "auth.existingSecret=dwell-token-keys"]
@@ -183,10 +194,27 @@ def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) 
         port = settings.spark_metrics_port if component == "spark" else settings.http_port
         assert port == PORTS[component]
         assert {"name": "http", "containerPort": port} in container["ports"]
-        if variant == "external":
+        if variant in ("external", "secure"):
             assert settings.kafka_bootstrap == "kafka-0.example:9092,kafka-1.example:9092"
             assert settings.kafka_replication_factor == 3
-            assert settings.redis_url == "redis://:s3cret@redis.example:6379/0"
+            scheme = "rediss" if variant == "secure" else "redis"
+            assert settings.redis_url == f"{scheme}://:s3cret@redis.example:6379/0"
+        if variant == "secure":
+            assert settings.tls_enabled and settings.kafka_security_protocol == "SASL_SSL"
+            assert settings.kafka_sasl_password is not None
+            assert settings.kafka_sasl_password.get_secret_value() == "s3cret"
+            assert settings.redis_username == "dwell"
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            for path in (settings.tls_certificate_file_path, settings.tls_key_file_path,
+                         settings.tls_trust_certs_file_path, settings.kafka_ssl_ca_location,
+                         settings.redis_tls_ca_cert_file):
+                assert str(Path(path).parent) in mounts, path
+            probes = [container[p]["httpGet"] for p in
+                      ("startupProbe", "livenessProbe", "readinessProbe")]
+            assert all(p["scheme"] == "HTTPS" for p in probes)
+        else:
+            assert not settings.tls_enabled
+            assert settings.kafka_security_protocol == "PLAINTEXT"
         seen.add(component)
     assert seen == set(PORTS)
 
@@ -234,13 +262,56 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
         assert spec["automountServiceAccountToken"] is name.endswith("-spark"), name
     text = yaml.safe_dump_all(docs)
     assert "password" not in text.lower().replace("redis-password", "").replace(
-        "redis_password", ""), "a password-like value in the manifests"
+        "redis_password", "").replace("kafka_sasl_password", "").replace(
+        "kafka-password", ""), (
+        "a password-like value in the manifests")
     secrets = by_kind(docs, "Secret")
-    if variant == "external":
+    if variant in ("external", "secure"):
         assert not secrets  # the user's existingSecret
     else:
         (secret,) = secrets.values()
         assert len(secret["data"]["redis-password"]) >= 40  # 32 random chars, base64
+
+
+def test_generated_secret_stays_in_its_secret(helm: str) -> None:
+    """The one secret the chart makes (the in-chart Redis password) appears in its Secret
+    and nowhere else: not in a ConfigMap (the executors' pod template, dashboards), not in
+    an env value."""
+    docs = render(helm, *EVERYTHING)
+    (secret,) = by_kind(docs, "Secret").values()
+    password = base64.b64decode(secret["data"]["redis-password"]).decode()
+    others = [d for d in docs if d["kind"] != "Secret"]
+    assert by_kind(others, "ConfigMap")
+    for d in others:
+        assert password not in yaml.safe_dump(d), f"{d['kind']}/{d['metadata']['name']}"
+
+
+def test_secure_certificate_probes_and_scrapes(helm: str) -> None:
+    docs = render(helm, *SECURE)
+    (cert,) = by_kind(docs, "Certificate").values()
+    assert cert["spec"]["secretName"] == "rel-dwell-tls"
+    assert cert["spec"]["issuerRef"]["name"] == "ca-issuer"
+    for component in PORTS:
+        assert f"rel-dwell-{component}.ns.svc" in cert["spec"]["dnsNames"]
+    (monitor,) = by_kind(docs, "ServiceMonitor").values()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "rel-dwell-tls", "key": "ca.crt"}
+    executor = yaml.safe_load(by_kind(docs, "ConfigMap")["rel-dwell-spark-executor"]["data"]
+                              ["executor.yaml"])
+    env = {e["name"]: e for e in executor["spec"]["containers"][0]["env"]}
+    assert env["DWELL_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "dwell-kafka", "key": "kafka-password"}
+    envs = {w["metadata"]["labels"]["app.kubernetes.io/component"]:
+            container_env(w["spec"]["template"]["spec"]["containers"][0])
+            for w in workloads(docs)}
+    assert envs["policy"]["DWELL_TRACKER_URL"] == "https://rel-dwell-tracker:8083"
+    # An existing Secret replaces the Certificate.
+    docs = render(helm, *SECURE, "--set", "tls.existingSecret=my-tls")
+    assert not by_kind(docs, "Certificate")
+    volumes = [v for w in workloads(docs) for v in w["spec"]["template"]["spec"]["volumes"]
+               if v["name"] == "tls"]
+    assert volumes and all(v["secret"]["secretName"] == "my-tls" for v in volumes)
 
 
 def test_existing_secret_is_used_as_given(helm: str) -> None:

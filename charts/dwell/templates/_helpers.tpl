@@ -121,23 +121,25 @@ redis-password
       name: {{ include "dwell.redisSecret" . }}
       key: {{ include "dwell.redisPasswordKey" . }}
 - name: DWELL_REDIS_URL
-  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s:%s/%s" (include "dwell.redisHost" .) (include "dwell.redisPort" .) (include "dwell.redisDb" .) | quote }}
+  value: {{ printf "%s://:$(REDIS_PASSWORD)@%s:%s/%s" (ternary "rediss" "redis" .Values.redis.tls.enabled) (include "dwell.redisHost" .) (include "dwell.redisPort" .) (include "dwell.redisDb" .) | quote }}
+{{- include "dwell.securityEnv" . | nindent 0 }}
 {{- include "dwell.settingsEnv" .Values.config }}
 {{- end -}}
 
-{{/* The probes of a dwell HTTP process on its `http` port */}}
+{{/* The probes of a dwell HTTP process on its `http` port (HTTPS with tls.enabled) */}}
 {{- define "dwell.probes" -}}
+{{- $scheme := include "dwell.scheme" .root | upper -}}
 startupProbe:
-  httpGet: {path: /healthz, port: http}
+  httpGet: {path: /healthz, port: http, scheme: {{ $scheme }}}
   periodSeconds: 2
   failureThreshold: 60
 livenessProbe:
-  httpGet: {path: /healthz, port: http}
+  httpGet: {path: /healthz, port: http, scheme: {{ $scheme }}}
   periodSeconds: 10
   timeoutSeconds: 3
   failureThreshold: 3
 readinessProbe:
-  httpGet: {path: /readyz, port: http}
+  httpGet: {path: /readyz, port: http, scheme: {{ $scheme }}}
   periodSeconds: 5
   timeoutSeconds: 3
   failureThreshold: 2
@@ -184,7 +186,7 @@ affinity:
     {{- if eq .component "policy" }}
     {{- /* the policy service serves the tracker's figures on Pulsar's topic stats path */}}
     - name: DWELL_TRACKER_URL
-      value: {{ printf "http://%s:8083" (include "dwell.component" (dict "root" .root "component" "tracker")) | quote }}
+      value: {{ printf "%s://%s:8083" (include "dwell.scheme" .root) (include "dwell.component" (dict "root" .root "component" "tracker")) | quote }}
     {{- end }}
     {{- include "dwell.settingsEnv" $values.config | trim | nindent 4 }}
     {{- include "dwell.authEnv" .root | nindent 4 }}
@@ -199,6 +201,7 @@ affinity:
   volumeMounts:
     - name: tmp
       mountPath: /tmp
+    {{- include "dwell.securityMounts" .root | nindent 4 }}
     {{- include "dwell.authVolumeMount" .root | nindent 4 }}
 {{- end -}}
 
@@ -220,6 +223,7 @@ spec:
   volumes:
     - name: tmp
       emptyDir: {}
+    {{- include "dwell.securityVolumes" .root | nindent 4 }}
     {{- include "dwell.authVolume" .root | nindent 4 }}
   {{- include "dwell.scheduling" $values | trim | nindent 2 }}
 {{- end -}}
@@ -254,4 +258,108 @@ spec:
     resources:
       requests:
         storage: {{ .size }}
+{{- end -}}
+
+{{/* The Secret with the HTTP ports' certificate: tls.existingSecret, else the one the
+     cert-manager Certificate writes. */}}
+{{- define "dwell.tlsSecret" -}}
+{{- default (include "dwell.component" (dict "root" . "component" "tls")) .Values.tls.existingSecret -}}
+{{- end -}}
+
+{{- define "dwell.scheme" -}}
+{{- if .Values.tls.enabled -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* The settings of dwell's connections (dwell/security.py): Kafka's SASL and TLS, the
+     Redis ACL user and CA, TLS of the HTTP port. Passwords come from Secrets by
+     secretKeyRef and files (certificates, CAs) from mounted Secrets: no secret value in a
+     manifest. */}}
+{{- define "dwell.securityEnv" -}}
+{{- $k := .Values.kafka.security -}}
+- name: DWELL_KAFKA_SECURITY_PROTOCOL
+  value: {{ $k.protocol | quote }}
+{{- if hasPrefix "SASL_" $k.protocol }}
+- name: DWELL_KAFKA_SASL_MECHANISM
+  value: {{ $k.saslMechanism | quote }}
+{{- if eq $k.saslMechanism "OAUTHBEARER" }}
+- name: DWELL_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL
+  value: {{ required "kafka.security.oauthbearer.tokenEndpointUrl is required for OAUTHBEARER" $k.oauthbearer.tokenEndpointUrl | quote }}
+- name: DWELL_KAFKA_SASL_OAUTHBEARER_CLIENT_ID
+  value: {{ required "kafka.security.oauthbearer.clientId is required for OAUTHBEARER" $k.oauthbearer.clientId | quote }}
+{{- with $k.oauthbearer.scope }}
+- name: DWELL_KAFKA_SASL_OAUTHBEARER_SCOPE
+  value: {{ . | quote }}
+{{- end }}
+- name: DWELL_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET
+{{- else }}
+- name: DWELL_KAFKA_SASL_USERNAME
+  value: {{ required "kafka.security.username is required for SASL" $k.username | quote }}
+- name: DWELL_KAFKA_SASL_PASSWORD
+{{- end }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "kafka.security.existingSecret is required for SASL" $k.existingSecret }}
+      key: {{ $k.existingSecretPasswordKey }}
+{{- end }}
+{{- if $k.caSecret }}
+- name: DWELL_KAFKA_SSL_CA_LOCATION
+  value: /etc/dwell/kafka-ca/{{ $k.caSecretKey }}
+{{- end }}
+{{- with .Values.redis.auth.username }}
+- name: DWELL_REDIS_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if .Values.redis.tls.caSecret }}
+- name: DWELL_REDIS_TLS_CA_CERT_FILE
+  value: /etc/dwell/redis-ca/{{ .Values.redis.tls.caSecretKey }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+- name: DWELL_TLS_ENABLED
+  value: "true"
+- name: DWELL_TLS_CERTIFICATE_FILE_PATH
+  value: /etc/dwell/tls/tls.crt
+- name: DWELL_TLS_KEY_FILE_PATH
+  value: /etc/dwell/tls/tls.key
+{{- with .Values.tls.trustCertsKey }}
+- name: DWELL_TLS_TRUST_CERTS_FILE_PATH
+  value: /etc/dwell/tls/{{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The mounts and volumes of the files dwell.securityEnv names (nothing when unused) */}}
+{{- define "dwell.securityMounts" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/dwell/tls
+  readOnly: true
+{{- end }}
+{{- if .Values.kafka.security.caSecret }}
+- name: kafka-ca
+  mountPath: /etc/dwell/kafka-ca
+  readOnly: true
+{{- end }}
+{{- if .Values.redis.tls.caSecret }}
+- name: redis-ca
+  mountPath: /etc/dwell/redis-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "dwell.securityVolumes" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "dwell.tlsSecret" . }}
+{{- end }}
+{{- with .Values.kafka.security.caSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- with .Values.redis.tls.caSecret }}
+- name: redis-ca
+  secret:
+    secretName: {{ . }}
+{{- end }}
 {{- end -}}

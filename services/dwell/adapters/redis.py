@@ -17,6 +17,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from dwell.security import redis_options
+
 # After a Redis restart every pooled connection is dead, and the first command on each
 # fails with "Connection closed by server": try once more on a fresh connection (and
 # twice more after that, within a second) before the error reaches a caller. Timeouts
@@ -26,15 +28,17 @@ _RETRY = {"retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
 
 
 def connect(url: str) -> redis.Redis:
+    """A client of `url` with the ACL user and TLS settings of dwell.security."""
     return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10,
-                                health_check_interval=15, **_RETRY)
+                                health_check_interval=15, **_RETRY, **redis_options(url))
 
 
 def connect_async(url: str) -> aredis.Redis:
     return aredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10,
                                  health_check_interval=15, retry=AsyncRetry(
                                      ExponentialBackoff(cap=0.5, base=0.05), 3),
-                                 retry_on_error=[redis.ConnectionError])
+                                 retry_on_error=[redis.ConnectionError],
+                                 **redis_options(url))
 
 
 # `--- @include "<name>"` on a line of its own stands for the text of

@@ -3,6 +3,7 @@ failure (refused connection, 4xx/5xx) turned into one readable AdminError."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -35,17 +36,19 @@ def token_from_auth_params(params: str) -> str:
 
 
 class PolicyClient:
-    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
         self.url = url.rstrip("/")
         self._timeout = timeout
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._verify = verify
 
     def call(self, method: str, url_path: str, *, body: Any = None,
              params: dict[str, str] | None = None) -> Any:
         """The decoded JSON answer, or None for an empty one (204)."""
         try:
             with httpx.Client(base_url=self.url, timeout=self._timeout,
-                              headers=self._headers) as http:
+                              headers=self._headers, verify=self._verify) as http:
                 resp = http.request(method, url_path, json=body, params=params)
         except httpx.HTTPError as exc:
             raise AdminError(f"cannot reach the policy service at {self.url}: "

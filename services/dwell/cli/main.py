@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import ssl
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -22,6 +23,7 @@ from dwell.cli.flags import (
 )
 from dwell.cli.tokens import tokens
 from dwell.core.durations import format_duration_ms
+from dwell.security import TlsSettings, http_verify
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 
@@ -32,8 +34,9 @@ class Output(StrEnum):
 
 
 class Ctx:
-    def __init__(self, url: str, output: Output, token: str | None = None) -> None:
-        self.client = PolicyClient(url, token=token)
+    def __init__(self, url: str, output: Output, token: str | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
+        self.client = PolicyClient(url, token=token, verify=verify)
         self.output = output
         self.console = Console()
 
@@ -95,7 +98,11 @@ def main(
     ctx: typer.Context,
     url: Annotated[str, typer.Option(
         "--url", envvar="DWELL_POLICY_URL",
-        help="Base URL of the policy service.")] = DEFAULT_URL,
+        help="Base URL of the policy service (https:// when it serves TLS).")] = DEFAULT_URL,
+    tls_trust_certs_file_path: Annotated[str, typer.Option(
+        "--tls-trust-certs-file-path", envvar="DWELL_TLS_TRUST_CERTS_FILE_PATH",
+        help="PEM file of the CA that signs the policy service's certificate (pulsar-admin's "
+             "tlsTrustCertsFilePath); default: the system's CAs.")] = "",
     output: Annotated[Output, typer.Option(
         "--output", "-o", help="table: for people; json: the service's JSON on stdout, "
                                "for scripts.")] = Output.table,
@@ -111,7 +118,8 @@ def main(
         except AdminError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
-    ctx.obj = Ctx(url, output, token)
+    ctx.obj = Ctx(url, output, token, http_verify(TlsSettings(
+        tls_trust_certs_file_path=tls_trust_certs_file_path)))
 
 
 NamespaceArg = Annotated[str, typer.Argument(metavar="TENANT/NAMESPACE",

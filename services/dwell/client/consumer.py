@@ -28,6 +28,7 @@ from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeou
 from dwell.core.positions import format_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, retry_topic, validate_subscription
+from dwell.security import http_verify
 
 DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -145,7 +146,8 @@ class Consumer:
         url = (f"{self._tracker.rstrip('/')}/v1/topics/{t.domain}/{t.tenant}/{t.namespace}/"
                f"{t.local}/subscriptions/{self.subscription}")
         try:
-            resp = httpx.put(url, json=self._settings_json, timeout=10, headers=self._auth)
+            resp = httpx.put(url, json=self._settings_json, timeout=10, headers=self._auth,
+                             verify=http_verify())
         except httpx.HTTPError as exc:
             raise SubscribeError(f"tracker unreachable at {self._tracker}: {exc}") from exc
         if resp.status_code >= 300:

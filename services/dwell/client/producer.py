@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from dwell.core.topics import TopicName
+from dwell.security import http_verify
 
 DEFAULT_ADMISSION_URL = "http://127.0.0.1:8082"
 # Pulsar's ServerError.NotAllowedError: the publish checks (max delay, ...) refused it.
@@ -55,7 +56,7 @@ class Producer:
         self._path = f"/topics/{t.domain}/{t.tenant}/{t.namespace}/{t.local}"
         # `token`: the JWT sent as `Authorization: Bearer` when authentication is on.
         self._http = httpx.Client(base_url=base.rstrip("/"), timeout=timeout_s,
-                                  transport=transport,
+                                  transport=transport, verify=http_verify(),
                                   headers={"Authorization": f"Bearer {token}"} if token else None)
         self._sequence = 0
 

@@ -68,6 +68,7 @@ from dwell.policy.store import (
     TenantInfo,
 )
 from dwell.policy.topics import TopicCatalog
+from dwell.security import http_verify
 
 log = logging.getLogger("dwell.policy.app")
 
@@ -225,7 +226,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
                        timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
     catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor)
-    tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0)
+    tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0,
+                                verify=http_verify(settings))
 
     auth = Guard(settings, store.grants)
 

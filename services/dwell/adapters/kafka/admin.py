@@ -12,12 +12,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from dwell.core import topics as names
 
+from .config import connection
 from .consumer import Consumer, watermarks
 from .errors import KafkaUnavailable, TopicRefused
 
 
 def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap,
+    return AdminClient({**connection(bootstrap),
                         "socket.connection.setup.timeout.ms": 5000})
 
 
@@ -146,7 +147,7 @@ def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
 
 def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, int]:
     """The high watermark (next offset to be written) of every partition of a topic."""
-    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader"})
+    c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader"})
     try:
         return {p: watermarks(c, topic, p, timeout)[1]
                 for p in partitions(bootstrap, topic, timeout)}
@@ -157,7 +158,7 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, 
 def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) -> dict[int, int]:
     """Per partition of an existing topic, the first offset whose record timestamp is at or
     after ``ts_ms`` (the partition's end offset when there is none)."""
-    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader"})
+    c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader"})
     try:
         wanted = [TopicPartition(topic, p, ts_ms)
                   for p in partitions(bootstrap, topic, timeout)]

@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from .config import connection
 from .errors import KafkaUnavailable
 from .record import Record, record_of
 
@@ -37,7 +38,7 @@ class Consumer:
     def __init__(self, bootstrap: str, group_id: str, topics: Iterable[str] | None = None, *,
                  auto_offset_reset: str = "earliest", **extra: Any) -> None:
         conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
+            **connection(bootstrap),
             "group.id": group_id,
             "enable.auto.commit": False,
             "auto.offset.reset": auto_offset_reset,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Producer as _Producer
 
+from .config import connection
 from .errors import KafkaUnavailable
 from .record import Headers, OutRecord, encode_headers
 
@@ -34,7 +35,7 @@ class Producer:
                  compression_type: str = "none", send_timeout_s: float | None = None,
                  **extra: Any) -> None:
         conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
+            **connection(bootstrap),
             "acks": "all",
             "enable.idempotence": True,
             "linger.ms": linger_ms,

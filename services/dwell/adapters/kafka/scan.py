@@ -12,6 +12,7 @@ from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import Message, TopicPartition
 
 from .admin import partitions
+from .config import connection
 from .consumer import Consumer, watermarks
 from .errors import KafkaUnavailable
 from .record import Record, record_of
@@ -34,7 +35,7 @@ def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
     """Every committed record of a topic from `starts` (offset per partition; partitions
     not named start at the beginning) to the end offsets at the time of the call, read
     with read_committed and without a group (tests check exactly-once outputs this way)."""
-    c = _Consumer({"bootstrap.servers": bootstrap, "group.id": "dwell-reader",
+    c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader",
                    "enable.auto.commit": False, "isolation.level": "read_committed",
                    "fetch.wait.max.ms": 50})
     try:

@@ -1,0 +1,207 @@
+"""The secured local stack (`devstack.py up --secure`): a CA and certificates made at
+start with openssl, Kafka with a SASL_SSL listener (SCRAM-SHA-512 user `dwell`, created
+when the log dir is formatted), Redis on a TLS port with an ACL user and the default user
+off, HTTPS on the services' and the Spark app's ports, token authentication and
+authorization on the services (an HS256 key made at start, super-user role `admin`), and
+the DWELL_* settings that point every dwell process and client at them.
+
+Everything lives under `.dwell/<profile>/secure/` (mode 0700), never in the repository.
+Passwords are random per state directory and stored in files that the settings read as
+`file:<path>`; no password goes on a command line or into the environment.
+
+Standard library only, like devstack.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import shutil
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+KAFKA_USER = "dwell"
+KAFKA_MECHANISM = "SCRAM-SHA-512"
+REDIS_USER = "dwell"
+SUPER_USER = "admin"
+# Kafka's own inter-broker login on the SASL_SSL listener (PLAIN, in server.properties).
+_BROKER_USER = "broker"
+_CERT_DAYS = 30
+
+
+def folder(state: Path) -> Path:
+    return state / "secure"
+
+
+def enabled(state: Path) -> bool:
+    """Whether the profile's stack was last started with --secure."""
+    return (folder(state) / "enabled").exists()
+
+
+def mark(state: Path, on: bool) -> None:
+    flag = folder(state) / "enabled"
+    if on:
+        flag.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        flag.touch()
+    else:
+        flag.unlink(missing_ok=True)
+
+
+def prepare(stack: Any, secure: bool) -> None:
+    """Before `up`/`run` of a devstack.Stack: a profile with processes running keeps its
+    mode (`up spark` joins a secured stack), else `secure` decides and is recorded, so
+    that `env`, `status` and the test suites see the same stack."""
+    if any(stack.pid(n) for n in stack.available()):
+        if secure and not stack.secure:
+            sys.exit(f"dwell: the {stack.profile} stack runs without --secure; stop it first")
+        return
+    stack.secure = secure
+    if secure:
+        ensure_pki(stack.state)
+    mark(stack.state, secure)
+
+
+def openssl_bin() -> str:
+    found = shutil.which("openssl")
+    if not found:
+        sys.exit("dwell: openssl is needed for --secure (Debian's openssl package)")
+    return found
+
+
+def _secret(path: Path) -> str:
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text()
+
+
+def ensure_pki(state: Path) -> Path:
+    """The CA, the server certificate (127.0.0.1 and localhost) and the passwords of the
+    profile, made once per state directory; returns the folder."""
+    d = folder(state)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d.chmod(0o700)
+    for name in ("kafka-password", "kafka-broker-password", "redis-password"):
+        _secret(d / name)
+    key = d / "token-secret.key"
+    if not key.exists():
+        key.write_bytes(secrets.token_bytes(32))  # raw HS256 key, as Pulsar's file: form
+        key.chmod(0o600)
+    if (d / "server.pem").exists() and (d / "ca.pem").exists():
+        return d
+    ossl = openssl_bin()
+
+    def run(*args: str) -> None:
+        subprocess.run([ossl, *args], check=True, cwd=d, capture_output=True)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.pem", "-days", str(_CERT_DAYS),
+        "-subj", "/CN=dwell local CA", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    # PKCS#8 (openssl's default), which Kafka's PEM keystore reads unencrypted.
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "extendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.pem", "-days", str(_CERT_DAYS),
+        "-extfile", "server.ext")
+    (d / "kafka-keystore.pem").write_text((d / "server.key").read_text()
+                                          + (d / "server.pem").read_text())
+    for f in d.iterdir():
+        f.chmod(0o600)
+    return d
+
+
+def kafka_properties(d: Path, port: int, controller_port: int) -> str:
+    """Lines appended to server.properties (Java's Properties: the last value wins), which
+    turn the client listener into SASL_SSL."""
+    pw = (d / "kafka-broker-password").read_text()
+    plain = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+             f'username="{_BROKER_USER}" password="{pw}" user_{_BROKER_USER}="{pw}";')
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    return "\n".join([
+        "", "# --secure (scripts/secure_stack.py)",
+        f"listeners=SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        f"advertised.listeners=SASL_SSL://127.0.0.1:{port}",
+        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name=SASL_SSL",
+        "sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN",
+        "sasl.mechanism.inter.broker.protocol=PLAIN",
+        f"listener.name.sasl_ssl.plain.sasl.jaas.config={plain}",
+        f"listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config={scram}",
+        f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={scram}",
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={d / 'kafka-keystore.pem'}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={d / 'ca.pem'}",
+        "ssl.client.auth=none", ""])
+
+
+def kafka_format_args(d: Path) -> list[str]:
+    """StorageTool format arguments that create the SCRAM user with the log dir."""
+    pw = (d / "kafka-password").read_text()
+    return ["--add-scram", f"{KAFKA_MECHANISM}=[name={KAFKA_USER},password={pw}]"]
+
+
+def redis_args(d: Path, port: int) -> list[str]:
+    """redis-server arguments: TLS only (no plain port), an ACL file whose `dwell` user
+    has a hashed password and whose default user is off."""
+    digest = hashlib.sha256((d / "redis-password").read_bytes()).hexdigest()
+    acl = d / "redis-users.acl"
+    acl.write_text(f"user default off\nuser {REDIS_USER} on #{digest} ~* &* +@all\n")
+    acl.chmod(0o600)
+    return ["--port", "0", "--tls-port", str(port),
+            "--tls-cert-file", str(d / "server.pem"), "--tls-key-file", str(d / "server.key"),
+            "--tls-ca-cert-file", str(d / "ca.pem"), "--tls-auth-clients", "no",
+            "--aclfile", str(acl)]
+
+
+def admin_token(d: Path, dwell_admin: Path) -> Path:
+    """A super-user token (`dwell-admin tokens create`), made once when the venv has it;
+    clients on the stack send it through DWELL_AUTH_PARAMS=file:<path>."""
+    path = d / "admin.token"
+    if not path.exists() and dwell_admin.exists() and (d / "token-secret.key").exists():
+        token = subprocess.run([str(dwell_admin), "tokens", "create", "--secret-key",
+                                f"file:{d / 'token-secret.key'}", "--subject", SUPER_USER],
+                               check=True, capture_output=True, text=True).stdout.strip()
+        path.write_text(token)
+        path.chmod(0o600)
+    return path
+
+
+def client_env(d: Path) -> dict[str, str]:
+    """The settings every dwell process (and client) gets on the secured stack."""
+    ca = str(d / "ca.pem")
+    return {
+        "DWELL_AUTH_PARAMS": f"file:{d / 'admin.token'}",
+        "DWELL_TLS_TRUST_CERTS_FILE_PATH": ca,
+        "DWELL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "DWELL_KAFKA_SASL_MECHANISM": KAFKA_MECHANISM,
+        "DWELL_KAFKA_SASL_USERNAME": KAFKA_USER,
+        "DWELL_KAFKA_SASL_PASSWORD": f"file:{d / 'kafka-password'}",
+        "DWELL_KAFKA_SSL_CA_LOCATION": ca,
+        "DWELL_REDIS_USERNAME": REDIS_USER,
+        "DWELL_REDIS_PASSWORD": f"file:{d / 'redis-password'}",
+        "DWELL_REDIS_TLS_CA_CERT_FILE": ca,
+    }
+
+
+def server_env(d: Path) -> dict[str, str]:
+    """What a process serving HTTP (a service, the Spark app) adds: its certificate and
+    token authentication."""
+    return {"DWELL_TLS_ENABLED": "true",
+            "DWELL_TLS_CERTIFICATE_FILE_PATH": str(d / "server.pem"),
+            "DWELL_TLS_KEY_FILE_PATH": str(d / "server.key"),
+            "DWELL_AUTHENTICATION_ENABLED": "true", "DWELL_AUTHORIZATION_ENABLED": "true",
+            "DWELL_SUPER_USER_ROLES": SUPER_USER,
+            "DWELL_TOKEN_SECRET_KEY": f"file:{d / 'token-secret.key'}"}
+
+
+def client_context(d: Path) -> ssl.SSLContext:
+    """An SSL context trusting the profile's CA, for devstack's health checks."""
+    return ssl.create_default_context(cafile=str(d / "ca.pem"))
