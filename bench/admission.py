@@ -11,10 +11,11 @@
     garbage collector tuned as admission does) with no checks, so admission's overhead is
     a ratio. (b) and (d) alternate for BENCH_ROUNDS rounds of BENCH_HTTP_SECONDS each
     so both see the same background load;
-(e) (b) again against a second admission process run with token authentication and
-    authorization on (HS256, a role holding `produce` on the namespace), in the same
-    rounds: the auth-on / auth-off ratio is what checking the token and the role costs;
-    and that check's own cost per request, timed in this process.
+(e) a second admission process with token authentication and authorization on (HS256, a
+    role holding `produce` on the namespace), loaded side by side with the first (the same
+    clients each, at the same time) once per round: the auth-on / auth-off ratio is what
+    checking the token and the role costs; and that check's own cost per request, timed
+    in this process.
 
 Admission runs with `dwell_native` when it is installed, on the pure-Python path when it
 is not or when DWELL_NATIVE=0 (`DWELL_NATIVE=0 .venv/bin/python bench/admission.py`); the
@@ -229,6 +230,14 @@ async def bench_http(url: str, topic_path: str, clients: int = HTTP_CONCURRENCY,
             "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000}
 
 
+async def bench_pair(off_url: str, on_url: str, topic_path: str, token: str
+                     ) -> tuple[dict[str, float], dict[str, float]]:
+    """(b) against the auth-off and the auth-on admission at the same time."""
+    off, on = await asyncio.gather(bench_http(off_url, topic_path),
+                                   bench_http(on_url, topic_path, token=token))
+    return off, on
+
+
 # ---------------------------------------------------------------- (c)
 
 
@@ -401,29 +410,27 @@ def main() -> None:
         # first round ~40% slower than the next, for HTTP and raw alike.
         print("warm-up round (not counted) ...", flush=True)
         run_async(bench_http(adm_url, path))
-        run_async(bench_http(auth_url, path, token=token))
+        run_async(bench_pair(adm_url, auth_url, path, token))
         bench_raw(stack.kafka_bootstrap, topic, names.TopicName.parse(topic).kafka_topic)
         rounds: list[tuple[dict[str, float], float]] = []
-        authed: list[dict[str, float]] = []
+        authed: list[tuple[dict[str, float], dict[str, float]]] = []
         for n in range(ROUNDS):
-            print(f"round {n + 1}/{ROUNDS}: HTTP (auth off, on), {HTTP_CONCURRENCY} concurrent "
-                  f"clients x {HTTP_SECONDS:.0f} s; raw producer x {RAW_SECONDS:.0f} s ...",
-                  flush=True)
-            # Auth on and off back to back, in turns first, so that neither always
-            # follows the raw producer's burst.
-            if n % 2:
-                auth_n = run_async(bench_http(auth_url, path, token=token))
+            print(f"round {n + 1}/{ROUNDS}: HTTP, {HTTP_CONCURRENCY} concurrent clients x "
+                  f"{HTTP_SECONDS:.0f} s; raw producer x {RAW_SECONDS:.0f} s; auth off and on "
+                  f"side by side ...", flush=True)
             http_n = run_async(bench_http(adm_url, path))
-            if not n % 2:
-                auth_n = run_async(bench_http(auth_url, path, token=token))
             raw_n = bench_raw(stack.kafka_bootstrap, topic,
                               names.TopicName.parse(topic).kafka_topic)
+            # Auth off and on at the same time, the same number of clients each: both see
+            # the same background load, which on a shared machine swings more from one
+            # second to the next than the check costs.
+            off_n, auth_n = run_async(bench_pair(adm_url, auth_url, path, token))
             print(f"    HTTP {http_n['msgs_per_s']:,.0f} msgs/s, raw {raw_n:,.0f} msgs/s, "
-                  f"ratio {http_n['msgs_per_s'] / raw_n:.3f}; auth on "
-                  f"{auth_n['msgs_per_s']:,.0f} msgs/s, on/off "
-                  f"{auth_n['msgs_per_s'] / http_n['msgs_per_s']:.3f}", flush=True)
+                  f"ratio {http_n['msgs_per_s'] / raw_n:.3f}; side by side: auth off "
+                  f"{off_n['msgs_per_s']:,.0f}, on {auth_n['msgs_per_s']:,.0f} msgs/s, on/off "
+                  f"{auth_n['msgs_per_s'] / off_n['msgs_per_s']:.3f}", flush=True)
             rounds.append((http_n, raw_n))
-            authed.append(auth_n)
+            authed.append((off_n, auth_n))
         print(f"HTTP, {MANY_CLIENTS} concurrent clients x {HTTP_SECONDS:.0f} s ...", flush=True)
         many = run_async(bench_http(adm_url, path, MANY_CLIENTS))
         print(f"Kafka ingress: {INGRESS_REQUESTS} requests ...", flush=True)
@@ -439,9 +446,8 @@ def main() -> None:
     http = median([h for h, _ in rounds], key=lambda h: h["msgs_per_s"])
     raw = median([r for _, r in rounds], key=float)
     ratio = median([h["msgs_per_s"] / r for h, r in rounds], key=float)
-    auth_http = median(authed, key=lambda h: h["msgs_per_s"])
-    auth_ratio = median([a["msgs_per_s"] / h["msgs_per_s"]
-                         for a, (h, _) in zip(authed, rounds, strict=True)], key=float)
+    auth_http = median([a for _, a in authed], key=lambda h: h["msgs_per_s"])
+    auth_ratio = median([a["msgs_per_s"] / o["msgs_per_s"] for o, a in authed], key=float)
     result = {
         "admit_per_s": round(admit_rate),
         "http": {k: round(v, 2) for k, v in http.items()},
@@ -455,6 +461,8 @@ def main() -> None:
         "ratio_ingress_to_raw": round(ingress["msgs_per_s"] / raw, 3),
         "http_auth_on": {k: round(v, 2) for k, v in auth_http.items()},
         "ratio_auth_on_to_off": round(auth_ratio, 3),
+        "auth_rounds": [{"off_msgs_per_s": round(o["msgs_per_s"]),
+                         "on_msgs_per_s": round(a["msgs_per_s"])} for o, a in authed],
         "auth_check_us_per_request": round(guard_us, 2),
         "batch": BATCH, "payload_bytes": len(PAYLOAD), "targets": TARGETS,
         "publish_path": path_used,
@@ -477,7 +485,9 @@ def main() -> None:
     print(f"    HTTP / raw    = {result['ratio_http_to_raw']:.3f}   target >= 0.7  "
           f"{mark(result['ratio_http_to_raw'] >= 0.7)}")
     print(f"    ingress / raw = {result['ratio_ingress_to_raw']:.3f}")
-    print(f"(e) HTTP, auth on      {auth_http['msgs_per_s']:>12,.0f} msgs/s        "
+    print(f"(e) HTTP, auth on      {auth_http['msgs_per_s']:>12,.0f} msgs/s (side by side "
+          f"with auth off, {HTTP_CONCURRENCY} clients each)")
+    print(f"                                                          "
           f"                        p50 {auth_http['p50_ms']:.1f} ms  "
           f"p99 {auth_http['p99_ms']:.1f} ms")
     print(f"    auth on / off = {auth_ratio:.3f}   (drop {(1 - auth_ratio) * 100:.1f}%, "

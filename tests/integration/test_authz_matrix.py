@@ -117,6 +117,7 @@ class Secured:
     tokens: dict[str, str | None]
     own: str
     other: str
+    secret: bytes
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,7 @@ def secured(services: ServiceFactory) -> Iterator[Secured]:
                                headers=consumer).status_code == 200, 30,
              "the tracker to see the grants")
     yield Secured({"policy": policy.url, "admission": admission.url, "tracker": tracker.url},
-                tokens, own, other)
+                tokens, own, other, secret)
     root.close()
     for svc in (admission, policy, tracker):
         svc.stop()
@@ -272,3 +273,20 @@ def test_the_sdk_sends_its_token(secured: Secured, kafka_bootstrap: str) -> None
     consumer = Consumer(topic, "billing", tracker_url=secured.urls["tracker"],
                         bootstrap=kafka_bootstrap, token=secured.tokens["consume-only"])
     consumer.close()
+
+
+def test_a_grant_is_in_force_as_soon_as_it_is_answered(secured: Secured) -> None:
+    """Read your writes: admission and the tracker check against their replay of the
+    feed, and a refusal first catches that replay up."""
+    role = "late" + uuid.uuid4().hex[:6]
+    admin = {"Authorization": f"Bearer {secured.tokens['tenant admin']}"}
+    token = {"Authorization": "Bearer " + create_token(secured.secret, "HS256", role)}
+    grant = httpx.post(f"{secured.urls['policy']}/admin/v2/namespaces/{secured.own}/ns/"
+                       f"permissions/{role}", headers=admin, json=["produce", "consume"])
+    assert grant.status_code == 204
+    post = httpx.post(f"{secured.urls['admission']}/topics/persistent/{secured.own}/ns/t1",
+                      headers=token, json={"messages": [{"payload": "x"}]}, timeout=30)
+    assert post.status_code == 200, post.text
+    sub = httpx.put(f"{secured.urls['tracker']}/v1/topics/persistent/{secured.own}/ns/t1/"
+                    f"subscriptions/{role}", headers=token, json={}, timeout=30)
+    assert sub.status_code == 200, sub.text

@@ -6,6 +6,7 @@ so one process serves both entry paths."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -60,7 +61,7 @@ class Admission:
         self.publisher = Publisher(settings, self.cache, self.producer,
                                    catch_up=self.follower.catch_up)
         # Grants come from the replayed policy feed: no call to the policy service.
-        self.guard = Guard(settings, self._grants)
+        self.guard = Guard(settings, self._grants, self._catch_up)
         self.ingress = Ingress(settings, self.publisher) if settings.ingress_enabled else None
         self.topics_ready = threading.Event()
         self.startup_error: str | None = None
@@ -69,6 +70,9 @@ class Admission:
 
     async def _grants(self, tenant: str, namespace: str | None) -> Grants:
         return self.cache.grants(tenant, namespace)
+
+    async def _catch_up(self) -> bool:
+        return await asyncio.wrap_future(self.follower.catch_up())
 
     def start(self) -> None:
         self._starter.start()

@@ -23,6 +23,8 @@ from dwell.settings import CommonSettings
 
 # (tenant, namespace or None) -> what the service knows of them; empty when unknown.
 GrantsLookup = Callable[[str, str | None], Awaitable[Grants]]
+# Waits until the grants reflect every change acknowledged so far; False if it could not.
+CatchUp = Callable[[], Awaitable[bool]]
 
 CHALLENGE: Final = {"WWW-Authenticate": "Bearer"}
 _BEARER: Final = "bearer "
@@ -39,11 +41,16 @@ def unauthenticated(reason: str) -> ApiError:
 class Guard:
     """Authentication and authorization of one service, from its settings."""
 
-    def __init__(self, settings: CommonSettings, grants: GrantsLookup = _no_grants) -> None:
+    def __init__(self, settings: CommonSettings, grants: GrantsLookup = _no_grants,
+                 catch_up: CatchUp | None = None) -> None:
         self.authentication = settings.authentication_enabled
         self.authorization = settings.authorization_enabled
         self.super_users = settings.super_users()
         self.grants = grants
+        # Read your writes, for a service whose grants come from a replay of the feed: a
+        # refusal first waits until the replay has caught up with the feed (the policy
+        # service answers a grant once the feed has it), then asks once more.
+        self.catch_up = catch_up
         self.verifier = (TokenVerifier(verification_key(
             settings.token_secret_key.get_secret_value(), settings.token_public_key))
             if self.authentication else None)
@@ -75,9 +82,13 @@ class Guard:
         grants = NO_GRANTS
         if need is not Need.SUPER_USER and tenant is not None:
             grants = await self.grants(tenant, namespace)
-        if not allowed(role, operation, self.super_users, grants):
-            raise forbidden(role, operation, tenant, namespace)
-        return role
+        if allowed(role, operation, self.super_users, grants):
+            return role
+        if self.catch_up is not None and tenant is not None and await self.catch_up():
+            grants = await self.grants(tenant, namespace)
+            if allowed(role, operation, self.super_users, grants):
+                return role
+        raise forbidden(role, operation, tenant, namespace)
 
     def require(self, operation: Operation) -> DependsParam:
         """The route dependency for `operation`; the tenant and namespace are the route's

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request, Response
 
 from dwell import keys
 from dwell.admission.cache import PolicyCache, PolicyFollower
-from dwell.auth.guard import GrantsLookup, Guard
+from dwell.auth.guard import Guard
 from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
 from dwell.core.subscriptions import SubscriptionSettings
@@ -42,16 +42,20 @@ def _sub(name: str) -> str:
         raise ApiError(400, str(exc)) from None
 
 
-def feed_grants(settings: TrackerSettings) -> tuple[GrantsLookup, PolicyCache]:
-    """Grants from a replay of `dwell.policies`, followed in a daemon thread."""
+def feed_guard(settings: TrackerSettings) -> tuple[Guard, PolicyCache]:
+    """A guard whose grants come from a replay of `dwell.policies`, followed in a daemon
+    thread."""
     cache = PolicyCache(settings.broker_defaults())
-    PolicyFollower(cache, settings.kafka_bootstrap,
-                   replay_timeout_s=60.0).start()
+    follower = PolicyFollower(cache, settings.kafka_bootstrap, replay_timeout_s=60.0)
+    follower.start()
 
     async def grants(tenant: str, namespace: str | None) -> Grants:
         return cache.grants(tenant, namespace)
 
-    return grants, cache
+    async def catch_up() -> bool:
+        return await asyncio.wrap_future(follower.catch_up())
+
+    return Guard(settings, grants, catch_up), cache
 
 
 def build_app(settings: TrackerSettings, r: redislib.Redis,
@@ -62,8 +66,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     policies: PolicyCache | None = None
     guard = Guard(settings)
     if settings.authorization_enabled:
-        lookup, policies = feed_grants(settings)
-        guard = Guard(settings, lookup)
+        guard, policies = feed_guard(settings)
     if registry is None:
         registry = SubscriptionRegistry(r, settings.kafka_bootstrap,
                                         compression_type=settings.kafka_compression_type)

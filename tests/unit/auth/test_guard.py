@@ -93,3 +93,34 @@ def test_routes_name_their_operation() -> None:
            for r in app.routes if hasattr(r, "dependencies")}
     assert ops["/p/{tenant}/{namespace}"] == [Operation.PRODUCE]
     assert ops["/tenants"] == [Operation.LIST_TENANTS]
+
+
+def test_a_refusal_catches_the_grants_up_once() -> None:
+    import asyncio
+
+    from dwell.http import ApiError
+
+    granted: dict[str, list[str]] = {}
+    calls: list[str] = []
+
+    async def lookup(tenant: str, namespace: str | None) -> Grants:
+        return Grants.of((), granted)
+
+    async def catch_up() -> bool:
+        calls.append("catch-up")
+        granted["late"] = ["produce"]  # what the replay learns on catching up
+        return True
+
+    guard = Guard(CommonSettings(**ON), lookup, catch_up)  # type: ignore[arg-type]
+    header = bearer("late")["Authorization"]
+    assert asyncio.run(guard.check(header, Operation.PRODUCE, "acme", "ns")) == "late"
+    assert calls == ["catch-up"]
+    assert asyncio.run(guard.check(header, Operation.PRODUCE, "acme", "ns")) == "late"
+    assert calls == ["catch-up"]  # allowed at once now
+    try:
+        asyncio.run(guard.check(header, Operation.SUBSCRIBE, "acme", "ns"))
+    except ApiError as exc:
+        assert exc.status == 403
+    else:
+        raise AssertionError("consume was allowed")
+    assert calls == ["catch-up", "catch-up"]
