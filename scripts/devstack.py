@@ -517,7 +517,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env", help="print the environment dwell processes get, as JSON")
     run = sub.add_parser("run", help="start the stack in the foreground; Ctrl-C stops it")
     run.add_argument("--demo", action="store_true", help="run the demo once the stack is up")
+    for cmd, what in (("kube-build", "build and cache etcd, Kubernetes and kwok (Go)"),
+                      ("kube-up", "start the kube tier: a local API server, kwok as kubelet"),
+                      ("kube-down", "stop what kube-up started"),
+                      ("kube-status", "what of the kube tier runs where")):
+        sub.add_parser(cmd, help=what)
     args = ap.parse_args(argv)
+    if args.cmd.startswith("kube-"):
+        import kubestack  # scripts/kubestack.py: the kube tier
+
+        return kubestack.main(args.profile, args.cmd)
     stack = Stack(args.profile)
 
     if args.cmd == "install":

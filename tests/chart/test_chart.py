@@ -27,20 +27,17 @@ CHART = ROOT / "charts" / "dwell"
 
 # Chart.yaml's kubeVersion is >=1.27; kubernetes-validate 1.37 knows up to 1.37.
 KUBE_VERSIONS = ("1.27.0", "1.37.0")
-# Custom resources of the Prometheus Operator: no schema in kubernetes-validate; checked
-# by their own tests below (the rules with promtool, the selector against the Services).
-CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# Custom resources: no schema in kubernetes-validate. The Prometheus Operator's are checked
+# by their own tests below (the rules with promtool, the selector against the Services);
+# the Spark Operator's SparkApplication by tests/kube against its CRD on an API server.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "SparkApplication"}
 PORTS = {"policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
-EXTERNAL = ["--set", "redis.enabled=false", "--set", "redis.external.host=redis.example",
-            "--set", "redis.auth.existingSecret=dwell-redis",
-            "--set", "kafka.enabled=false",
-            "--set", "kafka.external.bootstrap=kafka-0.example:9092\\,kafka-1.example:9092",
-            "--set", "kafka.replicationFactor=3"]
-EVERYTHING = ["--set", "metrics.serviceMonitor.enabled=true",
-              "--set", "metrics.prometheusRule.enabled=true",
-              "--set", "metrics.dashboards.enabled=true",
-              "--set", "admission.autoscaling.enabled=true"]
-VARIANTS = {"defaults": [], "external": EXTERNAL, "everything": EVERYTHING}
+# The chart's scenarios: its defaults and each charts/dwell/ci/<name>-values.yaml (which
+# tests/kube also installs or dry-runs on a real API server).
+VARIANTS = {"defaults": [], **{p.name.removesuffix("-values.yaml"): ["-f", str(p)]
+                               for p in sorted((CHART / "ci").glob("*-values.yaml"))}}
+EXTERNAL = VARIANTS["external"]
+EVERYTHING = VARIANTS["everything"]
 
 
 @pytest.fixture(scope="session")
