@@ -354,7 +354,8 @@ def main(profile: str, cmd: str) -> int:
         bin_dir()
         kube.up()
         say(f"kube tier up in {time.monotonic() - t0:.1f}s; "
-            f"export KUBECONFIG={kube.kubeconfig}")
+            f"export KUBECONFIG={kube.kubeconfig}; kubectl and helm: "
+            f"{bin_dir().relative_to(ROOT)}/kubectl, {devstack.helm_bin().relative_to(ROOT)}")
     elif cmd == "kube-down":
         kube.down()
     elif cmd == "kube-status":

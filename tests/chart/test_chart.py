@@ -160,12 +160,16 @@ def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) 
     bad value, a validator (restage chunk > lead) or production without a Redis password
     fails here, not in a crash-looping pod."""
     docs = render(helm, *VARIANTS[variant])
+    processes = [(w["metadata"]["labels"]["app.kubernetes.io/component"], container)
+                 for w in workloads(docs) for container in w["spec"]["template"]["spec"][
+                     "containers"]]
+    # spark.mode operator: the Spark Operator starts the driver from the SparkApplication.
+    processes += [("spark", d["spec"]["driver"]) for d in docs
+                  if d["kind"] == "SparkApplication"]
     seen = set()
-    for w in workloads(docs):
-        component = w["metadata"]["labels"]["app.kubernetes.io/component"]
+    for component, container in processes:
         if component not in PORTS:
             continue
-        (container,) = w["spec"]["template"]["spec"]["containers"]
         env = container_env(container)
         saved = dict(os.environ)
         try:
@@ -179,7 +183,8 @@ def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) 
         assert settings.http_host == "0.0.0.0"
         port = settings.spark_metrics_port if component == "spark" else settings.http_port
         assert port == PORTS[component]
-        assert {"name": "http", "containerPort": port} in container["ports"]
+        assert {"name": "http", "containerPort": port} in [
+            {k: v for k, v in p.items() if k != "protocol"} for p in container["ports"]]
         if variant == "external":
             assert settings.kafka_bootstrap == "kafka-0.example:9092,kafka-1.example:9092"
             assert settings.kafka_replication_factor == 3
