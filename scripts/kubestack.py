@@ -57,7 +57,7 @@ SPARK_OPERATOR_VERSION = "v2.3.0"
 
 
 def _required(module_dir: Path, path: str) -> str:
-    m = re.search(rf"^require {re.escape(path)} (\S+)$",
+    m = re.search(rf"^\s*(?:require\s+)?{re.escape(path)} (v\S+)",
                   (KUBE_MODULES / module_dir / "go.mod").read_text(), re.M)
     if not m:
         raise RuntimeError(f"scripts/kube/{module_dir}/go.mod does not require {path}")
