@@ -76,7 +76,7 @@ _BUILDS = {
     "etcd": {"etcd": "go.etcd.io/etcd/server/v3"},
     "kwok": {"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
     "k8s": {name: f"k8s.io/kubernetes/cmd/{name}" for name in
-            ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")},
+            ("kube-apiserver", "kube-controller-manager", "kube-scheduler")},
 }
 
 
@@ -354,8 +354,8 @@ def main(profile: str, cmd: str) -> int:
         bin_dir()
         kube.up()
         say(f"kube tier up in {time.monotonic() - t0:.1f}s; "
-            f"export KUBECONFIG={kube.kubeconfig}; kubectl and helm: "
-            f"{bin_dir().relative_to(ROOT)}/kubectl, {devstack.helm_bin().relative_to(ROOT)}")
+            f"export KUBECONFIG={kube.kubeconfig} (helm: "
+            f"{devstack.helm_bin().relative_to(ROOT)})")
     elif cmd == "kube-down":
         kube.down()
     elif cmd == "kube-status":

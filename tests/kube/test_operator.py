@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 
-from .conftest import SCENARIOS, Kube, as_json
+from .conftest import SCENARIOS, Kube
 
 GROUP = "/apis/sparkoperator.k8s.io/v1beta2"
 
@@ -24,8 +24,8 @@ def test_the_chart_spark_application_is_stored_as_rendered(
         assert not any(d["kind"] == "Deployment" and d["metadata"]["name"] == "rel-dwell-spark"
                        for d in docs)
         (app,) = [d for d in docs if d["kind"] == "SparkApplication"]
-        kube.kubectl("create", "--validate=strict", "-n", ns, "-f", "-",
-                     stdin=as_json([app]))
+        r = kube.create(app, ns)
+        assert r.status_code == 201, r.text
         stored = kube.get(f"{GROUP}/namespaces/{ns}/sparkapplications/rel-dwell-spark")
         print(json.dumps({k: stored["spec"][k] for k in
                           ("type", "mode", "image", "mainApplicationFile", "sparkVersion")}))
@@ -45,9 +45,8 @@ def test_the_operator_schema_refuses_a_misspelt_field(
         docs = kube.render("rel", ns, *SCENARIOS["operator"])
         app = copy.deepcopy(next(d for d in docs if d["kind"] == "SparkApplication"))
         app["spec"]["executor"]["instance"] = 2
-        got = kube.kubectl("create", "--validate=strict", "--dry-run=server", "-n", ns,
-                           "-f", "-", stdin=as_json([app]), check=False)
-        assert got.returncode != 0
-        assert 'unknown field "spec.executor.instance"' in got.stderr
+        r = kube.create(app, ns, dry_run=True)
+        assert r.status_code == 400, r.text
+        assert 'unknown field "spec.executor.instance"' in r.text
     finally:
         kube.delete_namespace(ns)

@@ -89,7 +89,7 @@ def release(kube: Kube) -> Iterator[Release]:
                   "--timeout", "5m")
         took = time.monotonic() - t0
         print(f"helm install --wait: {took:.1f}s")
-        print(kube.kubectl("get", "pods", "-o", "wide", "-n", ns).stdout)
+        print(f"kubectl get pods -o wide -n {ns}:\n" + kube.table(f"/api/v1/namespaces/{ns}/pods"))
         yield Release(ns, took)
     finally:
         kube.helm("uninstall", RELEASE, "-n", ns, "--wait", check=False)
@@ -182,8 +182,6 @@ def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
         executors = wait_for(lambda: [p for p in pods(kube, ns, selector) if ready(p)]
                              if app.poll() is None else _fail(log), 180,
                              "Spark's executor pods")
-        executors = wait_for(lambda: (lambda got: got if len(got) >= 1 else None)(
-            pods(kube, ns, selector)), 30, "executor pods")
         chart_pod = driver["spec"]
         chart_container = driver["spec"]["containers"][0]
         for pod in executors:
@@ -289,20 +287,13 @@ def test_helm_test_runs_the_smoke_hook_to_completion(kube: Kube, release: Releas
              "the hook pod's deletion (hook-delete-policy: hook-succeeded)")
 
 
-def namespaced_objects(kube: Kube, ns: str) -> set[tuple[str, str]]:
-    kinds = kube.kubectl("api-resources", "--namespaced", "--verbs=list", "-o", "name")
-    kinds_csv = ",".join(k for k in kinds.stdout.split() if not k.startswith("events"))
-    got = json.loads(kube.kubectl("get", kinds_csv, "-n", ns, "-o", "json").stdout)
-    return {(o["kind"], o["metadata"]["name"]) for o in got["items"]} - AMBIENT
-
-
 def test_uninstall_leaves_only_the_documented_claims_and_secret(
         kube: Kube, release: Release) -> None:
-    before = namespaced_objects(kube, release.ns)
+    before = kube.namespaced_objects(release.ns) - AMBIENT
     assert KEPT.issubset(before) and before != KEPT
     kube.helm("uninstall", RELEASE, "-n", release.ns, "--wait", "--timeout", "3m")
     left = wait_for(lambda: (lambda got: got if got <= KEPT else None)(
-        namespaced_objects(kube, release.ns)), 90, "the release's objects to go")
+        kube.namespaced_objects(release.ns) - AMBIENT), 90, "the release's objects to go")
     print("left after helm uninstall:", sorted(left))
     assert left == KEPT
     assert kube.helm("list", "-n", release.ns, "-q").stdout.strip() == ""

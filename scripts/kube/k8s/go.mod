@@ -1,4 +1,4 @@
-// Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the Go module proxy.
+// Builds kube-apiserver, kube-controller-manager and kube-scheduler from the Go module proxy.
 // k8s.io/kubernetes replaces its staging modules with ./staging paths that only exist in its own
 // repository, so this wrapper replaces each of them with its published v0 release.
 module dwell.local/kube/k8s
@@ -182,7 +182,6 @@ tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
 	k8s.io/kubernetes/cmd/kube-scheduler
-	k8s.io/kubernetes/cmd/kubectl
 )
 
 replace (
