@@ -96,7 +96,7 @@ def bin_dir() -> Path:
         sys.exit("dwell: go is needed to build the kube tier (Kubernetes, etcd and kwok "
                  "from the Go module proxy)")
     say(f"building Kubernetes {v['kubernetes']}, etcd {v['etcd']} and kwok {v['kwok']} "
-        f"from the Go module proxy (once; ~8 min on 2 cores) into "
+        f"from the Go module proxy (once; minutes of Go compilation) into "
         f"{dest.relative_to(ROOT)}")
     t0 = time.monotonic()
     partial = KUBE_CACHE / f".partial-{os.getpid()}"
