@@ -133,7 +133,8 @@ class Kube:
     def namespace(self, prefix: str) -> str:
         """A fresh namespace, once its default ServiceAccount exists (pods need it)."""
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        r = self.api.post("/api/v1/namespaces", json={"metadata": {"name": name}})
+        r = self.api.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": name}})
         assert r.status_code == 201, r.text
         wait_for(lambda: self.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"
                                       ).status_code == 200, 60, f"{name}'s default account")

@@ -59,7 +59,7 @@ def make_volumes(kube: Kube, ns: str, count: int) -> list[str]:
     for i in range(count):
         name = f"{ns}-pv-{i}"
         r = kube.api.post("/api/v1/persistentvolumes", json={
-            "metadata": {"name": name},
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
             "spec": {"capacity": {"storage": "50Gi"},
                      "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
                      "persistentVolumeReclaimPolicy": "Retain",
@@ -154,7 +154,8 @@ def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
     template.write_text(cm["data"]["executor.yaml"])
     # The driver's own ServiceAccount token: the chart's Role is what Spark works with.
     r = kube.api.post(f"/api/v1/namespaces/{ns}/serviceaccounts/{SPARK}/token",
-                      json={"spec": {"expirationSeconds": 3600}})
+                      json={"apiVersion": "authentication.k8s.io/v1",
+                            "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
     assert r.status_code == 201, r.text
     token = tmp_path / "token"
     token.write_text(r.json()["status"]["token"])
