@@ -115,10 +115,11 @@ def test_install_waits_for_every_pod(kube: Kube, release: Release) -> None:
 
 
 def driver_command(kube: Kube, ns: str, driver: dict[str, Any],
-                   overrides: dict[str, str]) -> list[str]:
+                   overrides: dict[str, str], stop: Path) -> list[str]:
     """The installed driver container's spark-submit line, its $(VARS) filled as the
     kubelet would (the master is the tier's API server), `--conf`s in `overrides` replaced
-    or added, and tests/kube/spark_app.py as the application."""
+    or added, and tests/kube/spark_app.py as the application (it stops once `stop`
+    exists)."""
     dep = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{SPARK}")
     container = dep["spec"]["template"]["spec"]["containers"][0]
     env = {"POD_NAME": driver["metadata"]["name"],
@@ -137,7 +138,7 @@ def driver_command(kube: Kube, ns: str, driver: dict[str, Any],
     for key, value in left.items():
         out += ["--conf", f"{key}={value}"]
     spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    return [str(spark_submit), *out, str(Path(__file__).parent / "spark_app.py")]
+    return [str(spark_submit), *out, str(Path(__file__).parent / "spark_app.py"), str(stop)]
 
 
 def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
@@ -171,12 +172,13 @@ def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
         # Executors never register under kwok: do not hold the session 30 s for them.
         "spark.scheduler.minRegisteredResourcesRatio": "0",
     }
-    argv = driver_command(kube, ns, driver, overrides)
+    stop = tmp_path / "stop"
+    argv = driver_command(kube, ns, driver, overrides, stop)
     log = tmp_path / "spark-submit.log"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     env.pop("SPARK_HOME", None)
     with open(log, "wb") as out:
-        app = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out,
+        app = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
     selector = "spark-role=executor"
     try:
@@ -220,8 +222,7 @@ def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
             assert f"@{SPARK}.{ns}.svc:" in shown["SPARK_DRIVER_URL"]
         assert len(executors) == 1  # spark.executor.instances of the minimal scenario
     finally:
-        assert app.stdin is not None
-        app.stdin.close()
+        stop.touch()
         try:
             app.wait(timeout=90)
         except subprocess.TimeoutExpired:
