@@ -84,6 +84,18 @@ def _go_env() -> dict[str, str]:
     return dict(os.environ, CGO_ENABLED="0")
 
 
+def _ldflags(module: str, v: dict[str, str]) -> str:
+    """Kubernetes' binaries say their version as its release builds stamp it (helm checks
+    a chart's kubeVersion against it); a plain go build says v0.0.0-master."""
+    flags = "-s -w"
+    if module == "k8s":
+        major, minor = v["kubernetes"].lstrip("v").split(".")[:2]
+        for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+            flags += (f" -X {pkg}.gitVersion={v['kubernetes']} -X {pkg}.gitMajor={major}"
+                      f" -X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean")
+    return flags
+
+
 def bin_dir() -> Path:
     """The cached binaries (and kwok's stage configs), built once per version stamp."""
     v = versions()
@@ -104,7 +116,7 @@ def bin_dir() -> Path:
     (partial / "stages").mkdir(parents=True)
     for module, outputs in _BUILDS.items():
         for name, package in outputs.items():
-            subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w",
+            subprocess.run(["go", "build", "-trimpath", f"-ldflags={_ldflags(module, v)}",
                             "-o", str(partial / name), package],
                            cwd=KUBE_MODULES / module, env=_go_env(), check=True)
     kwok_src = _module_dir(KUBE_MODULES / "kwok", f"sigs.k8s.io/kwok@{v['kwok']}")

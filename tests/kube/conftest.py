@@ -186,5 +186,5 @@ def spark_operator_crds(kube: Kube) -> list[str]:
         wait_for(lambda n=name: any(
             c["type"] == "Established" and c["status"] == "True"
             for c in kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")
-            .get("status", {}).get("conditions", [])), 60, f"CRD {name} established")
+            .get("status", {}).get("conditions") or []), 60, f"CRD {name} established")
     return names

@@ -57,6 +57,7 @@ def test_strict_validation_refuses_an_unknown_field(kube: Kube) -> None:
         policy["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
         r = kube.create(policy, ns, dry_run=True)
         assert r.status_code == 400, r.text
-        assert 'unknown field "spec.template.spec.containers[0].readinessProbes"' in r.text
+        message = r.json()["message"]
+        assert 'unknown field "spec.template.spec.containers[0].readinessProbes"' in message
     finally:
         kube.delete_namespace(ns)

@@ -47,6 +47,6 @@ def test_the_operator_schema_refuses_a_misspelt_field(
         app["spec"]["executor"]["instance"] = 2
         r = kube.create(app, ns, dry_run=True)
         assert r.status_code == 400, r.text
-        assert 'unknown field "spec.executor.instance"' in r.text
+        assert 'unknown field "spec.executor.instance"' in r.json()["message"]
     finally:
         kube.delete_namespace(ns)
