@@ -7,6 +7,7 @@ and Spark ask of it, never that an image starts."""
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import time
 import uuid
@@ -160,7 +161,8 @@ def kube() -> Iterator[Kube]:
     tier.up()
     print(f"kube tier up in {time.monotonic() - t0:.1f}s "
           f"({'started' if started else 'already running'})")
-    api = httpx.Client(base_url=tier.server, verify=str(tier.ca), timeout=30,
+    api = httpx.Client(base_url=tier.server, verify=ssl.create_default_context(
+        cafile=str(tier.ca)), timeout=30,
                        headers={"Authorization": f"Bearer {tier.token}"})
     wait_for(lambda: api.get(f"/api/v1/nodes/{kubestack.NODE_NAME}").json().get(
         "status", {}).get("conditions"), 60, "kwok to report the node")
