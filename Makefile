@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install chart-tools run up down status test test-unit test-integration faults soak lint chart bench clean
+.PHONY: help install chart-tools kube-up kube-down run up down status test test-unit test-integration faults soak lint chart bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -26,6 +26,12 @@ status: ## what runs where
 
 chart-tools: ## build helm (go install) and install Prometheus and promtool, for the chart's and dashboards' tests
 	$(DEVSTACK) install-chart-tools
+
+kube-up: chart-tools ## a local Kubernetes: etcd, kube-apiserver, controller-manager, scheduler, kwok (built once from Go)
+	$(DEVSTACK) kube-up
+
+kube-down: ## stop exactly what `make kube-up` started
+	$(DEVSTACK) kube-down
 
 test: install chart-tools ## every test suite, against real Redis and Kafka it starts (and stops) itself
 	$(DEVSTACK) --profile test down

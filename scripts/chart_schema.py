@@ -157,7 +157,9 @@ def schema() -> dict[str, Any]:
             "tracker": component("tracker", {"replicaCount": POS}),
             "spark": component("spark", {
                 "image": IMAGE,
+                "mode": {"type": "string", "enum": ["client", "operator"]},
                 "master": {"type": "string", "pattern": "^(k8s://|local)"},
+                "operator": obj({"sparkVersion": STR}),
                 "executor": obj({"instances": POS, "cores": POS, "memory": STR}),
                 "driver": obj({"memory": STR}),
                 "sparkConf": {"type": "object",

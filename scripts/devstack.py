@@ -569,7 +569,16 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="start the stack in the foreground; Ctrl-C stops it")
     run.add_argument("--demo", action="store_true", help="run the demo once the stack is up")
     run.add_argument("--secure", action="store_true", help=secure_help)
+    for cmd, what in (("kube-build", "build and cache etcd, Kubernetes and kwok (Go)"),
+                      ("kube-up", "start the kube tier: a local API server, kwok as kubelet"),
+                      ("kube-down", "stop what kube-up started"),
+                      ("kube-status", "what of the kube tier runs where")):
+        sub.add_parser(cmd, help=what)
     args = ap.parse_args(argv)
+    if args.cmd.startswith("kube-"):
+        import kubestack  # scripts/kubestack.py: the kube tier
+
+        return kubestack.main(args.profile, args.cmd)
     stack = Stack(args.profile)
     if args.cmd in ("up", "run"):
         secure_stack.prepare(stack, args.secure)

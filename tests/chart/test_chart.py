@@ -28,20 +28,18 @@ CHART = ROOT / "charts" / "dwell"
 
 # Chart.yaml's kubeVersion is >=1.27; kubernetes-validate 1.37 knows up to 1.37.
 KUBE_VERSIONS = ("1.27.0", "1.37.0")
-# Custom resources of the Prometheus Operator: no schema in kubernetes-validate; checked
-# by their own tests below (the rules with promtool, the selector against the Services).
-CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate"}
+# Custom resources: no schema in kubernetes-validate. The Prometheus Operator's are checked
+# by their own tests below (the rules with promtool, the selector against the Services),
+# cert-manager's Certificate by test_secure_certificate_probes_and_scrapes, the Spark
+# Operator's SparkApplication by tests/kube against its CRD on an API server.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "SparkApplication"}
 PORTS = {"policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
-EXTERNAL = ["--set", "redis.enabled=false", "--set", "redis.external.host=redis.example",
-            "--set", "redis.auth.existingSecret=dwell-redis",
-            "--set", "kafka.enabled=false",
-            "--set", "kafka.external.bootstrap=kafka-0.example:9092\\,kafka-1.example:9092",
-            "--set", "kafka.replicationFactor=3"]
-EVERYTHING = ["--set", "metrics.serviceMonitor.enabled=true",
-              "--set", "metrics.prometheusRule.enabled=true",
-              "--set", "metrics.dashboards.enabled=true",
-              "--set", "admission.autoscaling.enabled=true",
-              "--set", "networkPolicy.enabled=true", "--set", "ingress.enabled=true"]
+# The chart's scenarios: its defaults and each charts/dwell/ci/<name>-values.yaml (which
+# tests/kube also installs or dry-runs on a real API server), and `secure` below.
+VARIANTS = {"defaults": [], **{p.name.removesuffix("-values.yaml"): ["-f", str(p)]
+                               for p in sorted((CHART / "ci").glob("*-values.yaml"))}}
+EXTERNAL = VARIANTS["external"]
+EVERYTHING = VARIANTS["everything"]
 # HTTPS from cert-manager, SASL_SSL Kafka and TLS Redis with an ACL user, from Secrets.
 SECURE = [*EXTERNAL, "--set", "tls.enabled=true", "--set", "tls.certManager.enabled=true",
           "--set", "tls.certManager.issuerRef.name=ca-issuer",
@@ -52,7 +50,7 @@ SECURE = [*EXTERNAL, "--set", "tls.enabled=true", "--set", "tls.certManager.enab
           "--set", "kafka.security.caSecret=kafka-ca",
           "--set", "redis.auth.username=dwell", "--set", "redis.tls.enabled=true",
           "--set", "redis.tls.caSecret=redis-ca", "--set", "metrics.serviceMonitor.enabled=true"]
-VARIANTS = {"defaults": [], "external": EXTERNAL, "everything": EVERYTHING, "secure": SECURE}
+VARIANTS["secure"] = SECURE
 # Authentication is on by default and needs the Secret holding the token key: every
 # rendering below names one (a later --set overrides it).
 TOKEN_KEYS = ["--set", "auth.existingSecret=dwell-token-keys"]
@@ -174,12 +172,16 @@ def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) 
     bad value, a validator (restage chunk > lead) or production without a Redis password
     fails here, not in a crash-looping pod."""
     docs = render(helm, *VARIANTS[variant])
+    processes = [(w["metadata"]["labels"]["app.kubernetes.io/component"], container)
+                 for w in workloads(docs) for container in w["spec"]["template"]["spec"][
+                     "containers"]]
+    # spark.mode operator: the Spark Operator starts the driver from the SparkApplication.
+    processes += [("spark", d["spec"]["driver"]) for d in docs
+                  if d["kind"] == "SparkApplication"]
     seen = set()
-    for w in workloads(docs):
-        component = w["metadata"]["labels"]["app.kubernetes.io/component"]
+    for component, container in processes:
         if component not in PORTS:
             continue
-        (container,) = w["spec"]["template"]["spec"]["containers"]
         env = container_env(container)
         saved = dict(os.environ)
         try:
@@ -193,13 +195,14 @@ def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) 
         assert settings.http_host == "0.0.0.0"
         port = settings.spark_metrics_port if component == "spark" else settings.http_port
         assert port == PORTS[component]
-        assert {"name": "http", "containerPort": port} in container["ports"]
-        if variant in ("external", "secure"):
+        assert {"name": "http", "containerPort": port} in [
+            {k: v for k, v in p.items() if k != "protocol"} for p in container["ports"]]
+        if variant in ("external", "secure", "production"):
             assert settings.kafka_bootstrap == "kafka-0.example:9092,kafka-1.example:9092"
             assert settings.kafka_replication_factor == 3
-            scheme = "rediss" if variant == "secure" else "redis"
+            scheme = "rediss" if variant in ("secure", "production") else "redis"
             assert settings.redis_url == f"{scheme}://:s3cret@redis.example:6379/0"
-        if variant == "secure":
+        if variant in ("secure", "production"):
             assert settings.tls_enabled and settings.kafka_security_protocol == "SASL_SSL"
             assert settings.kafka_sasl_password is not None
             assert settings.kafka_sasl_password.get_secret_value() == "s3cret"
@@ -266,7 +269,7 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
         "kafka-password", ""), (
         "a password-like value in the manifests")
     secrets = by_kind(docs, "Secret")
-    if variant in ("external", "secure"):
+    if variant in ("external", "secure", "production"):
         assert not secrets  # the user's existingSecret
     else:
         (secret,) = secrets.values()

@@ -1,0 +1,99 @@
+"""`python -m dwell.smoke`: one delayed message through a running dwell, end to end. It is
+the chart's `helm test` hook, and works against any stack (`make up`) the same way.
+
+It creates the tenant and namespace it publishes to through the policy API, subscribes
+with the SDK Consumer, publishes one message with the SDK Producer to be delivered
+``--delay-ms`` later, and waits for that message on the topic's ready topic. Exit 0 when it
+arrives, and not before it was due; 1 otherwise, saying what went wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+
+import httpx
+
+from dwell.client import Consumer, Producer, PublishError
+
+TENANT, NAMESPACE = "dwell-smoke", "helm-test"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def ensure_namespace(policy_url: str) -> None:
+    """The smoke test's tenant and namespace (already there is fine)."""
+    with httpx.Client(base_url=policy_url, timeout=10) as http:
+        for path in (f"/admin/v2/tenants/{TENANT}",
+                     f"/admin/v2/namespaces/{TENANT}/{NAMESPACE}"):
+            r = http.put(path, json={} if "tenants" in path else None)
+            if r.status_code not in (204, 409):
+                raise RuntimeError(f"PUT {path} answered {r.status_code} {r.text}")
+
+
+def publish(producer: Producer, delay_ms: int, deadline: float) -> str:
+    """Send the message, retrying while the namespace has not reached admission through
+    the policy feed yet (a 404 naming it)."""
+    while True:
+        try:
+            return producer.send(b"dwell smoke test", deliver_after=delay_ms,
+                                 key="smoke")
+        except PublishError as exc:
+            if "does not exist" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def run(delay_ms: int, timeout_s: float) -> int:
+    policy_url = os.environ.get("DWELL_POLICY_URL", "http://127.0.0.1:8081")
+    topic = f"persistent://{TENANT}/{NAMESPACE}/smoke-{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + timeout_s
+    ensure_namespace(policy_url)
+    with Consumer(topic, "smoke") as consumer, Producer(topic,
+                                                        producer_name="dwell-smoke") as producer:
+        sent = _now_ms()
+        message_id = publish(producer, delay_ms, deadline)
+        due = sent + delay_ms
+        print(f"smoke: published {message_id} to {topic}, due in {delay_ms} ms", flush=True)
+        while time.monotonic() < deadline:
+            msg = consumer.receive(timeout=0.5)
+            if msg is None:
+                continue
+            consumer.acknowledge(msg)
+            if msg.message_id != message_id:
+                continue
+            arrived = _now_ms()
+            if arrived < due:
+                print(f"smoke: FAILED: {message_id} arrived {due - arrived} ms early",
+                      file=sys.stderr)
+                return 1
+            print(f"smoke: ok: {message_id} arrived {arrived - sent} ms after publishing "
+                  f"({arrived - due} ms after it was due)", flush=True)
+            return 0
+    print(f"smoke: FAILED: {message_id} did not arrive within {timeout_s:.0f} s",
+          file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dwell.smoke", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--delay-ms", type=int, default=3000,
+                    help="how much later the message is to be delivered (default 3000)")
+    ap.add_argument("--timeout-s", type=float, default=90.0,
+                    help="how long to wait for it in all (default 90)")
+    args = ap.parse_args(argv)
+    try:
+        return run(args.delay_ms, args.timeout_s)
+    except (httpx.HTTPError, PublishError, RuntimeError) as exc:
+        print(f"smoke: FAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
