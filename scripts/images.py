@@ -46,6 +46,8 @@ APT_PACKAGES = {"mmdebstrap": "mmdebstrap", "podman": "podman", "buildah": "buil
 # copied into the base that `make images` makes, as on any machine behind such a proxy.
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 HOST_PIP_CONF = Path("/etc/pip.conf")
+# SOURCE_DATE_EPOCH for mmdebstrap unless the caller sets one (2025-01-01).
+BASE_EPOCH = 1735689600
 
 CONTAINERS_CONF = """\
 # Written by scripts/images.py for `make images`; podman reads it through CONTAINERS_CONF.
@@ -154,11 +156,17 @@ def make_base() -> str:
                   "--customize-hook=chroot \"$1\" update-ca-certificates"]
     if HOST_PIP_CONF.is_file():
         hooks.append(f"--customize-hook=cp {HOST_PIP_CONF} \"$1/etc/pip.conf\"")
+    # What differs between two runs on the same packages: the install logs.
+    hooks.append("--customize-hook=rm -f \"$1\"/var/log/dpkg.log \"$1\"/var/log/alternatives.log "
+                 "\"$1\"/var/log/apt/*.log \"$1\"/var/cache/ldconfig/aux-cache")
     t0 = time.monotonic()
     say(f"mmdebstrap {codename} (minbase + {', '.join(BASE_PACKAGES)})")
     subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase",
                     f"--include={','.join(BASE_PACKAGES)}", *hooks, codename, str(tar),
-                    str(_debian_sources())], check=True)
+                    str(_debian_sources())], check=True,
+                   # A fixed time: mmdebstrap then makes the same tree from the same packages.
+                   env=dict(os.environ, SOURCE_DATE_EPOCH=os.environ.get(
+                       "SOURCE_DATE_EPOCH", str(BASE_EPOCH))))
     content = _tar_content_hash(tar)
     tag = f"{BASE_REPO}:{codename}"
     labels = podman("image", "inspect", "--format", "{{json .Labels}}", tag, capture=True,
@@ -207,6 +215,20 @@ def save(name: str) -> Path:
     return dest
 
 
+def archive_digest(archive: Path) -> str:
+    """The manifest digest an OCI archive's index.json names (what a registry gets when
+    the archive is copied to it unchanged)."""
+    with tarfile.open(archive) as tar:
+        index = tar.extractfile("index.json")
+        if index is None:
+            raise RuntimeError(f"{archive} has no index.json")
+        manifests = json.loads(index.read())["manifests"]
+    if len(manifests) != 1:
+        raise RuntimeError(f"{archive}: {len(manifests)} manifests, want 1")
+    digest: str = manifests[0]["digest"]
+    return digest
+
+
 def build_all(names: list[str]) -> dict[str, object]:
     ensure_packages()
     t0 = time.monotonic()
@@ -218,6 +240,7 @@ def build_all(names: list[str]) -> dict[str, object]:
         archive = save(name)
         record[name] = {"image": IMAGES[name][1], **inspect(IMAGES[name][1]),
                         "archive": str(archive.relative_to(ROOT)),
+                        "archive_digest": archive_digest(archive),
                         "archive_bytes": archive.stat().st_size}
     record["build_seconds"] = times
     record["total_seconds"] = round(time.monotonic() - t0)
