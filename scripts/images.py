@@ -229,26 +229,32 @@ def archive_digest(archive: Path) -> str:
     return digest
 
 
+def record(names: list[str], base: str) -> dict[str, object]:
+    """Save the images as OCI archives and write their ids and digests, and the base's,
+    to .dwell/images/digests.json (entries of images not named here are kept)."""
+    out: dict[str, object] = {"base": {"image": base, **inspect(base)}}
+    for name in names:
+        archive = save(name)
+        out[name] = {"image": IMAGES[name][1], **inspect(IMAGES[name][1]),
+                     "archive": str(archive.relative_to(ROOT)),
+                     "archive_digest": archive_digest(archive),
+                     "archive_bytes": archive.stat().st_size}
+    previous = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}
+    DIGESTS.write_text(json.dumps(previous | out, indent=2) + "\n")
+    return out
+
+
 def build_all(names: list[str]) -> dict[str, object]:
     ensure_packages()
     t0 = time.monotonic()
     base = make_base()
-    record: dict[str, object] = {"base": {"image": base, **inspect(base)}}
-    times = {}
-    for name in names:
-        times[name] = round(build(name, base))
-        archive = save(name)
-        record[name] = {"image": IMAGES[name][1], **inspect(IMAGES[name][1]),
-                        "archive": str(archive.relative_to(ROOT)),
-                        "archive_digest": archive_digest(archive),
-                        "archive_bytes": archive.stat().st_size}
-    record["build_seconds"] = times
-    record["total_seconds"] = round(time.monotonic() - t0)
-    previous = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}
-    DIGESTS.write_text(json.dumps(previous | record, indent=2) + "\n")
-    say(f"images ready in {record['total_seconds']}s; digests in "
-        f"{DIGESTS.relative_to(ROOT)}")
-    return record
+    base_seconds = round(time.monotonic() - t0)
+    times = {name: round(build(name, base)) for name in names}
+    out = record(names, base)
+    out["seconds"] = {"base": base_seconds, **times, "total": round(time.monotonic() - t0)}
+    DIGESTS.write_text(json.dumps(json.loads(DIGESTS.read_text()) | out, indent=2) + "\n")
+    say(f"images ready in {out['seconds']}; digests in {DIGESTS.relative_to(ROOT)}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="run the built images against the test profile's Redis "
                                  "and Kafka: /healthz, a delayed publish that arrives, "
                                  "spark-submit --version")
+    sub.add_parser("save", help="save the built images as OCI archives and record "
+                                "their digests (what `build` does after building)")
     sub.add_parser("digests", help="print .dwell/images/digests.json")
     args = ap.parse_args(argv)
     if args.cmd == "build":
@@ -267,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown images: {', '.join(sorted(unknown))} (have {', '.join(IMAGES)})")
         build_all(args.names or list(IMAGES))
+    elif args.cmd == "save":
+        record(list(IMAGES), f"{BASE_REPO}:{_codename()}")
+        say(f"saved under {OUT.relative_to(ROOT)}; digests in {DIGESTS.relative_to(ROOT)}")
     elif args.cmd == "check":
         import image_check
 
