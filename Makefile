@@ -38,7 +38,7 @@ images: install ## build the two images with podman on a mmdebstrap base, save t
 images-test: install ## make images as a test (tests/images; not part of make test: it builds for minutes)
 	$(PY) -m pytest tests/images $(PYTEST_ARGS)
 
-test: install chart-tools dev-tools ## every test suite but tests/images, against real Redis and Kafka it starts (and stops) itself
+test: install chart-tools ## every test suite but tests/images, against real Redis and Kafka it starts (and stops) itself
 	$(DEVSTACK) --profile test down
 	$(DEVSTACK) --profile faults down
 	rm -rf .dwell/test .dwell/faults
