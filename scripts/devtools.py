@@ -32,6 +32,9 @@ class Tool:
     version: str
     package: str  # the main package, relative to the module root
     ldflags: str
+    # Tilt parses Python with go-tree-sitter, a cgo package: without cgo its files are
+    # excluded and the build fails ("undefined: Node").
+    cgo: bool = False
 
     @property
     def home(self) -> Path:
@@ -46,7 +49,7 @@ SKAFFOLD = Tool(
     "skaffold", "github.com/GoogleContainerTools/skaffold/v2", "v2.16.1", "./cmd/skaffold",
     "-s -w -X github.com/GoogleContainerTools/skaffold/v2/pkg/skaffold/version.version=v2.16.1")
 TILT = Tool("tilt", "github.com/tilt-dev/tilt", "v0.33.21", "./cmd/tilt",
-            "-s -w -X main.version=0.33.21")
+            "-s -w -X main.version=0.33.21", cgo=True)
 TOOLS = {t.name: t for t in (SKAFFOLD, TILT)}
 
 
@@ -71,7 +74,8 @@ def build(tool: Tool) -> Path:
     partial = tool.home / f".{tool.name}.partial"
     # -mod=readonly: the module's go.sum must already name every dependency, as upstream's
     # CI checks; GOFLAGS from the caller (e.g. -mod=vendor) would not fit this tree.
-    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false",
+    env = dict(os.environ, CGO_ENABLED="1" if tool.cgo else "0",
+               GOFLAGS="-mod=readonly -buildvcs=false",
                GOWORK="off")
     subprocess.run(["go", "build", "-trimpath", "-ldflags", tool.ldflags, "-o", str(partial),
                     tool.package], check=True, cwd=src, env=env)
