@@ -33,13 +33,24 @@ kube-up: chart-tools ## a local Kubernetes: etcd, kube-apiserver, controller-man
 kube-down: ## stop exactly what `make kube-up` started
 	$(DEVSTACK) kube-down
 
-test: install chart-tools ## every test suite, against real Redis and Kafka it starts (and stops) itself
+.PHONY: dev-tools images images-test
+dev-tools: ## build skaffold and tilt (go, from their modules) into .dwell/cache/dev-tools
+	python3 scripts/devtools.py build
+
+images: install ## build the two images with podman on a mmdebstrap base, save them to .dwell/images, run them
+	python3 scripts/images.py build
+	$(PY) scripts/images.py check
+
+images-test: install ## make images as a test (tests/images; not part of make test: it builds for minutes)
+	$(PY) -m pytest tests/images $(PYTEST_ARGS)
+
+test: install chart-tools ## every test suite but tests/images, against real Redis and Kafka it starts (and stops) itself
 	$(DEVSTACK) --profile test down
 	$(DEVSTACK) --profile faults down
 	$(DEVSTACK) --profile secure down
 	rm -rf .dwell/test .dwell/faults .dwell/secure
 	set -o pipefail; rc=0; \
-	  $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	  $(PY) -m pytest --ignore=tests/images $(PYTEST_ARGS) || rc=$$?; \
 	  $(DEVSTACK) --profile test down; $(DEVSTACK) --profile faults down; \
 	  $(DEVSTACK) --profile secure down; exit $$rc
 

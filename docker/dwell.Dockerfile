@@ -5,18 +5,24 @@
 # Runs as uid/gid 10001 on a read-only root filesystem; only /tmp (the chart's
 # emptyDir) is written.
 
-# dwell_native (native/), admission's optional Rust accelerator, built into a wheel. This
-# image has the Rust (PyO3 0.27 needs >= 1.74) and gcc (the linker) the build needs;
-# bookworm like the runtime, so the wheel links against the glibc the image has, and
-# Debian's python3 is 3.11 like the runtime's, so the wheel is cp311. Only the wheel
-# leaves this stage: no toolchain in the image.
-FROM rust:1.95.0-slim-bookworm AS native
+# Every stage starts from one Debian bookworm base and installs Python with apt: upstream
+# that is Docker Hub's debian image; `make images` (scripts/images.py) passes
+# --build-arg BASE_IMAGE=<a base it makes with mmdebstrap from Debian's packages>.
+ARG BASE_IMAGE=debian:12.11-slim
+
+# dwell_native (native/), admission's optional Rust accelerator, built into a wheel with
+# Debian's rustc-web/cargo-web (1.9x; PyO3 0.27 needs >= 1.74; bookworm's plain cargo is
+# too old for today's crate index) and gcc (the linker). Debian's python3 is 3.11 like the
+# runtime's, so the wheel is cp311 and links against the glibc the image has. Only the
+# wheel leaves this stage: no toolchain in the image.
+FROM ${BASE_IMAGE} AS native
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # python3-venv: Debian's pip refuses to install into the system Python (PEP 668), so the
 # pinned maturin gets a venv of its own.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
+ && apt-get install -y --no-install-recommends python3 python3-venv rustc-web cargo-web \
+      gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/maturin \
  && /opt/maturin/bin/pip install --no-cache-dir maturin==1.16.0
@@ -28,12 +34,13 @@ COPY native/src ./src
 # (maturin's venv is not on PATH).
 RUN /opt/maturin/bin/maturin build --release --locked --interpreter python3 --out /wheels
 
-# A patch tag, not 3.11-slim: a rebuild gets the same interpreter as the one the tests ran
-# on, and a bump is a reviewed change. pyproject.toml requires Python 3.11.
-FROM python:3.11.14-slim-bookworm AS builder
+FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/venv
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
 # Before the services' layers: a change under services/ does not reinstall it, and were
 # dwell-native a dependency of `pip install .`, pip would find it installed, not on PyPI.
 COPY --from=native /wheels /wheels
@@ -46,7 +53,8 @@ COPY services ./services
 # Not editable and no extras: the services need neither pyspark nor the dev tools.
 RUN /opt/venv/bin/pip install --no-cache-dir .
 
-FROM python:3.11.14-slim-bookworm
+# The same base and python3 as the builder, so the venv's interpreter link stays valid.
+FROM ${BASE_IMAGE}
 
 LABEL org.opencontainers.image.source="https://github.com/dwell-dev/dwell" \
       org.opencontainers.image.title="dwell" \
@@ -64,7 +72,10 @@ ENV PATH=/opt/venv/bin:$PATH \
 # A numeric uid/gid the chart's securityContext names (runAsUser/runAsGroup 10001), with
 # a passwd entry so getpwuid() works; its home is /tmp, the only writable path.
 # --no-log-init: a high uid would otherwise make useradd write a sparse multi-MB lastlog.
-RUN groupadd --gid 10001 dwell \
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 10001 dwell \
  && useradd --uid 10001 --gid 10001 --no-log-init --no-create-home --home-dir /tmp \
       --shell /usr/sbin/nologin dwell
 

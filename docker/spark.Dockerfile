@@ -6,18 +6,32 @@
 # Runs as uid/gid 10001 on a read-only root filesystem: /tmp is the chart's emptyDir, and
 # Spark mounts its local dirs (SPARK_LOCAL_DIRS) as emptyDirs on executors.
 
+# Every stage starts from one Debian bookworm base and installs what it needs with apt:
+# upstream that is Docker Hub's debian image; `make images` (scripts/images.py) passes
+# --build-arg BASE_IMAGE=<a base it makes with mmdebstrap from Debian's packages>.
+ARG BASE_IMAGE=debian:12.11-slim
+
 # Spark's Kafka connector and its dependencies, from Maven Central at build time
-# (spark/pom.xml says which and why), so nothing is resolved at run time.
-FROM maven:3.9.11-eclipse-temurin-17 AS jars
+# (spark/pom.xml says which and why), so nothing is resolved at run time. Debian's
+# maven and JDK 17, as for the runtime's JRE. /usr/share/man/man1: the JDK's postinst
+# installs man-page alternatives into it, and the slim image has none.
+FROM ${BASE_IMAGE} AS jars
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends maven openjdk-17-jdk-headless \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
 COPY spark/pom.xml pom.xml
 RUN mvn -q -B -f pom.xml dependency:copy-dependencies -DoutputDirectory=/jars \
       -DincludeScope=runtime
 
-# The same base as the runtime stage, so the venv's interpreter path stays valid.
-FROM python:3.11.14-slim-bookworm AS venv
+# The same base and python3 as the runtime stage, so the venv's interpreter stays valid.
+FROM ${BASE_IMAGE} AS venv
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/venv
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services ./services
@@ -27,7 +41,7 @@ COPY services ./services
 # it is copied below and found through PYTHONPATH.
 RUN /opt/venv/bin/pip install --no-cache-dir '.[spark]'
 
-FROM python:3.11.14-slim-bookworm
+FROM ${BASE_IMAGE}
 
 LABEL org.opencontainers.image.source="https://github.com/dwell-dev/dwell" \
       org.opencontainers.image.title="dwell-spark" \
@@ -38,13 +52,13 @@ LABEL org.opencontainers.image.source="https://github.com/dwell-dev/dwell" \
 # architecture), rather than shipping an image whose Spark cannot find Java.
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
 
-# openjdk-17: Spark 4 runs on Java 17 or 21. tini: PID 1 that forwards SIGTERM to the
+# python3: the venv's interpreter. openjdk-17: Spark 4 runs on Java 17 or 21. tini: PID 1 that forwards SIGTERM to the
 # driver or executor and reaps Python workers. procps: Spark's scripts call `ps`.
 # /usr/share/man/man1: the JRE's postinst installs man-page alternatives into it, and the
 # slim image has none.
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps \
+ && apt-get install -y --no-install-recommends python3 openjdk-17-jre-headless tini procps \
  && rm -rf /var/lib/apt/lists/* \
  && test -x "$JAVA_HOME/bin/java" \
  && groupadd --gid 10001 dwell \

@@ -104,6 +104,7 @@ def schema() -> dict[str, Any]:
             "fullnameOverride": STR,
             "image": IMAGE,
             "imagePullSecrets": LIST,
+            "devReload": BOOL,
             "config": settings_schema(CommonSettings, own_only=False),
             "podSecurityContext": MAP,
             "securityContext": MAP,

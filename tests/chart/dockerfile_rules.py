@@ -176,14 +176,38 @@ def subcommand(cmd: list[str], tool: tuple[str, ...], verb: str) -> list[str] | 
 
 # --- the rules: each takes the parsed Dockerfile and returns its problems ---------------
 
+def global_args(df: DockerfileParser) -> dict[str, str | None]:
+    """The ARGs declared before the first FROM (the only ones a FROM line may use), with
+    their defaults (None: no default)."""
+    out: dict[str, str | None] = {}
+    for s in steps(df):
+        if s.stage >= 0:
+            break
+        if s.instruction == "ARG":
+            name, eq, default = s.value.partition("=")
+            out[name.strip()] = default.strip().strip('"') if eq else None
+    return out
+
+
+ARG_REF = re.compile(r"^\$\{?(\w+)\}?$")
+
+
 def rule_pinned_bases(df: DockerfileParser, image: Image) -> Problems:
     """Every FROM is a version-pinned image (a tag with major.minor, or a digest) or an
-    earlier stage: `latest`, a bare name or `3` rebuild into something else silently."""
-    problems, stages = [], set()
+    earlier stage: `latest`, a bare name or `3` rebuild into something else silently. A
+    FROM ${ARG} is judged by the ARG's default, what a plain `docker build` uses."""
+    problems, stages, args = [], set(), global_args(df)
     for s in steps(df):
         if s.instruction != "FROM":
             continue
         ref, name = from_parts(s.value)
+        if m := ARG_REF.match(ref):
+            default = args.get(m.group(1))
+            if default is None:
+                problems.append(f"{where(df, s)}: FROM {ref}: no ARG {m.group(1)} with a "
+                                "default before the first FROM")
+                continue
+            ref = default
         if ref not in stages and "@sha256:" not in ref:
             # A registry may carry a port (host:5000/x), so the tag is after the last '/'.
             tag = ref.split("/")[-1].partition(":")[2]
@@ -194,6 +218,26 @@ def rule_pinned_bases(df: DockerfileParser, image: Image) -> Problems:
                                 "version (want major.minor at least, e.g. 3.11.14-slim)")
         if name:
             stages.add(name)
+    return problems
+
+
+BASE_ARG = "BASE_IMAGE"
+
+
+def rule_one_base(df: DockerfileParser, image: Image) -> Problems:
+    """Every stage starts FROM ${BASE_IMAGE} (ARG BASE_IMAGE before the first FROM): one
+    Debian base for all stages, which `make images` replaces with one it makes from
+    Debian's packages (--build-arg BASE_IMAGE=...), while the default keeps a plain
+    `docker build` working."""
+    name = Path(df.dockerfile_path).name
+    problems = [] if BASE_ARG in global_args(df) else [
+        f"{name}: no ARG {BASE_ARG} before the first FROM"]
+    for s in steps(df):
+        if s.instruction == "FROM":
+            m = ARG_REF.match(from_parts(s.value)[0])
+            if not m or m.group(1) != BASE_ARG:
+                problems.append(f"{where(df, s)}: FROM {from_parts(s.value)[0]}, want "
+                                f"FROM ${{{BASE_ARG}}}")
     return problems
 
 
@@ -390,7 +434,7 @@ def rule_entrypoint_wired(df: DockerfileParser, image: Image) -> Problems:
 
 Rule = Callable[[DockerfileParser, Image], Problems]
 COMMON_RULES: list[Rule] = [
-    rule_pinned_bases, rule_stage_refs_by_name, rule_non_root_user, rule_apt_hygiene,
+    rule_pinned_bases, rule_one_base, rule_stage_refs_by_name, rule_non_root_user, rule_apt_hygiene,
     rule_pip_no_cache, rule_risky_instructions, rule_copy_sources, rule_exposed_ports,
     rule_env, rule_oci_labels, rule_no_healthcheck, rule_pyspark_pin,
 ]

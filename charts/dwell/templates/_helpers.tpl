@@ -178,7 +178,14 @@ affinity:
 - name: {{ .component }}
   image: {{ include "dwell.imageRef" (dict "root" .root "image" .root.Values.image) }}
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  {{- if .root.Values.devReload }}
+  {{- /* watchfiles comes with uvicorn[standard]: it restarts the service when Tilt or
+         skaffold sync a changed source into the venv */}}
+  command: ["watchfiles", "--filter", "python", "python -m dwell.{{ .component }}",
+            "/opt/venv/lib/python3.11/site-packages/dwell"]
+  {{- else }}
   command: ["python", "-m", "dwell.{{ .component }}"]
+  {{- end }}
   env:
     {{- include "dwell.env" .root | nindent 4 }}
     - name: DWELL_HTTP_PORT

@@ -1,0 +1,96 @@
+"""The inner loop's skaffold.yaml, checked with the real skaffold (built by `make
+dev-tools` into .dwell/cache/dev-tools, or here when missing): its effective
+configuration (`skaffold diagnose --yaml-only`) and the chart as `skaffold dev` would
+apply it (`skaffold render`, helm from `make chart-tools`). No cluster is needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import devstack
+import devtools
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = "/opt/venv/lib/python3.11/site-packages/dwell"
+PORTS = {"dwell-policy": 8081, "dwell-admission": 8082, "dwell-tracker": 8083,
+         "dwell-spark": 8084}
+SERVICES = ("policy", "admission", "tracker")
+
+
+@pytest.fixture(scope="module")
+def tool_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """PATH with helm first (skaffold renders the chart with it), a HOME of its own
+    (skaffold writes its config there) and no kube context."""
+    helm = devstack.helm_bin()
+    home = tmp_path_factory.mktemp("home")
+    return {"PATH": f"{helm.parent}:{os.environ['PATH']}", "HOME": str(home),
+            "KUBECONFIG": str(home / "kubeconfig"),
+            "SKAFFOLD_UPDATE_CHECK": "false", "SKAFFOLD_COLLECT_METRICS": "false"}
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = 300) -> str:
+    got = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert got.returncode == 0, f"{argv[:3]} exited {got.returncode}:\n{got.stdout}\n{got.stderr}"
+    return got.stdout
+
+
+@pytest.fixture(scope="module")
+def skaffold() -> str:
+    return str(devtools.build(devtools.SKAFFOLD))
+
+
+def workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs
+            if d and d.get("kind") in ("Deployment", "StatefulSet")}
+
+
+def containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = workload["spec"]["template"]["spec"]["containers"]
+    return out
+
+
+# --- skaffold ---------------------------------------------------------------------------
+
+def test_skaffold_diagnose(skaffold: str, tool_env: dict[str, str]) -> None:
+    """skaffold's effective configuration (`diagnose --yaml-only`; the full diagnose also
+    reads the base image's config from a registry or a Docker daemon, for ONBUILD)."""
+    config = yaml.safe_load(run([skaffold, "diagnose", "--yaml-only", "--filename",
+                                 "skaffold.yaml"], tool_env))
+    assert config["apiVersion"] == "skaffold/v4beta13"
+    arts = {a["image"]: a for a in config["build"]["artifacts"]}
+    assert set(arts) == {"localhost/dwell", "localhost/dwell-spark"}
+    assert arts["localhost/dwell"]["docker"]["dockerfile"] == "docker/dwell.Dockerfile"
+    assert arts["localhost/dwell-spark"]["docker"]["dockerfile"] == "docker/spark.Dockerfile"
+    for art in arts.values():
+        assert art["docker"]["buildArgs"]["BASE_IMAGE"]
+    [rule] = arts["localhost/dwell"]["sync"]["manual"]
+    assert (rule["src"], rule["dest"], rule["strip"]) == (
+        "services/dwell/**/*.py", SITE, "services/dwell/")
+    forwards = {f["resourceName"]: (f["port"], f["localPort"]) for f in config["portForward"]}
+    assert forwards == {name: (port, port) for name, port in PORTS.items()}
+
+
+def test_skaffold_render(skaffold: str, tool_env: dict[str, str]) -> None:
+    """The chart as `skaffold dev` would apply it, images set to skaffold's tags."""
+    out = run([skaffold, "render", "--offline=true", "--digest-source=tag",
+               "--update-check=false"], tool_env)
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    print("\n".join(out.splitlines()[:40]))
+    loads = workloads(docs)
+    for svc in SERVICES:
+        [c] = containers(loads[f"dwell-{svc}"])
+        assert c["image"].startswith("localhost/dwell:"), c["image"]
+        # devReload: watchfiles restarts the service when a synced source changes.
+        assert c["command"][0] == "watchfiles" and c["command"][-1] == SITE, c["command"]
+        assert f"python -m dwell.{svc}" in c["command"]
+    [driver] = containers(loads["dwell-spark"])
+    assert driver["image"].startswith("localhost/dwell-spark:"), driver["image"]
+    assert f"spark.kubernetes.container.image={driver['image']}" in driver["args"]
+    assert all(d["metadata"].get("namespace") in (None, "dwell") for d in docs)
