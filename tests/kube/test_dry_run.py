@@ -51,7 +51,7 @@ def test_strict_validation_refuses_an_unknown_field(kube: Kube) -> None:
     """The check above can fail: a field the Pod spec lacks is refused, naming it."""
     ns = kube.namespace("dry-bad")
     try:
-        docs = kube.render("rel", ns)
+        docs = kube.render("rel", ns, *SCENARIOS["defaults"])
         policy = copy.deepcopy(next(d for d in docs if d["kind"] == "Deployment"
                                     and d["metadata"]["name"] == "rel-dwell-policy"))
         policy["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
