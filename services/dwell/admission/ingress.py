@@ -20,7 +20,10 @@ Result record value, one per message, in request order: the HTTP answer's result
 request and `index` the message's position in it. A request refused as a whole (bad body,
 unknown namespace: the HTTP 4xx cases) gives every message of it errorCode 2 with that
 reason, or a single result with `index` null when its messages cannot be read at all; a
-request without messages gives none.
+request without messages gives none. A malformed record (not JSON, not an object, a field
+that does not fit, a bad `dwell-authorization` header, bigger than max_request_bytes, an
+invalid topic) also goes to `dwell.invalid` as read, with its reason
+(dwell.core.invalid), in the same transaction.
 Metrics count every attempt, so a re-processed batch is counted again.
 """
 
@@ -34,7 +37,9 @@ from typing import Any
 
 import orjson
 
+from dwell import headers as hdr
 from dwell.adapters import kafka
+from dwell.core import invalid
 from dwell.core import topics as names
 from dwell.core.topics import InvalidTopicName, TopicName
 
@@ -164,17 +169,11 @@ class Ingress:
         # One catch-up serves the batch: it reads the feed's end after every record of
         # the batch was written, so it covers the changes their producers had seen.
         caught_up = False
+        invalids: list[kafka.OutRecord] = []
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
-                size = len(r.value or b"")
-                if size > self.settings.max_request_bytes:
-                    raise PublishError(413, f"request: {size} bytes; the limit is "
-                                            f"{self.settings.max_request_bytes} bytes "
-                                            "(max_request_bytes)")
-                req = parse_request(r.value or b"", IngressRequest)
-                topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
-                                                  if r.key else ""))
+                req, topic = self._read(r)
                 if not caught_up and pub.misses(topic):
                     pub.caught_up_blocking()
                     caught_up = True
@@ -189,13 +188,17 @@ class Ingress:
                 planned.append((r, plan, req.producerName, [], request_id,
                                 [m.sequenceId for m in req.messages]))
                 pub.count(plan, "kafka")
+            except invalid.Malformed as exc:
+                self._refuse(r, request_id, exc.reason, planned)
+                invalids.append(invalid.invalid_record(r.topic, r.partition, r.offset, r.key,
+                                                       r.value, exc.kind, exc.reason))
+                metrics.INVALID_RECORDS.labels(r.topic, exc.kind).inc()
+                status = 413 if exc.kind == invalid.OVERSIZED else 400
+                metrics.REQUESTS.labels("kafka", str(status)).inc()
             except PublishError as exc:
                 if exc.status == 503:
                     raise kafka.KafkaUnavailable(exc.reason) from None
-                producer_name, results = _request_level_results(r.value, exc.reason)
-                for res in results:
-                    res["requestId"] = request_id
-                planned.append((r, None, producer_name, results, request_id, []))
+                self._refuse(r, request_id, exc.reason, planned)
                 metrics.REQUESTS.labels("kafka", str(exc.status)).inc()
         timeout = self.settings.publish_timeout_ms / 1000
         _, not_done = wait(futures, timeout=timeout)
@@ -204,7 +207,7 @@ class Ingress:
             raise kafka.KafkaUnavailable(f"outputs not acknowledged: {first or 'timeout'}")
         # The results need no acknowledgement of their own: commit_transaction flushes
         # them and fails (so the batch is aborted and re-read) if any was not written.
-        out: list[kafka.OutRecord] = []
+        out: list[kafka.OutRecord] = invalids
         dumps = orjson.dumps
         sent = iter(futures)
         ok = 0
@@ -229,6 +232,34 @@ class Ingress:
             metrics.REQUESTS.labels("kafka", "200").inc(ok)
         producer.commit(consumer, kafka.next_offsets(records))
         metrics.PUBLISH_LATENCY.labels("kafka").observe(time.perf_counter() - started)
+
+    def _read(self, r: kafka.Record) -> tuple[IngressRequest, TopicName]:
+        """The request a record holds and the topic it names; Malformed when it is not
+        one (PublishError for a well-formed request refused later, as over HTTP)."""
+        invalid.check_size(r.value, self.settings.max_request_bytes, "max_request_bytes",
+                           "request")
+        auth = r.headers.get(hdr.AUTHORIZATION)
+        invalid.authorization([] if auth is None else [auth])
+        try:
+            req = parse_request(r.value or b"", IngressRequest)
+        except PublishError as exc:
+            invalid.json_object(r.value)  # not JSON, not an object: that kind instead
+            raise invalid.Malformed(invalid.FIELD, exc.reason) from None
+        try:
+            return req, self._topic(req.topic or (r.key.decode("utf-8", "replace")
+                                                  if r.key else ""))
+        except PublishError as exc:
+            raise invalid.Malformed(invalid.FIELD, exc.reason) from None
+
+    @staticmethod
+    def _refuse(r: kafka.Record, request_id: str, reason: str,
+                planned: list[tuple[kafka.Record, Plan | None, str | None,
+                                    list[dict[str, Any]], str, list[Any]]]) -> None:
+        """The results of a request refused as a whole."""
+        producer_name, results = _request_level_results(r.value, reason)
+        for res in results:
+            res["requestId"] = request_id
+        planned.append((r, None, producer_name, results, request_id, []))
 
     def _topic(self, name: str) -> TopicName:
         """The Pulsar topic a record names, parsed once per distinct name."""
