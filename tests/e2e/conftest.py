@@ -95,12 +95,14 @@ class SparkApp:
     log: Path | None = None
     strict: bool = False
     starts: list[float] = field(default_factory=list)
+    metrics_port: int = 0
 
     def start(self, *, strict: bool = False, timeout: float = 150) -> None:
         self.strict = strict
         self.log = self.log_dir / f"spark-{uuid.uuid4().hex[:6]}.log"
+        self.metrics_port = free_port()
         env = self.env | {"DWELL_DELAYED_DELIVERY_DELIVER_AT_TIME_STRICT": str(strict).lower(),
-                          "DWELL_SPARK_METRICS_PORT": str(free_port())}
+                          "DWELL_SPARK_METRICS_PORT": str(self.metrics_port)}
         t0 = time.monotonic()
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "dwell_spark"],

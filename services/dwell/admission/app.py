@@ -20,13 +20,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
-from dwell.http import BodyLimit, create_app, declared_size, internal_error, too_large
+from dwell.http import (
+    BodyLimit,
+    create_app,
+    declared_size,
+    errors,
+    internal_error,
+    too_large,
+)
 
 from . import metrics
 from .cache import PolicyCache, PolicyFollower
 from .ingress import Ingress
 from .publish import Publisher
-from .schema import PublishError
+from .schema import PublishError, PublishRequest, PublishResults, model_of
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission")
@@ -239,7 +246,10 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 
     # Documents the endpoint (OpenAPI) and serves it under any ASGI server; behind
     # `serve_publishes`, as `python -m dwell.admission` runs it, publishes skip it.
-    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}")
+    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}",
+              responses={200: {"model": PublishResults}} | errors(404, 409, 413),
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": model_of(PublishRequest).model_json_schema()}}}})
     async def publish(domain: str, tenant: str, namespace: str, topic: str,
                       request: Request) -> Response:
         status, content, headers = await handle(domain, tenant, namespace, topic,

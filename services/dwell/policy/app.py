@@ -53,7 +53,7 @@ from dwell.core.topics import (
     validate_namespace,
     validate_tenant,
 )
-from dwell.http import ApiError, create_app, error, validation_reason
+from dwell.http import ApiError, create_app, error, errors, validation_reason
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -338,36 +338,42 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await store.list_tenants()
 
     @app.put("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
-             openapi_extra=_TENANT_BODY)
+             openapi_extra=_TENANT_BODY,
+             responses=errors(409, 412))
     async def create_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
         info = _check_tenant_info(await _tenant_body(request), settings.cluster)
         return await commit("tenant_create", lambda: store.create_tenant(name, info))
 
     @app.post("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
-              openapi_extra=_TENANT_BODY)
+              openapi_extra=_TENANT_BODY,
+              responses=errors(404, 412))
     async def update_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
         info = _check_tenant_info(await _tenant_body(request), settings.cluster)
         return await commit("tenant_update", lambda: store.update_tenant(name, info))
 
-    @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"])
+    @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"],
+             responses=errors(404, 412))
     async def get_tenant(tenant: str) -> Response:
         return _json((await store.get_tenant(_tenant(tenant))).model_dump())
 
-    @app.delete("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"])
+    @app.delete("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
+                responses=errors(404, 409, 412))
     async def delete_tenant(tenant: str) -> Response:
         name = _tenant(tenant)
         return await commit("tenant_delete", lambda: store.delete_tenant(name))
 
     # -- namespaces
 
-    @app.get("/admin/v2/namespaces/{tenant}", tags=["namespaces"])
+    @app.get("/admin/v2/namespaces/{tenant}", tags=["namespaces"],
+             responses=errors(404, 412))
     async def list_namespaces(tenant: str) -> list[str]:
         return await store.list_namespaces(_tenant(tenant))
 
     @app.put("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
-             tags=["namespaces"])
+             tags=["namespaces"],
+             responses=errors(404, 409, 412))
     async def create_namespace(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
         policy = await _namespace_body(request)
@@ -376,14 +382,16 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("namespace_create", lambda: store.create_namespace(ns),
                             lambda: store.set_namespace_policy(ns, policy))
 
-    @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"])
+    @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"],
+             responses=errors(404, 412))
     async def get_namespace(tenant: str, namespace: str) -> Response:
         ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
         return _json({"delayed_delivery_policies": ns_policy.model_dump(exclude_none=True)
                       if ns_policy is not None else None})
 
     @app.delete("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
-                tags=["namespaces"])
+                tags=["namespaces"],
+                responses=errors(404, 409, 412))
     async def delete_namespace(tenant: str, namespace: str) -> Response:
         ns = _namespace(tenant, namespace)
         for domain in (PERSISTENT, NON_PERSISTENT):
@@ -395,7 +403,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     ns_path = "/admin/v2/namespaces/{tenant}/{namespace}/delayedDelivery"
 
-    @app.get(ns_path, tags=["delayed delivery"])
+    @app.get(ns_path, tags=["delayed delivery"],
+             responses=errors(404, 412))
     async def get_namespace_policy(tenant: str, namespace: str, applied: bool = False,
                                    isGlobal: bool = False) -> Response:
         ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
@@ -404,14 +413,16 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return _own(ns_policy)
 
     @app.post(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
-              openapi_extra=_POLICY_BODY)
+              openapi_extra=_POLICY_BODY,
+              responses=errors(404, 412))
     async def set_namespace_policy(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
         policy = await _policy_body(request)
         return await commit("namespace_policy_set",
                             lambda: store.set_namespace_policy(ns, policy))
 
-    @app.delete(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"])
+    @app.delete(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
+                responses=errors(404, 412))
     async def remove_namespace_policy(tenant: str, namespace: str) -> Response:
         ns = _namespace(tenant, namespace)
         return await commit("namespace_policy_remove",
@@ -424,11 +435,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
         await store.namespace_policy(ns)  # 404 when the namespace does not exist
         return await catalog.listing(domain, ns)
 
-    @app.get("/admin/v2/persistent/{tenant}/{namespace}", tags=["topics"])
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}", tags=["topics"],
+             responses=errors(404, 412))
     async def list_topics(tenant: str, namespace: str) -> list[str]:
         return await _listing(PERSISTENT, tenant, namespace)
 
-    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}", tags=["topics"])
+    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}", tags=["topics"],
+             responses=errors(404, 412))
     async def list_non_persistent_topics(tenant: str, namespace: str) -> list[str]:
         return await _listing(NON_PERSISTENT, tenant, namespace)
 
@@ -437,17 +450,20 @@ def build_app(settings: PolicySettings) -> FastAPI:
         await store.namespace_policy(ns)
         return await catalog.partitioned(domain, ns)
 
-    @app.get("/admin/v2/persistent/{tenant}/{namespace}/partitioned", tags=["topics"])
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}/partitioned", tags=["topics"],
+             responses=errors(404, 412))
     async def list_partitioned_topics(tenant: str, namespace: str) -> list[str]:
         return await _partitioned(PERSISTENT, tenant, namespace)
 
-    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}/partitioned", tags=["topics"])
+    @app.get("/admin/v2/non-persistent/{tenant}/{namespace}/partitioned", tags=["topics"],
+             responses=errors(404, 412))
     async def list_non_persistent_partitioned_topics(tenant: str, namespace: str) -> list[str]:
         return await _partitioned(NON_PERSISTENT, tenant, namespace)
 
     topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
-    @app.put(topic_base, status_code=NO_CONTENT, tags=["topics"])
+    @app.put(topic_base, status_code=NO_CONTENT, tags=["topics"],
+             responses=errors(404, 409, 412))
     async def create_topic(tenant: str, namespace: str, topic: str) -> Response:
         name = _topic(tenant, namespace, topic)
         await store.namespace_policy(name.namespace_name)
@@ -469,7 +485,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
             raise ApiError(409, "This topic already exists")
         return Response(status_code=NO_CONTENT)
 
-    @app.put(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"])
+    @app.put(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
+             responses=errors(404, 406, 409, 412))
     async def create_partitioned_topic(tenant: str, namespace: str, topic: str,
                                        request: Request) -> Response:
         name = _topic(tenant, namespace, topic)
@@ -485,7 +502,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
             raise ApiError(409, "This topic already exists")
         return Response(status_code=NO_CONTENT)
 
-    @app.get(topic_base + "/partitions", tags=["topics"])
+    @app.get(topic_base + "/partitions", tags=["topics"],
+             responses=errors(412))
     async def get_partitioned_metadata(tenant: str, namespace: str, topic: str) -> Response:
         count = await catalog.partitions(_topic(tenant, namespace, topic))
         return _json({"partitions": count if count > 1 else 0})
@@ -498,15 +516,18 @@ def build_app(settings: PolicySettings) -> FastAPI:
             raise missing
         return await commit("topic_policy_remove", lambda: store.drop_topic_policies(name))
 
-    @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"])
+    @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"],
+                responses=errors(404, 412))
     async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=False)
 
-    @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"])
+    @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
+                responses=errors(404, 412))
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=True)
 
-    @app.get(topic_base + "/stats", tags=["topics"])
+    @app.get(topic_base + "/stats", tags=["topics"],
+             responses=errors(404, 412))
     async def get_topic_stats(tenant: str, namespace: str, topic: str) -> Response:
         """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
         name = _topic(tenant, namespace, topic)
@@ -531,7 +552,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
 
-    @app.get(topic_path, tags=["delayed delivery"])
+    @app.get(topic_path, tags=["delayed delivery"],
+             responses=errors(404, 412))
     async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
                                isGlobal: bool = False) -> Response:
         name = _policy_topic(tenant, namespace, topic)
@@ -543,7 +565,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return _own(levels.level(isGlobal))
 
     @app.post(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
-              openapi_extra=_POLICY_BODY)
+              openapi_extra=_POLICY_BODY,
+              responses=errors(404, 412))
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
         name = _policy_topic(tenant, namespace, topic)
@@ -551,7 +574,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("topic_policy_set",
                             lambda: store.set_topic_policy(name, policy, isGlobal))
 
-    @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"])
+    @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
+                responses=errors(404, 412))
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
         name = _policy_topic(tenant, namespace, topic)

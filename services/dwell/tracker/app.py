@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request, Response
 from dwell import keys
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
-from dwell.http import ApiError, create_app
+from dwell.http import ApiError, create_app, errors
 from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
@@ -97,7 +97,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         await asyncio.to_thread(reg.put, name, sub, settings_)
         return settings_.to_json()
 
-    @app.get(base + "/subscriptions/{sub}")
+    @app.get(base + "/subscriptions/{sub}", responses=errors(404))
     def get_subscription(kind: str, tenant: str, namespace: str, topic: str,
                          sub: str) -> dict[str, Any]:
         found = reg.get(_topic(kind, tenant, namespace, topic), _sub(sub))
@@ -105,7 +105,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             raise ApiError(404, "Subscription not found")
         return found.to_json()
 
-    @app.delete(base + "/subscriptions/{sub}", status_code=204)
+    @app.delete(base + "/subscriptions/{sub}", status_code=204, responses=errors(404))
     def delete_subscription(kind: str, tenant: str, namespace: str, topic: str,
                             sub: str) -> Response:
         if not reg.delete(_topic(kind, tenant, namespace, topic), _sub(sub)):
@@ -125,7 +125,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
                                           "buckets", "nextDueAt", "drainLagMs")})
         return {"topics": out}
 
-    @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats")
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats", responses=errors(404))
     def pulsar_topic_stats(tenant: str, namespace: str, topic: str) -> dict[str, Any]:
         name = _topic("persistent", tenant, namespace, topic)
         if not r.sismember(keys.TOPICS, name) and not reg.names(name):
