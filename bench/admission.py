@@ -10,7 +10,11 @@
     same `send_many_then` call, delivery reports served on the sending thread and the
     garbage collector tuned as admission does) with no checks, so admission's overhead is
     a ratio. (b) and (d) alternate for BENCH_ROUNDS rounds of BENCH_HTTP_SECONDS each
-    so both see the same background load.
+    so both see the same background load;
+(e) (b) again against a second admission process run with token authentication and
+    authorization on (HS256, a role holding `produce` on the namespace), in the same
+    rounds: the auth-on / auth-off ratio is what checking the token and the role costs;
+    and that check's own cost per request, timed in this process.
 
 Admission runs with `dwell_native` when it is installed, on the pure-Python path when it
 is not or when DWELL_NATIVE=0 (`DWELL_NATIVE=0 .venv/bin/python bench/admission.py`); the
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import gc
 import json
 import os
@@ -48,6 +53,7 @@ from dwell.adapters import kafka
 from dwell.admission import native
 from dwell.admission.__main__ import GC_THRESHOLDS
 from dwell.admission.settings import AdmissionSettings
+from dwell.auth.tokens import create_secret_key, create_token
 from dwell.core import topics as names
 from dwell.core.admit import admit
 from dwell.core.policy import EffectivePolicy
@@ -133,6 +139,34 @@ def bench_admit() -> float:
     return ADMIT_CALLS / (time.perf_counter() - t0)
 
 
+def bench_guard(secret: bytes, token: str, role: str) -> float:
+    """Microseconds one publish's token and permission check takes once the token is
+    cached (`Guard.check`, the call admission's publish front makes): a figure the load
+    on a shared machine does not swing as it swings (e)'s ratio."""
+    from dwell.auth.guard import Guard
+    from dwell.core.authz import Grants, Operation
+    from dwell.settings import CommonSettings
+
+    grants = Grants.of((), {role: ["produce"]})
+
+    async def lookup(_tenant: str, _namespace: str | None) -> Grants:
+        return grants
+
+    guard = Guard(CommonSettings(
+        authentication_enabled=True, authorization_enabled=True,
+        token_secret_key="data:;base64," + base64.b64encode(secret).decode()), lookup)
+    header = f"Bearer {token}"
+
+    async def run(n: int) -> float:
+        await guard.check(header, Operation.PRODUCE, "t", "ns")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await guard.check(header, Operation.PRODUCE, "t", "ns")
+        return (time.perf_counter() - t0) / n * 1e6
+
+    return asyncio.run(run(100_000))
+
+
 # ---------------------------------------------------------------- (b)
 
 
@@ -140,7 +174,7 @@ BODIES_PER_CLIENT = 32
 
 
 async def _client(host: str, port: int, path: str, bodies: list[bytes], stop_at: float,
-                  latencies: list[float], limit: int = 1 << 62) -> int:
+                  latencies: list[float], limit: int = 1 << 62, token: str = "") -> int:
     """One keep-alive HTTP/1.1 connection posting pre-encoded requests back to back.
 
     A deliberately cheap load generator (no HTTP library, nothing encoded in the loop) so
@@ -148,7 +182,8 @@ async def _client(host: str, port: int, path: str, bodies: list[bytes], stop_at:
     still checked: status 200 and one messageId per message.
     """
     reader, writer = await asyncio.open_connection(host, port)
-    head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\n"
+    auth = f"authorization: Bearer {token}\r\n" if token else ""
+    head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\n{auth}"
             "content-type: application/json\r\ncontent-length: ").encode()
     requests = [head + b"%d\r\n\r\n" % len(body) + body for body in bodies]
     sent = n = 0
@@ -173,18 +208,19 @@ async def _client(host: str, port: int, path: str, bodies: list[bytes], stop_at:
     return sent
 
 
-async def bench_http(url: str, topic_path: str,
-                     clients: int = HTTP_CONCURRENCY) -> dict[str, float]:
+async def bench_http(url: str, topic_path: str, clients: int = HTTP_CONCURRENCY,
+                     token: str = "") -> dict[str, float]:
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
     bodies = [[orjson.dumps({"producerName": f"bench-{w}", "messages": messages(n)})
                for n in range(w * BODIES_PER_CLIENT, (w + 1) * BODIES_PER_CLIENT)]
               for w in range(clients)]
     # Warm-up: creates the ready topic, fills caches.
-    await _client(host, int(port), topic_path, bodies[0][:1], float("inf"), [], limit=1)
+    await _client(host, int(port), topic_path, bodies[0][:1], float("inf"), [], limit=1,
+                  token=token)
     t0 = time.perf_counter()
     sent = await asyncio.gather(*(_client(host, int(port), topic_path, bodies[w],
-                                          t0 + HTTP_SECONDS, latencies)
+                                          t0 + HTTP_SECONDS, latencies, token=token)
                                   for w in range(clients)))
     elapsed = time.perf_counter() - t0
     latencies.sort()
@@ -319,6 +355,16 @@ def main() -> None:
         procs.append(proc)
         proc, adm_url = start_service("admission", env, log_dir / "admission.log")
         procs.append(proc)
+        # (e): the same service with authentication and authorization on; the ingress
+        # stays with the first one.
+        secret = create_secret_key()
+        role = "bench-producer"
+        token = create_token(secret, "HS256", role)
+        proc, auth_url = start_service("admission", env | {
+            "DWELL_AUTHENTICATION_ENABLED": "true", "DWELL_AUTHORIZATION_ENABLED": "true",
+            "DWELL_TOKEN_SECRET_KEY": "data:;base64," + base64.b64encode(secret).decode(),
+            "DWELL_INGRESS_ENABLED": "false"}, log_dir / "admission-auth.log")
+        procs.append(proc)
 
         tenant = "bench" + uuid.uuid4().hex[:8]
         with httpx.Client(base_url=policy_url, timeout=10) as c:
@@ -327,6 +373,8 @@ def main() -> None:
             c.post(f"/admin/v2/namespaces/{tenant}/ns/delayedDelivery",
                    json={"active": True, "maxDeliveryDelayInMillis": 7_200_000}
                    ).raise_for_status()
+            c.post(f"/admin/v2/namespaces/{tenant}/ns/permissions/{role}",
+                   json=["produce"]).raise_for_status()
         topic = f"persistent://{tenant}/ns/load"
         path = f"/topics/persistent/{tenant}/ns/load"
         with httpx.Client(base_url=adm_url, timeout=10) as c:
@@ -339,24 +387,43 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError("admission ingress never got partitions")
                 time.sleep(0.1)
+        with httpx.Client(base_url=auth_url, timeout=10,
+                          headers={"Authorization": f"Bearer {token}"}) as c:
+            while c.post(path, json={"messages": [{"payload": "probe"}]}).status_code != 200:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("admission (auth on) never learnt the permission")
+                time.sleep(0.1)
 
         print(f"admit(): {ADMIT_CALLS} decisions ...", flush=True)
         admit_rate = bench_admit()
+        guard_us = bench_guard(secret, token, role)
         # A round not counted: freshly started servers (Kafka's JIT above all) made the
         # first round ~40% slower than the next, for HTTP and raw alike.
         print("warm-up round (not counted) ...", flush=True)
         run_async(bench_http(adm_url, path))
+        run_async(bench_http(auth_url, path, token=token))
         bench_raw(stack.kafka_bootstrap, topic, names.TopicName.parse(topic).kafka_topic)
         rounds: list[tuple[dict[str, float], float]] = []
+        authed: list[dict[str, float]] = []
         for n in range(ROUNDS):
-            print(f"round {n + 1}/{ROUNDS}: HTTP, {HTTP_CONCURRENCY} concurrent clients x "
-                  f"{HTTP_SECONDS:.0f} s; raw producer x {RAW_SECONDS:.0f} s ...", flush=True)
+            print(f"round {n + 1}/{ROUNDS}: HTTP (auth off, on), {HTTP_CONCURRENCY} concurrent "
+                  f"clients x {HTTP_SECONDS:.0f} s; raw producer x {RAW_SECONDS:.0f} s ...",
+                  flush=True)
+            # Auth on and off back to back, in turns first, so that neither always
+            # follows the raw producer's burst.
+            if n % 2:
+                auth_n = run_async(bench_http(auth_url, path, token=token))
             http_n = run_async(bench_http(adm_url, path))
+            if not n % 2:
+                auth_n = run_async(bench_http(auth_url, path, token=token))
             raw_n = bench_raw(stack.kafka_bootstrap, topic,
                               names.TopicName.parse(topic).kafka_topic)
             print(f"    HTTP {http_n['msgs_per_s']:,.0f} msgs/s, raw {raw_n:,.0f} msgs/s, "
-                  f"ratio {http_n['msgs_per_s'] / raw_n:.3f}", flush=True)
+                  f"ratio {http_n['msgs_per_s'] / raw_n:.3f}; auth on "
+                  f"{auth_n['msgs_per_s']:,.0f} msgs/s, on/off "
+                  f"{auth_n['msgs_per_s'] / http_n['msgs_per_s']:.3f}", flush=True)
             rounds.append((http_n, raw_n))
+            authed.append(auth_n)
         print(f"HTTP, {MANY_CLIENTS} concurrent clients x {HTTP_SECONDS:.0f} s ...", flush=True)
         many = run_async(bench_http(adm_url, path, MANY_CLIENTS))
         print(f"Kafka ingress: {INGRESS_REQUESTS} requests ...", flush=True)
@@ -372,6 +439,9 @@ def main() -> None:
     http = median([h for h, _ in rounds], key=lambda h: h["msgs_per_s"])
     raw = median([r for _, r in rounds], key=float)
     ratio = median([h["msgs_per_s"] / r for h, r in rounds], key=float)
+    auth_http = median(authed, key=lambda h: h["msgs_per_s"])
+    auth_ratio = median([a["msgs_per_s"] / h["msgs_per_s"]
+                         for a, (h, _) in zip(authed, rounds, strict=True)], key=float)
     result = {
         "admit_per_s": round(admit_rate),
         "http": {k: round(v, 2) for k, v in http.items()},
@@ -383,6 +453,9 @@ def main() -> None:
         "rounds": [{"http_msgs_per_s": round(h["msgs_per_s"]), "raw_msgs_per_s": round(r)}
                    for h, r in rounds],
         "ratio_ingress_to_raw": round(ingress["msgs_per_s"] / raw, 3),
+        "http_auth_on": {k: round(v, 2) for k, v in auth_http.items()},
+        "ratio_auth_on_to_off": round(auth_ratio, 3),
+        "auth_check_us_per_request": round(guard_us, 2),
         "batch": BATCH, "payload_bytes": len(PAYLOAD), "targets": TARGETS,
         "publish_path": path_used,
     }
@@ -404,6 +477,14 @@ def main() -> None:
     print(f"    HTTP / raw    = {result['ratio_http_to_raw']:.3f}   target >= 0.7  "
           f"{mark(result['ratio_http_to_raw'] >= 0.7)}")
     print(f"    ingress / raw = {result['ratio_ingress_to_raw']:.3f}")
+    print(f"(e) HTTP, auth on      {auth_http['msgs_per_s']:>12,.0f} msgs/s        "
+          f"                        p50 {auth_http['p50_ms']:.1f} ms  "
+          f"p99 {auth_http['p99_ms']:.1f} ms")
+    print(f"    auth on / off = {auth_ratio:.3f}   (drop {(1 - auth_ratio) * 100:.1f}%, "
+          f"target < 10%)  {mark(auth_ratio > 0.9)}")
+    print(f"    the check itself: {guard_us:.2f} us per request (cached token, produce "
+          f"permission), {guard_us / 1e6 * http['requests'] / HTTP_SECONDS * 100:.3f}% of "
+          f"a core at (b)'s request rate")
     name = "admission.json" if path_used == native.NATIVE else "admission_python.json"
     out = ROOT / "bench" / "out" / name
     out.parent.mkdir(parents=True, exist_ok=True)

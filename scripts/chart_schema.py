@@ -30,6 +30,9 @@ SCHEMA = ROOT / "charts" / "dwell" / "values.schema.json"
 CHART_OWNED = frozenset({
     "http_host", "http_port", "redis_url", "kafka_bootstrap", "kafka_replication_factor",
     "spark_master", "spark_metrics_port", "spark_jars", "tracker_url",
+    # from the `auth:` values, the keys from its existingSecret
+    "authentication_enabled", "authorization_enabled", "super_user_roles",
+    "token_secret_key", "token_public_key",
 })
 COMPONENT_SETTINGS = {"policy": PolicySettings, "admission": AdmissionSettings,
                       "tracker": TrackerSettings, "spark": SparkSettings}
@@ -133,6 +136,14 @@ def schema() -> dict[str, Any]:
                                     "accessModes": {"type": "array", "minItems": 1, "items": {
                                         "enum": ["ReadWriteMany", "ReadWriteOnce",
                                                  "ReadWriteOncePod"]}}}),
+            }),
+            "auth": obj({
+                "enabled": BOOL,
+                "superUserRoles": {"type": "array", "items": {"type": "string",
+                                                              "minLength": 1}},
+                "existingSecret": STR,
+                "secretKeyKey": STR,
+                "publicKeyKey": STR,
             }),
             "metrics": obj({
                 "serviceMonitor": obj({"enabled": BOOL, "interval": STR, "labels": MAP}),

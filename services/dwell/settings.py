@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dwell.core.policy import BrokerDefaults
@@ -37,6 +37,14 @@ class CommonSettings(BaseSettings):
     delayed_delivery_deliver_at_time_strict: bool = False
     delayed_delivery_fixed_delay_detection_lookahead: int = Field(50000, ge=0)
 
+    # Authentication and authorization, Pulsar's broker.conf names (dwell.auth). Keys as
+    # Pulsar's tokenSecretKey / tokenPublicKey: data:;base64,..., file:/path, or base64.
+    authentication_enabled: bool = False
+    authorization_enabled: bool = False
+    super_user_roles: str = ""  # comma list
+    token_secret_key: SecretStr = SecretStr("")
+    token_public_key: str = ""
+
     @model_validator(mode="after")
     def _refuse_insecure_production(self) -> CommonSettings:
         # Outside development a Redis without a password is refused, as the
@@ -44,7 +52,13 @@ class CommonSettings(BaseSettings):
         if self.env == "production" and not urlparse(self.redis_url).password:
             raise ValueError("DWELL_REDIS_URL has no password; production needs Redis AUTH "
                              "(set it from a Secret, e.g. redis://:$(REDIS_PASSWORD)@host:6379/0)")
+        if self.authorization_enabled and not self.authentication_enabled:
+            raise ValueError("DWELL_AUTHORIZATION_ENABLED needs DWELL_AUTHENTICATION_ENABLED: "
+                             "roles come from tokens")
         return self
+
+    def super_users(self) -> frozenset[str]:
+        return frozenset(r.strip() for r in self.super_user_roles.split(",") if r.strip())
 
     def broker_defaults(self) -> BrokerDefaults:
         return BrokerDefaults(

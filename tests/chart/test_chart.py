@@ -41,6 +41,9 @@ EVERYTHING = ["--set", "metrics.serviceMonitor.enabled=true",
               "--set", "metrics.dashboards.enabled=true",
               "--set", "admission.autoscaling.enabled=true"]
 VARIANTS = {"defaults": [], "external": EXTERNAL, "everything": EVERYTHING}
+# Authentication is on by default and needs the Secret holding the token key: every
+# rendering below names one (a later --set overrides it).
+TOKEN_KEYS = ["--set", "auth.existingSecret=dwell-token-keys"]
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +58,7 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def render(helm: str, *args: str, kube: str = "1.31.0") -> list[dict[str, Any]]:
     got = run_helm(helm, "template", "rel", str(CHART), "--namespace", "ns",
-                   "--kube-version", kube, *args)
+                   "--kube-version", kube, *TOKEN_KEYS, *args)
     assert got.returncode == 0, got.stderr
     return [doc for doc in yaml.safe_load_all(got.stdout) if doc]
 
@@ -88,7 +91,7 @@ def container_env(container: dict[str, Any], password: str = "s3cret") -> dict[s
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_helm_lint_strict(helm: str, variant: str) -> None:
     got = run_helm(helm, "lint", str(CHART), "--strict", "--kube-version", "1.31.0",
-                   *VARIANTS[variant])
+                   *TOKEN_KEYS, *VARIANTS[variant])
     assert got.returncode == 0, got.stdout + got.stderr
     assert "0 chart(s) failed" in got.stdout
 
@@ -131,7 +134,8 @@ def test_values_schema_is_what_the_settings_say() -> None:
     (["--set", "kafka.enabled=false"], "kafka.external.bootstrap is required"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm: str, args: list[str], says: str) -> None:
-    got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", "1.31.0", *args)
+    got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", "1.31.0",
+                   *TOKEN_KEYS, *args)
     assert got.returncode != 0
     assert says in got.stderr, got.stderr
 
@@ -252,6 +256,46 @@ def test_existing_secret_is_used_as_given(helm: str) -> None:
             for e in c.get("env", []):
                 if e["name"] == "REDIS_PASSWORD":
                     assert e["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "pw"}
+
+
+def test_auth_on_by_default_needs_the_token_key_secret(helm: str) -> None:
+    got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", "1.31.0")
+    assert got.returncode != 0
+    assert "auth.enabled is true (the default) but auth.existingSecret is empty" in got.stderr
+
+
+@pytest.mark.parametrize(("args", "setting", "path"), [
+    ([], "DWELL_TOKEN_PUBLIC_KEY", "file:///etc/dwell/auth/public.key"),
+    (["--set", "auth.secretKeyKey=secret.key"], "DWELL_TOKEN_SECRET_KEY",
+     "file:///etc/dwell/auth/secret.key"),
+])
+def test_auth_reads_its_key_from_the_mounted_secret(helm: str, args: list[str], setting: str,
+                                                    path: str) -> None:
+    docs = render(helm, "--set", "auth.superUserRoles={admin,ops}", *args)
+    for w in workloads(docs):
+        component = w["metadata"]["labels"]["app.kubernetes.io/component"]
+        spec = w["spec"]["template"]["spec"]
+        env = container_env(spec["containers"][0])
+        if component not in ("policy", "admission", "tracker"):
+            assert "DWELL_AUTHENTICATION_ENABLED" not in env, component
+            continue
+        assert env["DWELL_AUTHENTICATION_ENABLED"] == env["DWELL_AUTHORIZATION_ENABLED"] == "true"
+        assert env["DWELL_SUPER_USER_ROLES"] == "admin,ops"
+        assert env[setting] == path
+        assert {"name": "token-keys", "mountPath": "/etc/dwell/auth", "readOnly": True} in (
+            spec["containers"][0]["volumeMounts"])
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "token-keys"]
+        assert volume["secret"]["secretName"] == "dwell-token-keys"
+
+
+def test_auth_can_be_turned_off(helm: str) -> None:
+    docs = render(helm, "--set", "auth.enabled=false", "--set", "auth.existingSecret=")
+    for w in workloads(docs):
+        spec = w["spec"]["template"]["spec"]
+        env = container_env(spec["containers"][0])
+        assert env.get("DWELL_AUTHENTICATION_ENABLED", "false") == "false"
+        assert "DWELL_TOKEN_PUBLIC_KEY" not in env
+        assert all(v["name"] != "token-keys" for v in spec.get("volumes", []))
 
 
 # ---------------------------------------------------------------- Spark on Kubernetes

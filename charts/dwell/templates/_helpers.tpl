@@ -183,6 +183,7 @@ affinity:
       value: {{ printf "http://%s:8083" (include "dwell.component" (dict "root" .root "component" "tracker")) | quote }}
     {{- end }}
     {{- include "dwell.settingsEnv" $values.config | trim | nindent 4 }}
+    {{- include "dwell.authEnv" .root | nindent 4 }}
   ports:
     - name: http
       containerPort: {{ .port }}
@@ -194,6 +195,7 @@ affinity:
   volumeMounts:
     - name: tmp
       mountPath: /tmp
+    {{- include "dwell.authVolumeMount" .root | nindent 4 }}
 {{- end -}}
 
 {{/* The pod template of one of the three HTTP services */}}
@@ -214,6 +216,7 @@ spec:
   volumes:
     - name: tmp
       emptyDir: {}
+    {{- include "dwell.authVolume" .root | nindent 4 }}
   {{- include "dwell.scheduling" $values | trim | nindent 2 }}
 {{- end -}}
 

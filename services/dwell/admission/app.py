@@ -19,8 +19,11 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dwell.adapters import kafka
+from dwell.auth.guard import Guard
 from dwell.core import topics as names
+from dwell.core.authz import Grants, Operation
 from dwell.http import (
+    ApiError,
     BodyLimit,
     create_app,
     declared_size,
@@ -57,11 +60,17 @@ class Admission:
                                        **{"message.timeout.ms": settings.publish_timeout_ms})
         self.publisher = Publisher(settings, self.cache, self.producer,
                                    catch_up=self.follower.catch_up)
-        self.ingress = Ingress(settings, self.publisher) if settings.ingress_enabled else None
+        # Grants come from the replayed policy feed: no call to the policy service.
+        self.guard = Guard(settings, self._grants)
+        self.ingress = (Ingress(settings, self.publisher, self.guard, self.cache.grants)
+                        if settings.ingress_enabled else None)
         self.topics_ready = threading.Event()
         self.startup_error: str | None = None
         self._starter = threading.Thread(target=self._start, name="admission-start",
                                          daemon=True)
+
+    async def _grants(self, tenant: str, namespace: str | None) -> Grants:
+        return self.cache.grants(tenant, namespace)
 
     def start(self) -> None:
         self._starter.start()
@@ -133,16 +142,27 @@ class PublishFront:
     connection), and an unexpected error is a 500 without a trace. Keep-alive,
     pipelining and `Expect: 100-continue` are uvicorn's."""
 
-    def __init__(self, app: ASGIApp, handle: Handler, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, handle: Handler, max_bytes: int,
+                 guard: Guard | None = None) -> None:
         self.app = app
         self.handle = handle
         self.max_bytes = max_bytes
+        self.guard = guard if guard is not None and guard.authentication else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = publish_parts(scope)
         if parts is None:
             await self.app(scope, receive, send)
             return
+        if self.guard is not None:
+            # The route's guard (Operation.PRODUCE), which this path bypasses with the app.
+            try:
+                await self.guard.check(_authorization(scope), Operation.PRODUCE, parts[1],
+                                       parts[2])
+            except ApiError as exc:
+                await _answer(send, exc.status, orjson.dumps({"reason": exc.reason}),
+                              exc.headers)
+                return
         limit = self.max_bytes
         size = declared_size(scope)
         if size is not None and size > limit:
@@ -176,6 +196,13 @@ class PublishFront:
 
 
 _CLOSE = {"connection": "close"}
+
+
+def _authorization(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return bytes(value).decode("latin-1")
+    return None
 
 
 def _too_large(limit: int, size: int | None) -> bytes:
@@ -247,6 +274,7 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
     # Documents the endpoint (OpenAPI) and serves it under any ASGI server; behind
     # `serve_publishes`, as `python -m dwell.admission` runs it, publishes skip it.
     @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}",
+              dependencies=[adm.guard.require(Operation.PRODUCE)],
               responses={200: {"model": PublishResults}} | errors(404, 409, 413),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": model_of(PublishRequest).model_json_schema()}}}})
@@ -261,4 +289,5 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 
 def serve_publishes(app: FastAPI, settings: AdmissionSettings) -> PublishFront:
     """`app` (from `build_app`) behind the ASGI front that serves its publishes."""
-    return PublishFront(app, app.state.publish, settings.max_request_bytes)
+    return PublishFront(app, app.state.publish, settings.max_request_bytes,
+                        app.state.admission.guard)

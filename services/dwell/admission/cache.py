@@ -33,6 +33,7 @@ import pydantic
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
+from dwell.core.authz import NO_GRANTS, Grants, namespace_auth
 from dwell.core.policy import (
     BrokerDefaults,
     DelayedDeliveryPolicies,
@@ -84,6 +85,10 @@ class PolicyCache:
         self.version = 0
         self.ready = threading.Event()
         self._resolved: dict[str, EffectivePolicy] = {}
+        # Authorization (dwell.auth): tenants' adminRoles, namespaces' permissions.
+        self.admin_roles: dict[str, list[str]] = {}
+        self.namespace_auth: dict[str, dict[str, list[str]]] = {}
+        self._grants: dict[tuple[str, str | None], Grants] = {}
 
     # -- reads (publish path)
 
@@ -100,6 +105,20 @@ class PolicyCache:
             resolved[key] = policy
         return policy
 
+    def grants(self, tenant: str, namespace: str | None) -> Grants:
+        """The tenant's admin roles and the namespace's permissions (empty when unknown)."""
+        memo = self._grants
+        key = (tenant, namespace)
+        found = memo.get(key)
+        if found is None:
+            admins = self.admin_roles.get(tenant)
+            perms = self.namespace_auth.get(f"{tenant}/{namespace}") if namespace else None
+            found = (Grants.of(admins or (), perms) if admins or perms else NO_GRANTS)
+            if len(memo) > 100_000:  # keys come from requests: bounded
+                memo.clear()
+            memo[key] = found
+        return found
+
     # -- writes (follower)
 
     def apply(self, scope: str, value: bytes | None, headers: dict[str, bytes]) -> None:
@@ -110,6 +129,7 @@ class PolicyCache:
             log.warning("skipping malformed dwell.policies record %r: %s", scope, exc)
             return
         self._resolved = {}
+        self._grants = {}
         if version > self.version:
             self.version = version
             POLICY_VERSION_APPLIED.set(version)
@@ -124,8 +144,17 @@ class PolicyCache:
             version = int(doc["version"])
         if kind == "tenant":
             self._set(self.tenants, name, doc is not None)
+            if doc is None:
+                self.admin_roles.pop(name, None)
+            else:
+                self.admin_roles[name] = list(doc["tenant"].get("adminRoles") or [])
         elif kind == "namespace":
             self._set(self.namespaces, name, doc is not None)
+            perms = namespace_auth(doc)
+            if perms:
+                self.namespace_auth[name] = perms
+            else:
+                self.namespace_auth.pop(name, None)
         elif kind in ("ns", "topic"):
             target = self.ns_policies if kind == "ns" else self.topic_policies
             if doc is None:

@@ -4,7 +4,7 @@ failure (refused connection, 4xx/5xx) turned into one readable AdminError."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -18,16 +18,34 @@ def path(*segments: str) -> str:
     return "/admin/v2/" + "/".join(quote(s, safe="") for s in segments)
 
 
+def token_from_auth_params(params: str) -> str:
+    """The token in pulsar-admin's AuthenticationToken authParams: `token:<jwt>`, or
+    `file:<path>` (file:///path too) of a file holding it. AdminError otherwise."""
+    if params.startswith("token:"):
+        return params[len("token:"):].strip()
+    if params.startswith("file:"):
+        where = params[len("file:"):]
+        where = where[2:] if where.startswith("//") else where
+        try:
+            with open(unquote(where), encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise AdminError(f"--auth-params: cannot read {where}: {exc.strerror}") from None
+    raise AdminError("--auth-params: expected token:<jwt> or file:<path>")
+
+
 class PolicyClient:
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self._timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def call(self, method: str, url_path: str, *, body: Any = None,
              params: dict[str, str] | None = None) -> Any:
         """The decoded JSON answer, or None for an empty one (204)."""
         try:
-            with httpx.Client(base_url=self.url, timeout=self._timeout) as http:
+            with httpx.Client(base_url=self.url, timeout=self._timeout,
+                              headers=self._headers) as http:
                 resp = http.request(method, url_path, json=body, params=params)
         except httpx.HTTPError as exc:
             raise AdminError(f"cannot reach the policy service at {self.url}: "

@@ -13,13 +13,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dwell.cli.client import AdminError, PolicyClient, path
+from dwell.cli.client import AdminError, PolicyClient, path, token_from_auth_params
 from dwell.cli.flags import (
     FlagError,
     delayed_delivery_body,
     namespace_name,
     persistent_topic,
 )
+from dwell.cli.tokens import tokens
 from dwell.core.durations import format_duration_ms
 
 DEFAULT_URL = "http://127.0.0.1:8081"
@@ -31,8 +32,8 @@ class Output(StrEnum):
 
 
 class Ctx:
-    def __init__(self, url: str, output: Output) -> None:
-        self.client = PolicyClient(url)
+    def __init__(self, url: str, output: Output, token: str | None = None) -> None:
+        self.client = PolicyClient(url, token=token)
         self.output = output
         self.console = Console()
 
@@ -86,6 +87,7 @@ topic_policies = typer.Typer(no_args_is_help=True, help="Delayed-delivery polici
 app.add_typer(tenants, name="tenants")
 app.add_typer(namespaces, name="namespaces")
 app.add_typer(topic_policies, name="topic-policies")
+app.add_typer(tokens, name="tokens")
 
 
 @app.callback()
@@ -97,8 +99,19 @@ def main(
     output: Annotated[Output, typer.Option(
         "--output", "-o", help="table: for people; json: the service's JSON on stdout, "
                                "for scripts.")] = Output.table,
+    auth_params: Annotated[str | None, typer.Option(
+        "--auth-params", envvar="DWELL_AUTH_PARAMS",
+        help="The token to authenticate with, as pulsar-admin's authParams: token:<jwt> "
+             "or file:<path of a file holding it>.")] = None,
 ) -> None:
-    ctx.obj = Ctx(url, output)
+    token = None
+    if auth_params:
+        try:
+            token = token_from_auth_params(auth_params)
+        except AdminError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+    ctx.obj = Ctx(url, output, token)
 
 
 NamespaceArg = Annotated[str, typer.Argument(metavar="TENANT/NAMESPACE",
@@ -187,6 +200,45 @@ def namespace_list(ctx: typer.Context,
 def namespace_delete(ctx: typer.Context, namespace: NamespaceArg) -> None:
     ctx.obj.client.call("DELETE", path("namespaces", *namespace_name(namespace)))
     ctx.obj.done(f"Deleted namespace {namespace}")
+
+
+# -------------------------------------------------------------------- permissions
+
+RoleArg = Annotated[str, typer.Option("--role", help="The role (a token's subject).")]
+
+
+@command(namespaces, "grant-permission",
+         "Grant a role permissions on a namespace (they replace what it had).")
+def namespace_grant(ctx: typer.Context, namespace: NamespaceArg, role: RoleArg,
+                    actions: Annotated[str, typer.Option(
+                        "--actions", help="Comma-separated actions: produce, consume "
+                                          "(also functions, sources, sinks, packages).")]
+                    ) -> None:
+    body = [a.strip() for a in actions.split(",") if a.strip()]
+    ctx.obj.client.call("POST", path("namespaces", *namespace_name(namespace), "permissions",
+                                     role), body=body)
+    ctx.obj.done(f"Granted {', '.join(body)} on {namespace} to {role}")
+
+
+@command(namespaces, "revoke-permission", "Revoke a role's permissions on a namespace.")
+def namespace_revoke(ctx: typer.Context, namespace: NamespaceArg, role: RoleArg) -> None:
+    ctx.obj.client.call("DELETE", path("namespaces", *namespace_name(namespace),
+                                       "permissions", role))
+    ctx.obj.done(f"Revoked the permissions of {role} on {namespace}")
+
+
+@command(namespaces, "permissions", "Show the roles' permissions on a namespace.")
+def namespace_permissions(ctx: typer.Context, namespace: NamespaceArg) -> None:
+    perms = ctx.obj.client.call("GET", path("namespaces", *namespace_name(namespace),
+                                            "permissions"))
+
+    def render() -> Table:
+        table = Table("role", "actions")
+        for role, actions in sorted(perms.items()):
+            table.add_row(role, ", ".join(actions))
+        return table
+
+    ctx.obj.emit(perms, render)
 
 
 # -------------------------------------------------------------------- delayed delivery

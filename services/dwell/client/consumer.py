@@ -99,7 +99,7 @@ class Consumer:
                  max_redeliver_count: int | None = None,
                  initial_position: str = "latest",
                  bootstrap: str | None = None, tracker_url: str | None = None,
-                 ready_topic_partitions: int = 4) -> None:
+                 ready_topic_partitions: int = 4, token: str | None = None) -> None:
         self.topic = TopicName.parse(topic)
         self.subscription = validate_subscription(subscription)
         self.ack_timeout_ms = validate_ack_timeout_ms(ack_timeout_ms)
@@ -119,6 +119,8 @@ class Consumer:
         self._tracker = (tracker_url or os.environ.get("DWELL_TRACKER_URL", DEFAULT_TRACKER_URL))
         self.ready_topic = self.topic.kafka_topic
         self.retry_topic = retry_topic(self.topic, self.subscription)
+        # The JWT sent to the tracker as `Authorization: Bearer` when authentication is on.
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._register()
         # Both topics must exist before subscribing: a group on a missing topic only sees
         # it after the next metadata refresh (minutes), long after the first message.
@@ -143,7 +145,7 @@ class Consumer:
         url = (f"{self._tracker.rstrip('/')}/v1/topics/{t.domain}/{t.tenant}/{t.namespace}/"
                f"{t.local}/subscriptions/{self.subscription}")
         try:
-            resp = httpx.put(url, json=self._settings_json, timeout=10)
+            resp = httpx.put(url, json=self._settings_json, timeout=10, headers=self._auth)
         except httpx.HTTPError as exc:
             raise SubscribeError(f"tracker unreachable at {self._tracker}: {exc}") from exc
         if resp.status_code >= 300:

@@ -46,14 +46,17 @@ class Producer:
 
     def __init__(self, topic: str, *, producer_name: str | None = None,
                  admission_url: str | None = None, timeout_s: float = 15.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 token: str | None = None) -> None:
         self.topic = TopicName.parse(topic)
         self.producer_name = producer_name or f"dwell-sdk-{os.getpid()}"
         base = admission_url or os.environ.get("DWELL_ADMISSION_URL", DEFAULT_ADMISSION_URL)
         t = self.topic
         self._path = f"/topics/{t.domain}/{t.tenant}/{t.namespace}/{t.local}"
+        # `token`: the JWT sent as `Authorization: Bearer` when authentication is on.
         self._http = httpx.Client(base_url=base.rstrip("/"), timeout=timeout_s,
-                                  transport=transport)
+                                  transport=transport,
+                                  headers={"Authorization": f"Bearer {token}"} if token else None)
         self._sequence = 0
 
     def send(self, payload: bytes | str, *, key: str | None = None,

@@ -42,6 +42,8 @@ from pydantic import ConfigDict
 
 from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
+from dwell.auth.guard import Guard
+from dwell.core.authz import Operation as Op
 from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy
 from dwell.core.topics import (
     NON_PERSISTENT,
@@ -54,6 +56,7 @@ from dwell.core.topics import (
     validate_tenant,
 )
 from dwell.http import ApiError, create_app, error, errors, validation_reason
+from dwell.policy import permissions
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -224,6 +227,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
     catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor)
     tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0)
 
+    auth = Guard(settings, store.grants)
+
     async def ready() -> dict[str, Any]:
         try:
             redis_ok = await store.ping()
@@ -312,7 +317,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     # -- clusters: dwell is one cluster, named by the `cluster` setting
 
-    @app.get("/admin/v2/clusters", tags=["clusters"])
+    @app.get("/admin/v2/clusters", tags=["clusters"],
+             dependencies=[auth.require(Op.LIST_CLUSTERS)])
     async def list_clusters() -> list[str]:
         return [settings.cluster]
 
@@ -327,18 +333,21 @@ def build_app(settings: PolicySettings) -> FastAPI:
         "delayedDeliveryFixedDelayDetectionLookahead": str(broker.fixed_delay_detection_lookahead),
     }
 
-    @app.get("/admin/v2/brokers/configuration/runtime", tags=["clusters"])
+    @app.get("/admin/v2/brokers/configuration/runtime", tags=["clusters"],
+             dependencies=[auth.require(Op.GET_RUNTIME_CONFIGURATION)])
     async def runtime_configuration() -> dict[str, str]:
         return runtime_config
 
     # -- tenants
 
-    @app.get("/admin/v2/tenants", tags=["tenants"])
+    @app.get("/admin/v2/tenants", tags=["tenants"],
+             dependencies=[auth.require(Op.LIST_TENANTS)])
     async def list_tenants() -> list[str]:
         return await store.list_tenants()
 
     @app.put("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
              openapi_extra=_TENANT_BODY,
+             dependencies=[auth.require(Op.CREATE_TENANT)],
              responses=errors(409, 412))
     async def create_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
@@ -347,6 +356,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.post("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
               openapi_extra=_TENANT_BODY,
+              dependencies=[auth.require(Op.UPDATE_TENANT)],
               responses=errors(404, 412))
     async def update_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
@@ -354,11 +364,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("tenant_update", lambda: store.update_tenant(name, info))
 
     @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"],
+             dependencies=[auth.require(Op.GET_TENANT)],
              responses=errors(404, 412))
     async def get_tenant(tenant: str) -> Response:
         return _json((await store.get_tenant(_tenant(tenant))).model_dump())
 
     @app.delete("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
+                dependencies=[auth.require(Op.DELETE_TENANT)],
                 responses=errors(404, 409, 412))
     async def delete_tenant(tenant: str) -> Response:
         name = _tenant(tenant)
@@ -367,12 +379,14 @@ def build_app(settings: PolicySettings) -> FastAPI:
     # -- namespaces
 
     @app.get("/admin/v2/namespaces/{tenant}", tags=["namespaces"],
+             dependencies=[auth.require(Op.LIST_NAMESPACES)],
              responses=errors(404, 412))
     async def list_namespaces(tenant: str) -> list[str]:
         return await store.list_namespaces(_tenant(tenant))
 
     @app.put("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
              tags=["namespaces"],
+             dependencies=[auth.require(Op.CREATE_NAMESPACE)],
              responses=errors(404, 409, 412))
     async def create_namespace(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
@@ -383,6 +397,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.set_namespace_policy(ns, policy))
 
     @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"],
+             dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)],
              responses=errors(404, 412))
     async def get_namespace(tenant: str, namespace: str) -> Response:
         ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
@@ -391,6 +406,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.delete("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
                 tags=["namespaces"],
+                dependencies=[auth.require(Op.DELETE_NAMESPACE)],
                 responses=errors(404, 409, 412))
     async def delete_namespace(tenant: str, namespace: str) -> Response:
         ns = _namespace(tenant, namespace)
@@ -404,6 +420,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     ns_path = "/admin/v2/namespaces/{tenant}/{namespace}/delayedDelivery"
 
     @app.get(ns_path, tags=["delayed delivery"],
+             dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)],
              responses=errors(404, 412))
     async def get_namespace_policy(tenant: str, namespace: str, applied: bool = False,
                                    isGlobal: bool = False) -> Response:
@@ -414,6 +431,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.post(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
               openapi_extra=_POLICY_BODY,
+              dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)],
               responses=errors(404, 412))
     async def set_namespace_policy(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
@@ -422,6 +440,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.set_namespace_policy(ns, policy))
 
     @app.delete(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
+                dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)],
                 responses=errors(404, 412))
     async def remove_namespace_policy(tenant: str, namespace: str) -> Response:
         ns = _namespace(tenant, namespace)
@@ -436,11 +455,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await catalog.listing(domain, ns)
 
     @app.get("/admin/v2/persistent/{tenant}/{namespace}", tags=["topics"],
+             dependencies=[auth.require(Op.GET_TOPICS)],
              responses=errors(404, 412))
     async def list_topics(tenant: str, namespace: str) -> list[str]:
         return await _listing(PERSISTENT, tenant, namespace)
 
     @app.get("/admin/v2/non-persistent/{tenant}/{namespace}", tags=["topics"],
+             dependencies=[auth.require(Op.GET_TOPICS)],
              responses=errors(404, 412))
     async def list_non_persistent_topics(tenant: str, namespace: str) -> list[str]:
         return await _listing(NON_PERSISTENT, tenant, namespace)
@@ -451,11 +472,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await catalog.partitioned(domain, ns)
 
     @app.get("/admin/v2/persistent/{tenant}/{namespace}/partitioned", tags=["topics"],
+             dependencies=[auth.require(Op.GET_TOPICS)],
              responses=errors(404, 412))
     async def list_partitioned_topics(tenant: str, namespace: str) -> list[str]:
         return await _partitioned(PERSISTENT, tenant, namespace)
 
     @app.get("/admin/v2/non-persistent/{tenant}/{namespace}/partitioned", tags=["topics"],
+             dependencies=[auth.require(Op.GET_TOPICS)],
              responses=errors(404, 412))
     async def list_non_persistent_partitioned_topics(tenant: str, namespace: str) -> list[str]:
         return await _partitioned(NON_PERSISTENT, tenant, namespace)
@@ -463,6 +486,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
     @app.put(topic_base, status_code=NO_CONTENT, tags=["topics"],
+             dependencies=[auth.require(Op.CREATE_TOPIC)],
              responses=errors(404, 409, 412))
     async def create_topic(tenant: str, namespace: str, topic: str) -> Response:
         name = _topic(tenant, namespace, topic)
@@ -486,6 +510,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return Response(status_code=NO_CONTENT)
 
     @app.put(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
+             dependencies=[auth.require(Op.CREATE_TOPIC)],
              responses=errors(404, 406, 409, 412))
     async def create_partitioned_topic(tenant: str, namespace: str, topic: str,
                                        request: Request) -> Response:
@@ -503,6 +528,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return Response(status_code=NO_CONTENT)
 
     @app.get(topic_base + "/partitions", tags=["topics"],
+             dependencies=[auth.require(Op.LOOKUP)],
              responses=errors(412))
     async def get_partitioned_metadata(tenant: str, namespace: str, topic: str) -> Response:
         count = await catalog.partitions(_topic(tenant, namespace, topic))
@@ -517,18 +543,22 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("topic_policy_remove", lambda: store.drop_topic_policies(name))
 
     @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"],
+                dependencies=[auth.require(Op.DELETE_TOPIC)],
                 responses=errors(404, 412))
     async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=False)
 
     @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
+                dependencies=[auth.require(Op.DELETE_TOPIC)],
                 responses=errors(404, 412))
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=True)
 
     @app.get(topic_base + "/stats", tags=["topics"],
+             dependencies=[auth.require(Op.GET_STATS)],
              responses=errors(404, 412))
-    async def get_topic_stats(tenant: str, namespace: str, topic: str) -> Response:
+    async def get_topic_stats(tenant: str, namespace: str, topic: str,
+                              request: Request) -> Response:
         """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
         name = _topic(tenant, namespace, topic)
         parent, index = name.partitioned_topic, name.partition_index
@@ -537,7 +567,9 @@ def build_app(settings: PolicySettings) -> FastAPI:
             raise ApiError(404, topic_not_found(name))
         try:
             answer = await tracker.get("/admin/v2/persistent/" + "/".join(
-                quote(part, safe="") for part in (tenant, namespace, topic)) + "/stats")
+                quote(part, safe="") for part in (tenant, namespace, topic)) + "/stats",
+                # The tracker checks the caller's token as well.
+                headers={k: v for k, v in request.headers.items() if k == "authorization"})
         except httpx.HTTPError as exc:
             raise ApiError(503, f"tracker unavailable: {exc}") from exc
         if answer.status_code == 404:
@@ -553,6 +585,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
 
     @app.get(topic_path, tags=["delayed delivery"],
+             dependencies=[auth.require(Op.GET_TOPIC_POLICIES)],
              responses=errors(404, 412))
     async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
                                isGlobal: bool = False) -> Response:
@@ -566,6 +599,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.post(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
               openapi_extra=_POLICY_BODY,
+              dependencies=[auth.require(Op.SET_TOPIC_POLICIES)],
               responses=errors(404, 412))
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
@@ -575,6 +609,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.set_topic_policy(name, policy, isGlobal))
 
     @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
+                dependencies=[auth.require(Op.SET_TOPIC_POLICIES)],
                 responses=errors(404, 412))
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
@@ -582,4 +617,5 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("topic_policy_remove",
                             lambda: store.remove_topic_policy(name, isGlobal))
 
+    permissions.add_routes(app, store, auth, commit, _namespace)
     return app

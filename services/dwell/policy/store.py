@@ -20,6 +20,7 @@ from pydantic import ConfigDict
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics
+from dwell.core.authz import AuthAction, Grants, auth_policies, namespace_auth
 from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import TopicName
 from dwell.http import ApiError
@@ -322,6 +323,56 @@ class PolicyStore:
             raise ApiError(409, NAMESPACE_NOT_EMPTY)
         changes = [(namespace_policy_scope(ns), int(v_policy))] if v_policy else []
         return [*changes, (namespace_scope(ns), int(v_ns))]
+
+    # -- permissions (Pulsar's auth_policies, in the namespace's record)
+
+    async def grants(self, tenant_name: str, namespace: str | None) -> Grants:
+        """The tenant's admin roles and its namespace `namespace`'s permissions; empty for
+        what does not exist."""
+        ns = f"{tenant_name}/{namespace}" if namespace else None
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(keys.tenant(tenant_name))
+            pipe.get(keys.namespace(ns) if ns else keys.tenant(tenant_name))
+            tenant_raw, ns_raw = await pipe.execute()
+        admins = orjson.loads(tenant_raw)["tenant"]["adminRoles"] if tenant_raw else ()
+        return Grants.of(admins, namespace_auth(orjson.loads(ns_raw)) if ns and ns_raw
+                         else None)
+
+    async def permissions(self, ns: str) -> dict[str, list[str]]:
+        """The namespace's permissions, role -> actions; 404 when it does not exist."""
+        raw = await self.redis.get(keys.namespace(ns))
+        if raw is None:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return namespace_auth(orjson.loads(raw))
+
+    async def set_permission(self, ns: str, role: str,
+                             actions: frozenset[AuthAction] | None) -> list[Change]:
+        """Grant `role` exactly `actions` on the namespace (Pulsar replaces a role's set),
+        or with None revoke them. A compare-and-set on the record's version, retried when
+        another write came between the read and it."""
+        tenant_name = ns.partition("/")[0]
+        scope, record = namespace_scope(ns), keys.namespace(ns)
+        while True:
+            raw = await self.redis.get(record)
+            if raw is None:
+                raise ApiError(404, NAMESPACE_MISSING)
+            doc = orjson.loads(raw)
+            perms = namespace_auth(doc)
+            if actions is None:
+                if perms.pop(role, None) is None:
+                    return []
+            else:
+                perms[role] = sorted(a.value for a in actions)
+            v = await self._write(
+                "put", [keys.POLICY_VERSION, record, record, keys.namespaces(tenant_name),
+                        keys.POLICY_SCOPES],
+                ["1", "0", ns, scope, _tail(scope, auth_policies=auth_policies(perms)),
+                 str(doc["version"])])
+            if v != CHANGED:
+                break
+        if v == PARENT_MISSING:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return [(scope, int(v))]
 
     # -- delayed-delivery policies
 

@@ -1,6 +1,7 @@
 """The tracker's HTTP API (port 8083): subscription registration (Kafka first, through
 dwell.tracker.registry), per-topic stats, Pulsar's topic stats path with its
-delayed-delivery fields, and /metrics."""
+delayed-delivery fields, and /metrics. With authorization on, the tenants' admin roles
+and the namespaces' permissions come from a replay of `dwell.policies`, as admission's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import redis as redislib
 from fastapi import FastAPI, Request, Response
 
 from dwell import keys
+from dwell.admission.cache import PolicyCache, PolicyFollower
+from dwell.auth.guard import GrantsLookup, Guard
+from dwell.core.authz import Grants
+from dwell.core.authz import Operation as Op
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app, errors
@@ -37,11 +42,28 @@ def _sub(name: str) -> str:
         raise ApiError(400, str(exc)) from None
 
 
+def feed_grants(settings: TrackerSettings) -> tuple[GrantsLookup, PolicyCache]:
+    """Grants from a replay of `dwell.policies`, followed in a daemon thread."""
+    cache = PolicyCache(settings.broker_defaults())
+    PolicyFollower(cache, settings.kafka_bootstrap,
+                   replay_timeout_s=60.0).start()
+
+    async def grants(tenant: str, namespace: str | None) -> Grants:
+        return cache.grants(tenant, namespace)
+
+    return grants, cache
+
+
 def build_app(settings: TrackerSettings, r: redislib.Redis,
               ingest: IngestLoop | None = None, refiled: IngestLoop | None = None,
               restager: Restager | None = None,
               keeper: LowmarkKeeper | None = None,
               registry: SubscriptionRegistry | None = None) -> FastAPI:
+    policies: PolicyCache | None = None
+    guard = Guard(settings)
+    if settings.authorization_enabled:
+        lookup, policies = feed_grants(settings)
+        guard = Guard(settings, lookup)
     if registry is None:
         registry = SubscriptionRegistry(r, settings.kafka_bootstrap,
                                         compression_type=settings.kafka_compression_type)
@@ -66,6 +88,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             checks["subscriptionRegistryError"] = reg.error
         if reg.rebuilding:
             checks["subscriptionRegistryRebuilding"] = True
+        if policies is not None:
+            checks["policyReplayed"] = policies.ready.is_set()
         checks["ready"] = all(v for k, v in checks.items()
                               if not k.endswith(("Error", "Rebuilding")))
         return checks
@@ -81,7 +105,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
 
     base = "/v1/topics/{kind}/{tenant}/{namespace}/{topic}"
 
-    @app.put(base + "/subscriptions/{sub}")
+    @app.put(base + "/subscriptions/{sub}",
+             dependencies=[guard.require(Op.SUBSCRIBE)])
     async def put_subscription(kind: str, tenant: str, namespace: str, topic: str, sub: str,
                                request: Request) -> dict[str, Any]:
         name = _topic(kind, tenant, namespace, topic)
@@ -97,7 +122,9 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         await asyncio.to_thread(reg.put, name, sub, settings_)
         return settings_.to_json()
 
-    @app.get(base + "/subscriptions/{sub}", responses=errors(404))
+    @app.get(base + "/subscriptions/{sub}",
+             dependencies=[guard.require(Op.GET_SUBSCRIPTION)],
+             responses=errors(404))
     def get_subscription(kind: str, tenant: str, namespace: str, topic: str,
                          sub: str) -> dict[str, Any]:
         found = reg.get(_topic(kind, tenant, namespace, topic), _sub(sub))
@@ -105,18 +132,22 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             raise ApiError(404, "Subscription not found")
         return found.to_json()
 
-    @app.delete(base + "/subscriptions/{sub}", status_code=204, responses=errors(404))
+    @app.delete(base + "/subscriptions/{sub}", status_code=204,
+                dependencies=[guard.require(Op.UNSUBSCRIBE)],
+                responses=errors(404))
     def delete_subscription(kind: str, tenant: str, namespace: str, topic: str,
                             sub: str) -> Response:
         if not reg.delete(_topic(kind, tenant, namespace, topic), _sub(sub)):
             raise ApiError(404, "Subscription not found")
         return Response(status_code=204)
 
-    @app.get(base + "/stats")
+    @app.get(base + "/stats",
+             dependencies=[guard.require(Op.GET_STATS)])
     def get_topic_stats(kind: str, tenant: str, namespace: str, topic: str) -> dict[str, Any]:
         return stats_of(_topic(kind, tenant, namespace, topic))
 
-    @app.get("/v1/stats")
+    @app.get("/v1/stats",
+             dependencies=[guard.require(Op.GET_ALL_STATS)])
     def list_stats() -> dict[str, Any]:
         out = []
         for t in topics(r):
@@ -125,7 +156,9 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
                                           "buckets", "nextDueAt", "drainLagMs")})
         return {"topics": out}
 
-    @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats", responses=errors(404))
+    @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats",
+             dependencies=[guard.require(Op.GET_STATS)],
+             responses=errors(404))
     def pulsar_topic_stats(tenant: str, namespace: str, topic: str) -> dict[str, Any]:
         name = _topic("persistent", tenant, namespace, topic)
         if not r.sismember(keys.TOPICS, name) and not reg.names(name):

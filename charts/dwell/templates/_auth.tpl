@@ -1,0 +1,45 @@
+{{/* Token authentication of the three HTTP services (dwell.auth): the settings, and the
+     key mounted as a file from auth.existingSecret (Pulsar's tokenSecretKey /
+     tokenPublicKey as file: paths), so that no key appears in a manifest. With
+     auth.enabled and no Secret, rendering fails rather than run the services open. */}}
+
+{{- define "dwell.authKeyDir" -}}/etc/dwell/auth{{- end -}}
+
+{{- define "dwell.authEnv" -}}
+{{- $auth := .Values.auth -}}
+- name: DWELL_AUTHENTICATION_ENABLED
+  value: {{ $auth.enabled | toString | quote }}
+- name: DWELL_AUTHORIZATION_ENABLED
+  value: {{ $auth.enabled | toString | quote }}
+{{- if $auth.enabled }}
+{{- if not $auth.existingSecret }}
+{{- fail "auth.enabled is true (the default) but auth.existingSecret is empty: create a Secret holding the token key (e.g. kubectl create secret generic dwell-token-keys --from-file=public.key=my-public.key, the key from dwell-admin tokens create-key-pair) and set auth.existingSecret, or set auth.enabled=false to run without authentication" }}
+{{- end }}
+- name: DWELL_SUPER_USER_ROLES
+  value: {{ join "," $auth.superUserRoles | quote }}
+{{- if $auth.secretKeyKey }}
+- name: DWELL_TOKEN_SECRET_KEY
+  value: {{ printf "file://%s/%s" (include "dwell.authKeyDir" .) $auth.secretKeyKey | quote }}
+{{- else }}
+- name: DWELL_TOKEN_PUBLIC_KEY
+  value: {{ printf "file://%s/%s" (include "dwell.authKeyDir" .) (required "auth.publicKeyKey or auth.secretKeyKey is required when auth.enabled is true" $auth.publicKeyKey) | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "dwell.authVolumeMount" -}}
+{{- if .Values.auth.enabled }}
+- name: token-keys
+  mountPath: {{ include "dwell.authKeyDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "dwell.authVolume" -}}
+{{- if .Values.auth.enabled }}
+- name: token-keys
+  secret:
+    secretName: {{ .Values.auth.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}

@@ -1,0 +1,107 @@
+"""The one FastAPI dependency every protected route of policy, admission and tracker
+declares: `Authorization: Bearer <token>` → role (401 when missing, expired or not
+signed by the configured key), then `dwell.core.authz.allowed` on the route's tenant and
+namespace (403). With authentication off it lets everything through, as before.
+
+The role is checked before anything is looked up for the request, and the grants of a
+tenant or namespace that does not exist are empty: a 403 never tells whether another
+tenant's objects exist. `/healthz`, `/readyz` and `/metrics` declare no guard."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from fastapi import Depends, Request
+from fastapi.params import Depends as DependsParam
+
+from dwell.auth.keys import verification_key
+from dwell.auth.tokens import InvalidToken, TokenVerifier
+from dwell.core.authz import NEEDS, NO_GRANTS, Grants, Need, Operation, allowed
+from dwell.http import ApiError
+from dwell.settings import CommonSettings
+
+# (tenant, namespace or None) -> what the service knows of them; empty when unknown.
+GrantsLookup = Callable[[str, str | None], Awaitable[Grants]]
+
+CHALLENGE: Final = {"WWW-Authenticate": "Bearer"}
+_BEARER: Final = "bearer "
+
+
+async def _no_grants(_tenant: str, _namespace: str | None) -> Grants:
+    return NO_GRANTS
+
+
+def unauthenticated(reason: str) -> ApiError:
+    return ApiError(401, f"Authentication required: {reason}", CHALLENGE)
+
+
+class Guard:
+    """Authentication and authorization of one service, from its settings."""
+
+    def __init__(self, settings: CommonSettings, grants: GrantsLookup = _no_grants) -> None:
+        self.authentication = settings.authentication_enabled
+        self.authorization = settings.authorization_enabled
+        self.super_users = settings.super_users()
+        self.grants = grants
+        self.verifier = (TokenVerifier(verification_key(
+            settings.token_secret_key.get_secret_value(), settings.token_public_key))
+            if self.authentication else None)
+
+    def role(self, authorization: str | None) -> str:
+        """The role an `Authorization` header authenticates; ApiError 401 otherwise."""
+        assert self.verifier is not None
+        if not authorization:
+            raise unauthenticated("no Authorization header (Authorization: Bearer <token>)")
+        if authorization[:len(_BEARER)].lower() != _BEARER:
+            raise unauthenticated("the Authorization header is not a Bearer token")
+        try:
+            return self.verifier.role(authorization[len(_BEARER):].strip())
+        except InvalidToken as exc:
+            raise unauthenticated(str(exc)) from None
+
+    async def check(self, authorization: str | None, operation: Operation,
+                    tenant: str | None = None, namespace: str | None = None) -> str | None:
+        """The caller's role (None with authentication off) when it may do `operation`
+        on `tenant` / `namespace`; ApiError 401 or 403 otherwise."""
+        if not self.authentication:
+            return None
+        role = self.role(authorization)
+        if not self.authorization:
+            return role
+        need = NEEDS[operation]
+        if role in self.super_users or need is Need.AUTHENTICATED:
+            return role
+        grants = NO_GRANTS
+        if need is not Need.SUPER_USER and tenant is not None:
+            grants = await self.grants(tenant, namespace)
+        if not allowed(role, operation, self.super_users, grants):
+            raise forbidden(role, operation, tenant, namespace)
+        return role
+
+    def require(self, operation: Operation) -> DependsParam:
+        """The route dependency for `operation`; the tenant and namespace are the route's
+        `tenant` / `namespace` path parameters."""
+
+        async def guard(request: Request) -> None:
+            params = request.path_params
+            await self.check(request.headers.get("authorization"), operation,
+                             params.get("tenant"), params.get("namespace"))
+
+        guard.operation = operation  # type: ignore[attr-defined]  # read by the authz matrix
+        return Depends(guard)
+
+
+def forbidden(role: str, operation: Operation, tenant: str | None,
+              namespace: str | None) -> ApiError:
+    where = (f" on {tenant}/{namespace}" if namespace else f" on tenant {tenant}"
+             if tenant else "")
+    return ApiError(403, f"Unauthorized: role {role!r} may not {operation.value}{where}")
+
+
+def operation_of(dependency: object) -> Operation | None:
+    """The operation a route's dependency guards (None for a dependency that is not a
+    guard)."""
+    call = getattr(dependency, "dependency", dependency)
+    op = getattr(call, "operation", None)
+    return op if isinstance(op, Operation) else None

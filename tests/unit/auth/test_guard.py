@@ -1,0 +1,95 @@
+import base64
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from dwell.auth.guard import Guard, operation_of
+from dwell.auth.tokens import create_secret_key, create_token
+from dwell.core.authz import Grants, Operation
+from dwell.http import create_app
+from dwell.settings import CommonSettings
+
+SECRET = create_secret_key()
+LOOKED_UP: list[tuple[str, str | None]] = []
+
+
+async def grants(tenant: str, namespace: str | None) -> Grants:
+    LOOKED_UP.append((tenant, namespace))
+    return Grants.of(["acme-admin"], {"writer": ["produce"]}) if tenant == "acme" else Grants()
+
+
+def app_with(**env: object) -> FastAPI:
+    settings = CommonSettings(**env)  # type: ignore[arg-type]
+    guard = Guard(settings, grants)
+
+    async def ready() -> dict[str, bool]:
+        return {"ready": True}
+
+    app = create_app("t", "t", ready)
+
+    @app.post("/p/{tenant}/{namespace}", dependencies=[guard.require(Operation.PRODUCE)])
+    async def produce(tenant: str, namespace: str) -> str:
+        return "ok"
+
+    @app.get("/tenants", dependencies=[guard.require(Operation.LIST_TENANTS)])
+    async def tenants() -> list[str]:
+        return []
+
+    return app
+
+
+ON = {"authentication_enabled": True, "authorization_enabled": True, "super_user_roles": "root",
+      "token_secret_key": base64.b64encode(SECRET).decode()}
+
+
+def bearer(role: str, **kw: float) -> dict[str, str]:
+    return {"Authorization": f"Bearer {create_token(SECRET, 'HS256', role, **kw)}"}
+
+
+def test_off_lets_everything_through() -> None:
+    c = TestClient(app_with())
+    assert c.post("/p/acme/ns").status_code == 200
+    assert c.get("/tenants").status_code == 200
+
+
+def test_401_and_403() -> None:
+    c = TestClient(app_with(**ON))
+    missing = c.post("/p/acme/ns")
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert c.post("/p/acme/ns", headers={"Authorization": "Basic eDp5"}).status_code == 401
+    assert c.post("/p/acme/ns", headers=bearer("writer", expires_at=1)).json()["reason"] == (
+        "Authentication required: token expired")
+    assert c.post("/p/acme/ns", headers=bearer("writer")).status_code == 200
+    assert c.post("/p/acme/ns", headers=bearer("acme-admin")).status_code == 200
+    assert c.post("/p/acme/ns", headers=bearer("root")).status_code == 200
+    # Another tenant, existing or not, and a role without the permission: the same 403.
+    for path, role in (("/p/globex/ns", "writer"), ("/p/nope/ns", "writer"),
+                       ("/p/acme/ns", "reader")):
+        answer = c.post(path, headers=bearer(role))
+        assert answer.status_code == 403, path
+    assert c.get("/tenants", headers=bearer("acme-admin")).status_code == 403
+    assert c.get("/tenants", headers=bearer("root")).status_code == 200
+    assert c.get("/healthz").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+def test_super_users_and_401s_look_nothing_up() -> None:
+    c = TestClient(app_with(**ON))
+    LOOKED_UP.clear()
+    c.post("/p/acme/ns", headers=bearer("root"))
+    c.post("/p/acme/ns")
+    c.get("/tenants", headers=bearer("acme-admin"))
+    assert LOOKED_UP == []
+
+
+def test_authentication_only_needs_a_token() -> None:
+    c = TestClient(app_with(**ON | {"authorization_enabled": False}))
+    assert c.post("/p/globex/ns", headers=bearer("anyone")).status_code == 200
+    assert c.post("/p/globex/ns").status_code == 401
+
+
+def test_routes_name_their_operation() -> None:
+    app = app_with(**ON)
+    ops = {r.path: [operation_of(d) for d in r.dependencies]  # type: ignore[attr-defined]
+           for r in app.routes if hasattr(r, "dependencies")}
+    assert ops["/p/{tenant}/{namespace}"] == [Operation.PRODUCE]
+    assert ops["/tenants"] == [Operation.LIST_TENANTS]
