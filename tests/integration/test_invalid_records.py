@@ -2,7 +2,8 @@
 admission services: malformed requests of every kind, among good ones, go to
 dwell.invalid as sent (with their source position, kind and reason), their producers get
 a refusal on dwell.publish.results, every good request is published, and the ingress
-keeps running. (dwell.acks' poison records: tests/e2e/test_invalid_acks.py.)"""
+keeps running. (dwell.acks' poison records: tests/e2e/test_invalid_acks.py; the token
+on the Kafka path: test_ingress_auth.py.)"""
 
 from __future__ import annotations
 
@@ -152,3 +153,4 @@ def test_poison_requests_go_to_dwell_invalid_and_the_ingress_goes_on(
         assert counts.get(kind, 0) >= 2 * sum(1 for b in bad if b[2] == kind), counts
     ready = admission.get("/readyz").json()
     assert ready["ingressAssigned"] and ready["ready"], ready
+

@@ -23,6 +23,8 @@ from dwell.settings import CommonSettings
 
 # (tenant, namespace or None) -> what the service knows of them; empty when unknown.
 GrantsLookup = Callable[[str, str | None], Awaitable[Grants]]
+# The same, for callers outside the event loop (admission's Kafka ingress).
+GrantsSync = Callable[[str, str | None], Grants]
 
 CHALLENGE: Final = {"WWW-Authenticate": "Bearer"}
 _BEARER: Final = "bearer "
@@ -76,6 +78,19 @@ class Guard:
         if need is not Need.SUPER_USER and tenant is not None:
             grants = await self.grants(tenant, namespace)
         if not allowed(role, operation, self.super_users, grants):
+            raise forbidden(role, operation, tenant, namespace)
+        return role
+
+    def check_sync(self, authorization: str | None, operation: Operation, tenant: str,
+                   namespace: str | None, grants: GrantsSync | None) -> str | None:
+        """`check` for a thread outside the event loop, with a synchronous grants lookup."""
+        if not self.authentication:
+            return None
+        role = self.role(authorization)
+        if not self.authorization:
+            return role
+        found = grants(tenant, namespace) if grants is not None else NO_GRANTS
+        if not allowed(role, operation, self.super_users, found):
             raise forbidden(role, operation, tenant, namespace)
         return role
 
