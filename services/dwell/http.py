@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -155,6 +156,8 @@ class ErrorBody(pydantic.BaseModel):
 
 _ERROR_DESCRIPTIONS: Final = {
     400: "A parameter or the body does not fit (the reason names each bad field)",
+    401: "Authentication is on and the request has no valid token",
+    403: "The token's role may not do this on this tenant or namespace",
     404: "The tenant, namespace, topic or subscription does not exist",
     406: "Pulsar's answer for a partition count it does not accept",
     409: "It exists already, or is in use",
@@ -178,16 +181,22 @@ def _error_response(code: int) -> dict[str, Any]:
 
 def _with_errors(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document as the service answers: FastAPI's 422 for a request that
-    does not validate is dwell's 400 (create_app's handler), and any route may answer
-    503 when what it needs is down."""
+    does not validate is dwell's 400 (create_app's handler), a route with a guard
+    (dwell.auth) may answer 401 and 403, and any route 503 when what it needs is down."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
+    guarded = {(method.lower(), route.path) for route in app.routes
+               if isinstance(route, APIRoute) and route.dependencies
+               for method in route.methods}
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for item in schema.get("paths", {}).values():
-        for op in item.values():
+    for path, item in schema.get("paths", {}).items():
+        for method, op in item.items():
             answers = op.setdefault("responses", {})
+            if (method, path) in guarded:
+                answers.setdefault("401", _error_response(401))
+                answers.setdefault("403", _error_response(403))
             if answers.pop("422", None) is not None:
                 answers.setdefault("400", _error_response(400))
             answers.setdefault("503", _error_response(503))
