@@ -77,7 +77,8 @@ def run_schemathesis(url: str, report: Path, cases: int,
            "--report", "ndjson", "--report-ndjson-path", str(report), *extra]
     if not FULL:
         cmd += ["--phases", "examples,coverage,fuzzing"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    # In the test's own folder: schemathesis keeps a cache of crashes where it runs.
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=report.parent)
     return proc.returncode, proc.stdout + proc.stderr
 
 
