@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install chart-tools kube-up kube-down run up down status test test-unit test-integration faults soak lint chart bench clean
+.PHONY: help install chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint chart bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ test-unit: install ## the unit tests only (no servers)
 
 faults: install ## the fault suite at full size (200 msg/s, delays 0-60 s, 2M same-tick burst)
 	DWELL_FAULTS_FULL=1 $(PY) -m pytest tests/faults $(PYTEST_ARGS)
+
+fuzz: install ## schemathesis against the three services' OpenAPI specs, >= 2,000 cases each, summaries printed
+	DWELL_FUZZ_FULL=1 $(PY) -m pytest tests/integration/test_fuzz_openapi.py -s $(PYTEST_ARGS)
 
 soak: install ## 10 min at 2,000 msg/s, a process killed every minute, a Redis FLUSHALL half-way
 	$(PY) bench/soak.py

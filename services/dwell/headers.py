@@ -33,5 +33,18 @@ SUBSCRIPTION: Final = "dwell-subscription"  # on retry-topic and DLQ copies
 # -- on dwell.policies
 VERSION: Final = "dwell-version"  # the policy store's version of the change
 
+# -- on dwell.publish requests and dwell.acks events: the client's credentials, UTF-8 text
+# `Bearer <token>` as in HTTP's Authorization header (at most one).
+AUTHORIZATION: Final = "dwell-authorization"
+
+# -- on dwell.invalid: where the malformed record was read, and why it was refused
+SOURCE_TOPIC: Final = "dwell-source-topic"  # dwell.publish or dwell.acks
+SOURCE_PARTITION: Final = "dwell-source-partition"
+SOURCE_OFFSET: Final = "dwell-source-offset"
+INVALID_KIND: Final = "dwell-invalid-kind"  # one of dwell.core.invalid.KINDS
+INVALID_REASON: Final = "dwell-invalid-reason"  # UTF-8 text naming the field or limit
+
 ALL: Final = (TOPIC, PUBLISH_TIME, PRODUCER, SEQUENCE_ID, EVENT_TIME, DELIVER_AT, TICK_TIME,
-              KEY, PARTITION, ORIGIN, MESSAGE_ID, REDELIVERY_COUNT, SUBSCRIPTION, VERSION)
+              KEY, PARTITION, ORIGIN, MESSAGE_ID, REDELIVERY_COUNT, SUBSCRIPTION, VERSION,
+              AUTHORIZATION, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, INVALID_KIND,
+              INVALID_REASON)

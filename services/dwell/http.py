@@ -13,7 +13,9 @@ import pydantic
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -147,8 +149,75 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+class ErrorBody(pydantic.BaseModel):
+    """Every error answer's body (Pulsar's admin error shape)."""
+
+    reason: str
+
+
+_ERROR_DESCRIPTIONS: Final = {
+    400: "A parameter or the body does not fit (the reason names each bad field)",
+    401: "Authentication is on and the request has no valid token",
+    403: "The token's role may not do this on this tenant or namespace",
+    404: "The tenant, namespace, topic or subscription does not exist",
+    406: "Pulsar's answer for a partition count it does not accept",
+    409: "It exists already, or is in use",
+    412: "A name that is not valid, or a request Pulsar refuses as a failed precondition",
+    413: "The body is bigger than the service's limit",
+    503: "Redis, Kafka or a service this one asks is unavailable; retry",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` of a route: the error statuses it answers, each with ErrorBody. Every
+    route also gets 400 when it reads parameters or a body, and 503 (create_app)."""
+    return {code: {"model": ErrorBody, "description": _ERROR_DESCRIPTIONS[code]}
+            for code in codes}
+
+
+def _error_response(code: int) -> dict[str, Any]:
+    return {"description": _ERROR_DESCRIPTIONS[code], "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+
+
+def _with_errors(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document as the service answers: FastAPI's 422 for a request that
+    does not validate is dwell's 400 (create_app's handler), a route with a guard
+    (dwell.auth) may answer 401 and 403, and any route 503 when what it needs is down."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                         routes=app.routes)
+    guarded = {(method.lower(), route.path) for route in app.routes
+               if isinstance(route, APIRoute) and route.dependencies
+               for method in route.methods}
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for path, item in schema.get("paths", {}).items():
+        for method, op in item.items():
+            answers = op.setdefault("responses", {})
+            if (method, path) in guarded:
+                answers.setdefault("401", _error_response(401))
+                answers.setdefault("403", _error_response(403))
+            if answers.pop("422", None) is not None:
+                answers.setdefault("400", _error_response(400))
+            answers.setdefault("503", _error_response(503))
+            # A body schema given as a model's JSON schema (openapi_extra) keeps its
+            # nested models under `$defs`, which OpenAPI tools do not resolve there.
+            for media in op.get("requestBody", {}).get("content", {}).values():
+                body = media.get("schema", {})
+                components.update(body.pop("$defs", {}))
+    schema = json.loads(json.dumps(schema).replace('"#/$defs/', '"#/components/schemas/'))
+    components = schema["components"]["schemas"]
+    components["ErrorBody"] = ErrorBody.model_json_schema()
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    app.openapi_schema = schema
+    return schema
+
+
 def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
     app = FastAPI(title=title, description=description, version="0.1.0")
+    app.openapi = lambda: _with_errors(app)  # type: ignore[method-assign]
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

@@ -1,5 +1,6 @@
-"""`python -m dwell_spark`: start the Spark session and both streaming queries (drain and
-backoff) in one application, and run until one of them stops."""
+"""`python -m dwell_spark`: start the Spark session and its streaming queries (drain,
+backoff, and malformed dwell.acks events to dwell.invalid) in one application, and run
+until one of them stops."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import ensure_dwell_topics
 from dwell.security import server_context
 
-from . import backoff, drain, metrics
+from . import backoff, drain, invalid, metrics
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark")
@@ -77,7 +78,8 @@ def main() -> int:
     # Start the Python workers and JIT before the first due bucket does (the first job
     # of a session takes seconds, later ones a fraction).
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()
-    queries = [drain.start(spark, settings, r), backoff.start(spark, settings, r)]
+    queries = [drain.start(spark, settings, r), backoff.start(spark, settings, r),
+               invalid.start(spark, settings, backoff.SYSTEM_TOPICS)]
     metrics.watch(queries)
     log.info("dwell spark app running: %s", ", ".join(q.name for q in queries))
     spark.streams.awaitAnyTermination()

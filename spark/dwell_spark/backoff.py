@@ -58,18 +58,13 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic
 from dwell.index import subscriptions as registry
 from dwell.index.redelivery import SubscriptionIndex
-from dwell.security import spark_kafka_options
 
-from . import metrics, recovery
+from . import invalid, metrics, recovery
 from .drain import TopicCache, write_ranges
 from .records import Range
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.backoff")
-# kafka.fetch.max.wait.ms of the dwell.acks source: at Kafka's default (500 ms) a
-# micro-batch's fetch of a few fresh events waits it out.
-FETCH_MAX_WAIT_MS = 10
-
 # Backoff objects stay JSON text (Spark keeps a nested object's raw text for a string field).
 EVENT_SCHEMA = StructType([
     StructField("event", StringType()),
@@ -283,14 +278,9 @@ class Scheduler:
 
 
 def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
-    raw = (spark.readStream.format("kafka")
-           .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-           .options(**spark_kafka_options(settings))
-           .option("subscribe", names.ACKS)
-           .option("startingOffsets", settings.acks_starting_offsets)
-           .option("failOnDataLoss", "false")
-           .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
-           .load())
+    """The good events on dwell.acks (dwell_spark.invalid sets the others aside)."""
+    raw = (invalid.checked_acks(spark, settings, SYSTEM_TOPICS)
+           .where(F.col("bad.kind").isNull()))
     return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
             .select("e.*")
             .where(F.col("topic").isNotNull() & F.col("subscription").isNotNull()
@@ -302,6 +292,8 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
 # consumer events do not pay for starting the Python workers and the first plans
 # (seconds). Its decision is not applied.
 WARM_UP_TOPIC = "persistent://dwell/system/backoff-warm-up"
+# Topics of events the app sends itself, in the reserved tenant no user topic can have.
+SYSTEM_TOPICS: Final = frozenset({WARM_UP_TOPIC})
 WARM_UP_RESEND_S = 5.0
 
 

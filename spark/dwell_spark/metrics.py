@@ -48,6 +48,9 @@ BACKOFF_REBUILT = Counter("dwell_backoff_rebuild_redeliveries_total",
                           "drain sends them at once; those in flight at the loss reach the "
                           "retry topic twice), or skipped as already on the retry or dead-"
                           "letter topic (skipped_delivered)", ["outcome"], registry=REGISTRY)
+INVALID_RECORDS = Counter("dwell_invalid_records_total", "Malformed records set aside on "
+                          "dwell.invalid, by the topic they were read from and kind "
+                          "(dwell.core.invalid.KINDS)", ["source", "kind"], registry=REGISTRY)
 DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
               registry=REGISTRY)
 

@@ -42,6 +42,9 @@ class SparkSettings(CommonSettings):
     backoff_trigger_ms: int = Field(250, ge=10)
     # Where a fresh checkpoint starts reading dwell.acks ("earliest" loses no event).
     acks_starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # A bigger dwell.acks event is malformed (set aside on dwell.invalid); the SDK's are
+    # a few hundred bytes.
+    acks_max_event_bytes: int = Field(64 * 1024, ge=1024)
     redelivery_tick_ms: int = Field(100, ge=1)
     # How long the state of a scheduled redelivery outlives its due time: an ack within it
     # still reaches the index entry (a no-op once the drain has claimed it). After it the

@@ -28,6 +28,7 @@ from dwell.http import (
     BodyLimit,
     create_app,
     declared_size,
+    errors,
     internal_error,
     too_large,
 )
@@ -36,7 +37,7 @@ from . import metrics
 from .cache import PolicyCache, PolicyFollower
 from .ingress import Ingress
 from .publish import Publisher
-from .schema import PublishError
+from .schema import PublishError, PublishRequest, PublishResults, model_of
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission")
@@ -62,7 +63,8 @@ class Admission:
                                    catch_up=self.follower.catch_up)
         # Grants come from the replayed policy feed: no call to the policy service.
         self.guard = Guard(settings, self._grants, self._catch_up)
-        self.ingress = Ingress(settings, self.publisher) if settings.ingress_enabled else None
+        self.ingress = (Ingress(settings, self.publisher, self.guard, self.cache.grants)
+                        if settings.ingress_enabled else None)
         self.topics_ready = threading.Event()
         self.startup_error: str | None = None
         self._starter = threading.Thread(target=self._start, name="admission-start",
@@ -282,7 +284,10 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
     # Documents the endpoint (OpenAPI) and serves it under any ASGI server; behind
     # `serve_publishes`, as `python -m dwell.admission` runs it, publishes skip it.
     @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}",
-              dependencies=[adm.guard.require(Operation.PRODUCE)])
+              dependencies=[adm.guard.require(Operation.PRODUCE)],
+              responses={200: {"model": PublishResults}} | errors(404, 409, 413),
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": model_of(PublishRequest).model_json_schema()}}}})
     async def publish(domain: str, tenant: str, namespace: str, topic: str,
                       request: Request) -> Response:
         status, content, headers = await handle(domain, tenant, namespace, topic,

@@ -20,7 +20,17 @@ Result record value, one per message, in request order: the HTTP answer's result
 request and `index` the message's position in it. A request refused as a whole (bad body,
 unknown namespace: the HTTP 4xx cases) gives every message of it errorCode 2 with that
 reason, or a single result with `index` null when its messages cannot be read at all; a
-request without messages gives none.
+request without messages gives none. A malformed record (not JSON, not an object, a field
+that does not fit, a bad `dwell-authorization` header, bigger than max_request_bytes, an
+invalid topic) also goes to `dwell.invalid` as read, with its reason
+(dwell.core.invalid), in the same transaction.
+
+With authentication on, a request carries its token in the `dwell-authorization` header
+(`Bearer <token>`, as HTTP's Authorization header; Kafka headers are the analogue of the
+credentials Pulsar's binary protocol sends on connect). The ingress verifies it and checks
+`produce` on the namespace (with authorization on) before it plans or writes anything; a
+request refused gets, for each message, Pulsar's ServerError code: AuthenticationError (3)
+or AuthorizationError (4), with the reason.
 Metrics count every attempt, so a re-processed batch is counted again.
 """
 
@@ -34,9 +44,14 @@ from typing import Any
 
 import orjson
 
+from dwell import headers as hdr
 from dwell.adapters import kafka
+from dwell.auth.guard import GrantsSync, Guard
+from dwell.core import invalid
 from dwell.core import topics as names
+from dwell.core.authz import Operation
 from dwell.core.topics import InvalidTopicName, TopicName
+from dwell.http import ApiError
 
 from . import metrics
 from .cache import BoundedCache
@@ -48,8 +63,14 @@ from .settings import AdmissionSettings
 log = logging.getLogger("dwell.admission.ingress")
 
 
-def _request_level_results(value: bytes | None, reason: str) -> tuple[str | None,
-                                                                      list[dict[str, Any]]]:
+# Pulsar's ServerError codes (PulsarApi.proto) for a request refused for its credentials.
+AUTHENTICATION_ERROR = 3
+AUTHORIZATION_ERROR = 4
+
+
+def _request_level_results(value: bytes | None, reason: str,
+                           error_code: int = INVALID_MESSAGE) -> tuple[str | None,
+                                                                       list[dict[str, Any]]]:
     """Results for a request refused as a whole: one per message when they can be read."""
     producer: str | None = None
     seqs: list[Any] = [None]
@@ -65,7 +86,7 @@ def _request_level_results(value: bytes | None, reason: str) -> tuple[str | None
                 indexes = list(range(len(msgs)))
     except orjson.JSONDecodeError:
         pass
-    return producer, [failed(INVALID_MESSAGE, reason) | {
+    return producer, [failed(error_code, reason) | {
         "sequenceId": s if isinstance(s, int) else None, "index": i}
         for s, i in zip(seqs, indexes, strict=True)]
 
@@ -73,9 +94,12 @@ def _request_level_results(value: bytes | None, reason: str) -> tuple[str | None
 class Ingress:
     """The consume-transform-produce loop, run in a daemon thread."""
 
-    def __init__(self, settings: AdmissionSettings, publisher: Publisher) -> None:
+    def __init__(self, settings: AdmissionSettings, publisher: Publisher,
+                 guard: Guard | None = None, grants: GrantsSync | None = None) -> None:
         self.settings = settings
         self.publisher = publisher
+        self.guard = guard if guard is not None and guard.authentication else None
+        self.grants = grants
         self.assigned = threading.Event()
         self.error: str | None = None
         self._topics: BoundedCache[str, TopicName] = BoundedCache()
@@ -164,17 +188,11 @@ class Ingress:
         # One catch-up serves the batch: it reads the feed's end after every record of
         # the batch was written, so it covers the changes their producers had seen.
         caught_up = False
+        invalids: list[kafka.OutRecord] = []
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
-                size = len(r.value or b"")
-                if size > self.settings.max_request_bytes:
-                    raise PublishError(413, f"request: {size} bytes; the limit is "
-                                            f"{self.settings.max_request_bytes} bytes "
-                                            "(max_request_bytes)")
-                req = parse_request(r.value or b"", IngressRequest)
-                topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
-                                                  if r.key else ""))
+                req, topic = self._read(r)
                 if not caught_up and pub.misses(topic):
                     pub.caught_up_blocking()
                     caught_up = True
@@ -189,13 +207,19 @@ class Ingress:
                 planned.append((r, plan, req.producerName, [], request_id,
                                 [m.sequenceId for m in req.messages]))
                 pub.count(plan, "kafka")
+            except invalid.Malformed as exc:
+                self._refuse(r, request_id, exc.reason, planned)
+                invalids.append(invalid.invalid_record(r.topic, r.partition, r.offset, r.key,
+                                                       r.value, exc.kind, exc.reason))
+                metrics.INVALID_RECORDS.labels(r.topic, exc.kind).inc()
+                status = 413 if exc.kind == invalid.OVERSIZED else 400
+                metrics.REQUESTS.labels("kafka", str(status)).inc()
             except PublishError as exc:
                 if exc.status == 503:
                     raise kafka.KafkaUnavailable(exc.reason) from None
-                producer_name, results = _request_level_results(r.value, exc.reason)
-                for res in results:
-                    res["requestId"] = request_id
-                planned.append((r, None, producer_name, results, request_id, []))
+                code = {401: AUTHENTICATION_ERROR, 403: AUTHORIZATION_ERROR}.get(
+                    exc.status, INVALID_MESSAGE)
+                self._refuse(r, request_id, exc.reason, planned, code)
                 metrics.REQUESTS.labels("kafka", str(exc.status)).inc()
         timeout = self.settings.publish_timeout_ms / 1000
         _, not_done = wait(futures, timeout=timeout)
@@ -204,7 +228,7 @@ class Ingress:
             raise kafka.KafkaUnavailable(f"outputs not acknowledged: {first or 'timeout'}")
         # The results need no acknowledgement of their own: commit_transaction flushes
         # them and fails (so the batch is aborted and re-read) if any was not written.
-        out: list[kafka.OutRecord] = []
+        out: list[kafka.OutRecord] = invalids
         dumps = orjson.dumps
         sent = iter(futures)
         ok = 0
@@ -229,6 +253,48 @@ class Ingress:
             metrics.REQUESTS.labels("kafka", "200").inc(ok)
         producer.commit(consumer, kafka.next_offsets(records))
         metrics.PUBLISH_LATENCY.labels("kafka").observe(time.perf_counter() - started)
+
+    def _read(self, r: kafka.Record) -> tuple[IngressRequest, TopicName]:
+        """The request a record holds and the topic it names; Malformed when it is not
+        one (PublishError for a well-formed request refused later, as over HTTP)."""
+        invalid.check_size(r.value, self.settings.max_request_bytes, "max_request_bytes",
+                           "request")
+        auth = r.headers.get(hdr.AUTHORIZATION)
+        token = invalid.authorization([] if auth is None else [auth])
+        try:
+            req = parse_request(r.value or b"", IngressRequest)
+        except PublishError as exc:
+            invalid.json_object(r.value)  # not JSON, not an object: that kind instead
+            raise invalid.Malformed(invalid.FIELD, exc.reason) from None
+        try:
+            topic = self._topic(req.topic or (r.key.decode("utf-8", "replace")
+                                              if r.key else ""))
+        except PublishError as exc:
+            raise invalid.Malformed(invalid.FIELD, exc.reason) from None
+        self._authorize(token, topic)
+        return req, topic
+
+    def _authorize(self, token: str | None, topic: TopicName) -> None:
+        """PublishError 401 / 403 unless the token's role may produce on the topic's
+        namespace (nothing to check with authentication off)."""
+        if self.guard is None:
+            return
+        try:
+            self.guard.check_sync(f"Bearer {token}" if token else None, Operation.PRODUCE,
+                                  topic.tenant, topic.namespace, self.grants)
+        except ApiError as exc:
+            raise PublishError(exc.status, exc.reason) from None
+
+    @staticmethod
+    def _refuse(r: kafka.Record, request_id: str, reason: str,
+                planned: list[tuple[kafka.Record, Plan | None, str | None,
+                                    list[dict[str, Any]], str, list[Any]]],
+                error_code: int = INVALID_MESSAGE) -> None:
+        """The results of a request refused as a whole."""
+        producer_name, results = _request_level_results(r.value, reason, error_code)
+        for res in results:
+            res["requestId"] = request_id
+        planned.append((r, None, producer_name, results, request_id, []))
 
     def _topic(self, name: str) -> TopicName:
         """The Pulsar topic a record names, parsed once per distinct name."""

@@ -32,6 +32,12 @@ PUBLISH_LATENCY = Histogram(
     ["path"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+INVALID_RECORDS = Counter(
+    "dwell_invalid_records",
+    "Malformed records set aside on dwell.invalid, by the topic they were read from and "
+    "kind (dwell.core.invalid.KINDS).",
+    ["source", "kind"],
+)
 POLICY_VERSION_APPLIED = Gauge(
     "dwell_policy_version_applied",
     "Highest dwell.policies version this admission replica has applied.",

@@ -110,6 +110,27 @@ class IngressRequest(PublishRequest, kw_only=True):
 Req = TypeVar("Req", bound=PublishRequest)
 
 
+class ProducerAck(pydantic.BaseModel):
+    """One message's result (Pulsar's `ProducerAck`), for the OpenAPI document: an id
+    and errorCode 0, or messageId "-1", an errorCode and errorMsg; dwell's fields
+    follow on success."""
+
+    messageId: str
+    errorCode: int
+    errorMsg: str | None = None
+    schemaVersion: int
+    deliverAt: int | None = None
+    delayed: bool | None = None
+    delayIgnored: bool | None = None
+
+
+class PublishResults(pydantic.BaseModel):
+    """The answer to `POST /topics/...` (Pulsar's `ProducerAcks`)."""
+
+    messagePublishResults: list[ProducerAck]
+    schemaVersion: int
+
+
 def _pydantic_type(tp: Any) -> Any:
     """`tp` with every struct in it replaced by its generated model."""
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):

@@ -25,6 +25,8 @@ from dwell.settings import CommonSettings
 GrantsLookup = Callable[[str, str | None], Awaitable[Grants]]
 # Waits until the grants reflect every change acknowledged so far; False if it could not.
 CatchUp = Callable[[], Awaitable[bool]]
+# The same, for callers outside the event loop (admission's Kafka ingress).
+GrantsSync = Callable[[str, str | None], Grants]
 
 CHALLENGE: Final = {"WWW-Authenticate": "Bearer"}
 _BEARER: Final = "bearer "
@@ -89,6 +91,19 @@ class Guard:
             if allowed(role, operation, self.super_users, grants):
                 return role
         raise forbidden(role, operation, tenant, namespace)
+
+    def check_sync(self, authorization: str | None, operation: Operation, tenant: str,
+                   namespace: str | None, grants: GrantsSync | None) -> str | None:
+        """`check` for a thread outside the event loop, with a synchronous grants lookup."""
+        if not self.authentication:
+            return None
+        role = self.role(authorization)
+        if not self.authorization:
+            return role
+        found = grants(tenant, namespace) if grants is not None else NO_GRANTS
+        if not allowed(role, operation, self.super_users, found):
+            raise forbidden(role, operation, tenant, namespace)
+        return role
 
     def require(self, operation: Operation) -> DependsParam:
         """The route dependency for `operation`; the tenant and namespace are the route's

@@ -122,6 +122,8 @@ class Consumer:
         self.retry_topic = retry_topic(self.topic, self.subscription)
         # The JWT sent to the tracker as `Authorization: Bearer` when authentication is on.
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        # The same credentials on its dwell.acks events (dwell.headers.AUTHORIZATION).
+        self._event_headers = {hdr.AUTHORIZATION: f"Bearer {token}"} if token else None
         self._register()
         # Both topics must exist before subscribing: a group on a missing topic only sees
         # it after the next metadata refresh (minutes), long after the first message.
@@ -217,7 +219,8 @@ class Consumer:
                 "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
                 "ts": int(time.time() * 1000), **self._settings_json}
         # Wait for the write: offsets are committed on the strength of this event.
-        self._events.send(names.ACKS, json.dumps(body).encode(), key=self._event_key).result(30)
+        self._events.send(names.ACKS, json.dumps(body).encode(), key=self._event_key,
+                          headers=self._event_headers).result(30)
 
     def close(self) -> None:
         try:

@@ -41,6 +41,9 @@ DELIVERED: Final = "dwell.delivered"
 # Compacted record of the tracker's subscription registry: key "<topic> <subscription>",
 # value the settings JSON, a tombstone when the subscription is deleted.
 SUBSCRIPTIONS: Final = "dwell.subscriptions"
+# Malformed records read from dwell.publish and dwell.acks, set aside with the reason
+# (dwell.core.invalid) so that their readers go on.
+INVALID: Final = "dwell.invalid"
 
 # Pulsar names partition i of a partitioned topic x `x-partition-i`; dwell's ready topic
 # for x has i as a Kafka partition.

@@ -55,7 +55,7 @@ from dwell.core.topics import (
     validate_namespace,
     validate_tenant,
 )
-from dwell.http import ApiError, create_app, error, validation_reason
+from dwell.http import ApiError, create_app, error, errors, validation_reason
 from dwell.policy import permissions
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
@@ -349,7 +349,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.put("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
              openapi_extra=_TENANT_BODY,
-             dependencies=[auth.require(Op.CREATE_TENANT)])
+             dependencies=[auth.require(Op.CREATE_TENANT)],
+             responses=errors(409, 412))
     async def create_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
         info = _check_tenant_info(await _tenant_body(request), settings.cluster)
@@ -357,19 +358,22 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.post("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
               openapi_extra=_TENANT_BODY,
-              dependencies=[auth.require(Op.UPDATE_TENANT)])
+              dependencies=[auth.require(Op.UPDATE_TENANT)],
+              responses=errors(404, 412))
     async def update_tenant(tenant: str, request: Request) -> Response:
         name = _tenant(tenant)
         info = _check_tenant_info(await _tenant_body(request), settings.cluster)
         return await commit("tenant_update", lambda: store.update_tenant(name, info))
 
     @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"],
-             dependencies=[auth.require(Op.GET_TENANT)])
+             dependencies=[auth.require(Op.GET_TENANT)],
+             responses=errors(404, 412))
     async def get_tenant(tenant: str) -> Response:
         return _json((await store.get_tenant(_tenant(tenant))).model_dump())
 
     @app.delete("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
-                dependencies=[auth.require(Op.DELETE_TENANT)])
+                dependencies=[auth.require(Op.DELETE_TENANT)],
+                responses=errors(404, 409, 412))
     async def delete_tenant(tenant: str) -> Response:
         name = _tenant(tenant)
         return await commit("tenant_delete", lambda: store.delete_tenant(name))
@@ -377,13 +381,15 @@ def build_app(settings: PolicySettings) -> FastAPI:
     # -- namespaces
 
     @app.get("/admin/v2/namespaces/{tenant}", tags=["namespaces"],
-             dependencies=[auth.require(Op.LIST_NAMESPACES)])
+             dependencies=[auth.require(Op.LIST_NAMESPACES)],
+             responses=errors(404, 412))
     async def list_namespaces(tenant: str) -> list[str]:
         return await store.list_namespaces(_tenant(tenant))
 
     @app.put("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
              tags=["namespaces"],
-             dependencies=[auth.require(Op.CREATE_NAMESPACE)])
+             dependencies=[auth.require(Op.CREATE_NAMESPACE)],
+             responses=errors(404, 409, 412))
     async def create_namespace(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
         policy = await _namespace_body(request)
@@ -393,7 +399,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.set_namespace_policy(ns, policy))
 
     @app.get("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"],
-             dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)])
+             dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)],
+             responses=errors(404, 412))
     async def get_namespace(tenant: str, namespace: str) -> Response:
         ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
         return _json({"delayed_delivery_policies": ns_policy.model_dump(exclude_none=True)
@@ -401,7 +408,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.delete("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
                 tags=["namespaces"],
-                dependencies=[auth.require(Op.DELETE_NAMESPACE)])
+                dependencies=[auth.require(Op.DELETE_NAMESPACE)],
+                responses=errors(404, 409, 412))
     async def delete_namespace(tenant: str, namespace: str) -> Response:
         ns = _namespace(tenant, namespace)
         for domain in (PERSISTENT, NON_PERSISTENT):
@@ -414,7 +422,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
     ns_path = "/admin/v2/namespaces/{tenant}/{namespace}/delayedDelivery"
 
     @app.get(ns_path, tags=["delayed delivery"],
-             dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)])
+             dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)],
+             responses=errors(404, 412))
     async def get_namespace_policy(tenant: str, namespace: str, applied: bool = False,
                                    isGlobal: bool = False) -> Response:
         ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
@@ -424,7 +433,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.post(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
               openapi_extra=_POLICY_BODY,
-              dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)])
+              dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)],
+              responses=errors(404, 412))
     async def set_namespace_policy(tenant: str, namespace: str, request: Request) -> Response:
         ns = _namespace(tenant, namespace)
         policy = await _policy_body(request)
@@ -432,7 +442,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.set_namespace_policy(ns, policy))
 
     @app.delete(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
-                dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)])
+                dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)],
+                responses=errors(404, 412))
     async def remove_namespace_policy(tenant: str, namespace: str) -> Response:
         ns = _namespace(tenant, namespace)
         return await commit("namespace_policy_remove",
@@ -446,12 +457,14 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await catalog.listing(domain, ns)
 
     @app.get("/admin/v2/persistent/{tenant}/{namespace}", tags=["topics"],
-             dependencies=[auth.require(Op.GET_TOPICS)])
+             dependencies=[auth.require(Op.GET_TOPICS)],
+             responses=errors(404, 412))
     async def list_topics(tenant: str, namespace: str) -> list[str]:
         return await _listing(PERSISTENT, tenant, namespace)
 
     @app.get("/admin/v2/non-persistent/{tenant}/{namespace}", tags=["topics"],
-             dependencies=[auth.require(Op.GET_TOPICS)])
+             dependencies=[auth.require(Op.GET_TOPICS)],
+             responses=errors(404, 412))
     async def list_non_persistent_topics(tenant: str, namespace: str) -> list[str]:
         return await _listing(NON_PERSISTENT, tenant, namespace)
 
@@ -461,19 +474,22 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await catalog.partitioned(domain, ns)
 
     @app.get("/admin/v2/persistent/{tenant}/{namespace}/partitioned", tags=["topics"],
-             dependencies=[auth.require(Op.GET_TOPICS)])
+             dependencies=[auth.require(Op.GET_TOPICS)],
+             responses=errors(404, 412))
     async def list_partitioned_topics(tenant: str, namespace: str) -> list[str]:
         return await _partitioned(PERSISTENT, tenant, namespace)
 
     @app.get("/admin/v2/non-persistent/{tenant}/{namespace}/partitioned", tags=["topics"],
-             dependencies=[auth.require(Op.GET_TOPICS)])
+             dependencies=[auth.require(Op.GET_TOPICS)],
+             responses=errors(404, 412))
     async def list_non_persistent_partitioned_topics(tenant: str, namespace: str) -> list[str]:
         return await _partitioned(NON_PERSISTENT, tenant, namespace)
 
     topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
     @app.put(topic_base, status_code=NO_CONTENT, tags=["topics"],
-             dependencies=[auth.require(Op.CREATE_TOPIC)])
+             dependencies=[auth.require(Op.CREATE_TOPIC)],
+             responses=errors(404, 409, 412))
     async def create_topic(tenant: str, namespace: str, topic: str) -> Response:
         name = _topic(tenant, namespace, topic)
         await store.namespace_policy(name.namespace_name)
@@ -496,7 +512,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return Response(status_code=NO_CONTENT)
 
     @app.put(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
-             dependencies=[auth.require(Op.CREATE_TOPIC)])
+             dependencies=[auth.require(Op.CREATE_TOPIC)],
+             responses=errors(404, 406, 409, 412))
     async def create_partitioned_topic(tenant: str, namespace: str, topic: str,
                                        request: Request) -> Response:
         name = _topic(tenant, namespace, topic)
@@ -513,7 +530,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return Response(status_code=NO_CONTENT)
 
     @app.get(topic_base + "/partitions", tags=["topics"],
-             dependencies=[auth.require(Op.LOOKUP)])
+             dependencies=[auth.require(Op.LOOKUP)],
+             responses=errors(412))
     async def get_partitioned_metadata(tenant: str, namespace: str, topic: str) -> Response:
         count = await catalog.partitions(_topic(tenant, namespace, topic))
         return _json({"partitions": count if count > 1 else 0})
@@ -527,12 +545,14 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("topic_policy_remove", lambda: store.drop_topic_policies(name))
 
     @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"],
-                dependencies=[auth.require(Op.DELETE_TOPIC)])
+                dependencies=[auth.require(Op.DELETE_TOPIC)],
+                responses=errors(404, 412))
     async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=False)
 
     @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
-                dependencies=[auth.require(Op.DELETE_TOPIC)])
+                dependencies=[auth.require(Op.DELETE_TOPIC)],
+                responses=errors(404, 412))
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=True)
 
@@ -555,7 +575,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return stats
 
     @app.get(topic_base + "/stats", tags=["topics"],
-             dependencies=[auth.require(Op.GET_STATS)])
+             dependencies=[auth.require(Op.GET_STATS)],
+             responses=errors(404, 412))
     async def get_topic_stats(tenant: str, namespace: str, topic: str,
                               request: Request) -> Response:
         """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
@@ -599,7 +620,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return name
 
     @app.get(topic_path, tags=["delayed delivery"],
-             dependencies=[auth.require(Op.GET_TOPIC_POLICIES)])
+             dependencies=[auth.require(Op.GET_TOPIC_POLICIES)],
+             responses=errors(404, 412))
     async def get_topic_policy(tenant: str, namespace: str, topic: str, applied: bool = False,
                                isGlobal: bool = False) -> Response:
         name = await existing_policy_topic(tenant, namespace, topic)
@@ -612,7 +634,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     @app.post(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
               openapi_extra=_POLICY_BODY,
-              dependencies=[auth.require(Op.SET_TOPIC_POLICIES)])
+              dependencies=[auth.require(Op.SET_TOPIC_POLICIES)],
+              responses=errors(404, 412))
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
         name = await existing_policy_topic(tenant, namespace, topic)
@@ -621,7 +644,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.set_topic_policy(name, policy, isGlobal))
 
     @app.delete(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
-                dependencies=[auth.require(Op.SET_TOPIC_POLICIES)])
+                dependencies=[auth.require(Op.SET_TOPIC_POLICIES)],
+                responses=errors(404, 412))
     async def remove_topic_policy(tenant: str, namespace: str, topic: str,
                                   isGlobal: bool = False) -> Response:
         name = await existing_policy_topic(tenant, namespace, topic)

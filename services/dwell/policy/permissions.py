@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from dwell.auth.guard import Guard
 from dwell.core.authz import AuthAction, Operation, parse_actions
-from dwell.http import ApiError
+from dwell.http import ApiError, errors
 from dwell.policy.store import Change, PolicyStore
 
 Commit = Callable[..., Awaitable[Response]]
@@ -40,14 +40,16 @@ def add_routes(app: FastAPI, store: PolicyStore, guard: Guard, commit: Commit,
     base = "/admin/v2/namespaces/{tenant}/{namespace}/permissions"
 
     @app.get(base, tags=["permissions"],
-             dependencies=[guard.require(Operation.GET_PERMISSION)])
+             dependencies=[guard.require(Operation.GET_PERMISSION)],
+             responses=errors(404, 412))
     async def get_permissions(tenant: str, namespace: str) -> Response:
         perms = await store.permissions(namespace_name(tenant, namespace))
         return Response(orjson.dumps(perms), media_type="application/json")
 
     @app.post(base + "/{role}", status_code=204, tags=["permissions"],
               openapi_extra=_ACTIONS_BODY,
-              dependencies=[guard.require(Operation.GRANT_PERMISSION)])
+              dependencies=[guard.require(Operation.GRANT_PERMISSION)],
+              responses=errors(404, 412))
     async def grant_permission(tenant: str, namespace: str, role: str,
                                request: Request) -> Response:
         ns = namespace_name(tenant, namespace)
@@ -59,7 +61,8 @@ def add_routes(app: FastAPI, store: PolicyStore, guard: Guard, commit: Commit,
         return await commit("permission_grant", write)
 
     @app.delete(base + "/{role}", status_code=204, tags=["permissions"],
-                dependencies=[guard.require(Operation.REVOKE_PERMISSION)])
+                dependencies=[guard.require(Operation.REVOKE_PERMISSION)],
+                responses=errors(404, 412))
     async def revoke_permission(tenant: str, namespace: str, role: str) -> Response:
         ns = namespace_name(tenant, namespace)
 

@@ -19,7 +19,7 @@ from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
-from dwell.http import ApiError, create_app
+from dwell.http import ApiError, create_app, errors
 from dwell.tracker.ingest import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
@@ -126,7 +126,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         return settings_.to_json()
 
     @app.get(base + "/subscriptions/{sub}",
-             dependencies=[guard.require(Op.GET_SUBSCRIPTION)])
+             dependencies=[guard.require(Op.GET_SUBSCRIPTION)],
+             responses=errors(404))
     def get_subscription(kind: str, tenant: str, namespace: str, topic: str,
                          sub: str) -> dict[str, Any]:
         found = reg.get(_topic(kind, tenant, namespace, topic), _sub(sub))
@@ -135,7 +136,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         return found.to_json()
 
     @app.delete(base + "/subscriptions/{sub}", status_code=204,
-                dependencies=[guard.require(Op.UNSUBSCRIBE)])
+                dependencies=[guard.require(Op.UNSUBSCRIBE)],
+                responses=errors(404))
     def delete_subscription(kind: str, tenant: str, namespace: str, topic: str,
                             sub: str) -> Response:
         if not reg.delete(_topic(kind, tenant, namespace, topic), _sub(sub)):
@@ -158,7 +160,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         return {"topics": out}
 
     @app.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats",
-             dependencies=[guard.require(Op.GET_STATS)])
+             dependencies=[guard.require(Op.GET_STATS)],
+             responses=errors(404))
     def pulsar_topic_stats(tenant: str, namespace: str, topic: str) -> dict[str, Any]:
         name = _topic("persistent", tenant, namespace, topic)
         if not r.sismember(keys.TOPICS, name) and not reg.names(name):

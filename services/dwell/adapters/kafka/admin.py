@@ -69,6 +69,7 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
     names.REFILED: (4, {}),
     names.ACKS: (4, {}),
     names.DELIVERED: (4, {}),
+    names.INVALID: (1, {}),
     names.SUBSCRIPTIONS: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                               "segment.ms": "3600000"}),
 }

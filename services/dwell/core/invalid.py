@@ -1,0 +1,175 @@
+"""Malformed records: what makes a record on `dwell.publish` or `dwell.acks` unreadable,
+the event check the dwell.acks readers share, and the shape of the `dwell.invalid` record
+a refused one becomes (key and value as read; headers say where it came from and why).
+
+A reader sets a malformed record aside on `dwell.invalid` and goes on; it never stops
+or retries on one, since a retry would read the same bytes again."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from dwell import headers as hdr
+from dwell.core import subscriptions as subs
+from dwell.core.policy import MAX_LONG
+from dwell.core.positions import parse_message_id
+from dwell.core.topics import INVALID, InvalidTopicName, TopicName, validate_subscription
+
+# The kinds of malformed record (the `dwell-invalid-kind` header and the metrics' label).
+NOT_JSON: Final = "not_json"  # the value is not JSON (or not UTF-8, or empty)
+WRONG_TYPE: Final = "wrong_type"  # JSON, but not an object
+FIELD: Final = "field"  # a field missing, of the wrong type or out of range
+HEADER: Final = "header"  # a header dwell reads is not what it must be
+EVENT_KIND: Final = "event_kind"  # a dwell.acks event that is not delivered, ack or nack
+OVERSIZED: Final = "oversized"  # bigger than the reader's limit
+UNAUTHENTICATED: Final = "unauthenticated"  # no valid token where one is required
+UNAUTHORIZED: Final = "unauthorized"  # the token's role lacks the permission
+KINDS: Final = (NOT_JSON, WRONG_TYPE, FIELD, HEADER, EVENT_KIND, OVERSIZED, UNAUTHENTICATED,
+                UNAUTHORIZED)
+
+# The dwell.acks event kinds (ARCHITECTURE.md, "Kafka topics").
+DELIVERED: Final = "delivered"
+ACK: Final = "ack"
+NACK: Final = "nack"
+EVENTS: Final = (DELIVERED, ACK, NACK)
+# Longest reason carried in a header: enough to name the field and what was wrong.
+MAX_REASON_CHARS: Final = 1000
+BEARER: Final = "Bearer "
+
+# (topic, value, key, headers, timestamp): dwell.adapters.kafka's OutRecord.
+InvalidRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]], None]
+
+
+class Malformed(ValueError):
+    """A record its reader cannot use: ``kind`` is one of KINDS, ``reason`` names why."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def invalid_record(source_topic: str, partition: int, offset: int, key: bytes | None,
+                   value: bytes | None, kind: str, reason: str) -> InvalidRecord:
+    """The `dwell.invalid` record for a malformed record read at (topic, partition,
+    offset): its own key and value, and where it was and why it was refused as headers."""
+    return (INVALID, value, key, [
+        (hdr.SOURCE_TOPIC, source_topic.encode()),
+        (hdr.SOURCE_PARTITION, str(partition).encode()),
+        (hdr.SOURCE_OFFSET, str(offset).encode()),
+        (hdr.INVALID_KIND, kind.encode()),
+        (hdr.INVALID_REASON, reason[:MAX_REASON_CHARS].encode()),
+    ], None)
+
+
+def authorization(values: Sequence[bytes | None]) -> str | None:
+    """The token of a record's `dwell-authorization` headers (every value it carries under
+    that name, in order), None without one; Malformed (HEADER) unless there is at most
+    one and it is UTF-8 text `Bearer <token>`."""
+    if not values:
+        return None
+    if len(values) > 1:
+        raise Malformed(HEADER, f"header {hdr.AUTHORIZATION}: sent {len(values)} times; "
+                                "send it once")
+    raw = values[0]
+    try:
+        text = (raw or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        raise Malformed(HEADER, f"header {hdr.AUTHORIZATION}: not UTF-8 text") from None
+    token = text.removeprefix(BEARER)
+    if token == text or not token or not token.isprintable() or " " in token:
+        raise Malformed(HEADER, f"header {hdr.AUTHORIZATION}: must be 'Bearer <token>'")
+    return token
+
+
+def check_size(value: bytes | None, max_bytes: int, limit_name: str,
+               what: str = "record") -> None:
+    """Malformed (OVERSIZED) when ``value`` is longer than ``max_bytes``."""
+    size = len(value or b"")
+    if size > max_bytes:
+        raise Malformed(OVERSIZED, f"{what}: {size} bytes; the limit is {max_bytes} bytes "
+                                   f"({limit_name})")
+
+
+def json_object(value: bytes | None) -> dict[str, Any]:
+    """The record's value as a JSON object; Malformed NOT_JSON or WRONG_TYPE otherwise."""
+    try:
+        doc = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Malformed(NOT_JSON, f"value: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise Malformed(WRONG_TYPE, f"value: must be a JSON object, not {_json_type(doc)}")
+    return doc
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int | float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def _long(doc: Mapping[str, Any], name: str, *, required: bool) -> None:
+    v = doc.get(name)
+    if v is None:
+        if required:
+            raise Malformed(FIELD, f"{name}: missing")
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LONG:
+        raise Malformed(FIELD, f"{name}: must be an integer from 0 to {MAX_LONG}")
+
+
+def _text(doc: Mapping[str, Any], name: str) -> str:
+    v = doc.get(name)
+    if v is None:
+        raise Malformed(FIELD, f"{name}: missing")
+    if not isinstance(v, str):
+        raise Malformed(FIELD, f"{name}: must be a string, not {_json_type(v)}")
+    return v
+
+
+def check_ack_event(value: bytes | None, max_bytes: int,
+                    system_topics: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The dwell.acks event in ``value``, checked as its readers use it: `event` one of
+    EVENTS, `topic` a Pulsar topic (or one of ``system_topics``, a reader's own), a
+    `subscription`, a `messageId` `<kafkaTopic>:<partition>:<offset>`, `ts` and an
+    optional `redeliveryCount` non-negative longs, and the subscription settings, when
+    present, valid. Malformed with the first problem otherwise."""
+    check_size(value, max_bytes, "acks_max_event_bytes")
+    doc = json_object(value)
+    event = _text(doc, "event")
+    if event not in EVENTS:
+        raise Malformed(EVENT_KIND, f"event: {event[:100]!r} is not one of {', '.join(EVENTS)}")
+    topic = _text(doc, "topic")
+    if topic not in system_topics:
+        try:
+            TopicName.parse(topic)
+        except InvalidTopicName as exc:
+            raise Malformed(FIELD, f"topic: {exc}") from None
+    try:
+        validate_subscription(_text(doc, "subscription"))
+    except InvalidTopicName as exc:
+        raise Malformed(FIELD, f"subscription: {exc}") from None
+    try:
+        parse_message_id(_text(doc, "messageId"))
+    except ValueError as exc:
+        raise Malformed(FIELD, f"messageId: {exc}") from None
+    _long(doc, "ts", required=True)
+    for name in ("redeliveryCount", *subs.INTEGER_FIELDS):
+        _long(doc, name, required=False)
+    settings = {k: doc[k] for k in subs.FIELDS if doc.get(k) is not None}
+    if settings:
+        try:
+            subs.SubscriptionSettings.from_json(settings)
+        except ValueError as exc:
+            raise Malformed(FIELD, str(exc)) from None
+    return doc

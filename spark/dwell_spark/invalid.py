@@ -1,0 +1,215 @@
+"""dwell.acks as the backoff job reads it: every event checked (dwell.core.invalid) before
+the job uses it. Good events go on to the backoff query; malformed ones go to
+`dwell.invalid` with their reason, through a query of their own, so that no event can
+stop or crash-loop the backoff query (a bad messageId or backoff would fail its
+micro-batch, and the batch would fail again on every restart).
+
+With authentication on (DWELL_AUTHENTICATION_ENABLED), an event must also carry a valid
+token in `dwell-authorization`, and with authorization on, its role must hold `consume`
+on the event's namespace (or be a super-user or the tenant's admin), as read from the
+policy store in Redis (cached per Python worker for backoff_registry_ttl_ms); events that
+fail go to `dwell.invalid` as `unauthenticated` / `unauthorized`. The app's own events
+(SYSTEM_TOPICS) carry no token.
+
+The side query is at-least-once: a crash between writing a batch's records and its
+checkpoint writes them again."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+import pandas as pd
+import redis as redislib
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from dwell import headers as hdr
+from dwell import keys
+from dwell.adapters import kafka
+from dwell.adapters.redis import connect
+from dwell.auth.keys import verification_key
+from dwell.auth.tokens import InvalidToken, TokenVerifier
+from dwell.core import invalid
+from dwell.core import topics as names
+from dwell.core.authz import Grants, Operation, allowed, namespace_auth
+from dwell.core.topics import TopicName
+from dwell.security import spark_kafka_options
+
+from . import metrics
+from .settings import SparkSettings
+
+log = logging.getLogger("dwell.spark.invalid")
+
+CHECK_SCHEMA: Final = StructType([StructField("kind", StringType()),
+                                  StructField("reason", StringType())])
+# kafka.fetch.max.wait.ms of the side query, as the backoff query's.
+FETCH_MAX_WAIT_MS: Final = 10
+
+
+# Per Python worker: token verifiers by key, Redis clients and grants read.
+_verifiers: dict[tuple[str, str], TokenVerifier] = {}
+_clients: dict[str, redislib.Redis] = {}
+_grants: dict[tuple[str, str, str], tuple[float, Grants]] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class AckAuth:
+    """Who may send ack events: ``check(token, topic)`` raises Malformed
+    (UNAUTHENTICATED / UNAUTHORIZED) for an event the role may not send. Pickles as
+    its settings, so it ships to the executors."""
+
+    secret_key: str
+    public_key: str
+    authorization: bool
+    super_users: frozenset[str]
+    redis_url: str
+    ttl_ms: int
+
+    @classmethod
+    def of(cls, settings: SparkSettings) -> AckAuth | None:
+        if not settings.authentication_enabled:
+            return None
+        return cls(settings.token_secret_key.get_secret_value(), settings.token_public_key,
+                   settings.authorization_enabled, settings.super_users(),
+                   settings.redis_url, settings.backoff_registry_ttl_ms)
+
+    def _verifier(self) -> TokenVerifier:
+        key = (self.secret_key, self.public_key)
+        with _lock:
+            found = _verifiers.get(key)
+            if found is None:
+                found = _verifiers[key] = TokenVerifier(
+                    verification_key(self.secret_key, self.public_key))
+        return found
+
+    def _grants(self, tenant: str, namespace: str) -> Grants:
+        key = (self.redis_url, tenant, namespace)
+        now = time.monotonic()
+        hit = _grants.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        with _lock:
+            r = _clients.get(self.redis_url)
+            if r is None:
+                r = _clients[self.redis_url] = connect(self.redis_url)
+        tenant_raw, ns_raw = r.mget([keys.tenant(tenant), keys.namespace(
+            f"{tenant}/{namespace}")])
+        admins = orjson.loads(tenant_raw)["tenant"]["adminRoles"] if tenant_raw else ()
+        found = Grants.of(admins, namespace_auth(orjson.loads(ns_raw)) if ns_raw else None)
+        _grants[key] = (now + self.ttl_ms / 1000, found)
+        return found
+
+    def check(self, token: str | None, topic: str) -> None:
+        if token is None:
+            raise invalid.Malformed(invalid.UNAUTHENTICATED,
+                                    f"header {hdr.AUTHORIZATION}: missing; authentication "
+                                    "is on")
+        try:
+            role = self._verifier().role(token)
+        except InvalidToken as exc:
+            raise invalid.Malformed(invalid.UNAUTHENTICATED, f"token: {exc}") from None
+        if not self.authorization:
+            return
+        name = TopicName.parse(topic)
+        if role in self.super_users:
+            return
+        if not allowed(role, Operation.ACK, self.super_users,
+                       self._grants(name.tenant, name.namespace)):
+            raise invalid.Malformed(invalid.UNAUTHORIZED,
+                                    f"role {role!r} may not consume on {name.namespace_name}")
+
+
+def check_events(values: pd.Series, auths: pd.Series, max_bytes: int,
+                 system_topics: frozenset[str], auth: AckAuth | None = None) -> pd.DataFrame:
+    """(kind, reason) of each event, both None for a good one: ``values`` are the raw
+    record values, ``auths`` each record's `dwell-authorization` header values; ``auth``
+    who may send them (None: authentication off)."""
+    kinds: list[str | None] = []
+    reasons: list[str | None] = []
+    for value, header in zip(values, auths, strict=True):
+        try:
+            invalid.check_size(value, max_bytes, "acks_max_event_bytes")
+            token = invalid.authorization([] if header is None else list(header))
+            doc = invalid.check_ack_event(value, max_bytes, system_topics)
+            if auth is not None and doc["topic"] not in system_topics:
+                auth.check(token, doc["topic"])
+        except invalid.Malformed as exc:
+            kinds.append(exc.kind)
+            reasons.append(exc.reason[:invalid.MAX_REASON_CHARS])
+            continue
+        kinds.append(None)
+        reasons.append(None)
+    return pd.DataFrame({"kind": kinds, "reason": reasons})
+
+
+def _checker(max_bytes: int, system_topics: frozenset[str], auth: AckAuth | None) -> Any:
+    @F.pandas_udf(CHECK_SCHEMA)  # type: ignore[call-overload]
+    def check(values: pd.Series, auths: pd.Series) -> pd.DataFrame:
+        return check_events(values, auths, max_bytes, system_topics, auth)
+    return check
+
+
+def _auth_values() -> Column:
+    """The record's `dwell-authorization` header values (an empty array without one)."""
+    headers = F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,"
+                                                          "value:binary>>"))
+    return F.transform(F.filter(headers, lambda h: h["key"] == F.lit(hdr.AUTHORIZATION)),
+                       lambda h: h["value"])
+
+
+def checked_acks(spark: SparkSession, settings: SparkSettings,
+                 system_topics: frozenset[str]) -> DataFrame:
+    """dwell.acks as a stream, each record with `bad` (kind, reason: null when good)."""
+    raw = (spark.readStream.format("kafka")
+           .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+           .options(**spark_kafka_options(settings))
+           .option("subscribe", names.ACKS)
+           .option("startingOffsets", settings.acks_starting_offsets)
+           .option("failOnDataLoss", "false")
+           .option("includeHeaders", "true")
+           .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
+           .load())
+    check = _checker(settings.acks_max_event_bytes, system_topics, AckAuth.of(settings))
+    return raw.withColumn("bad", check(F.col("value"), _auth_values()))
+
+
+def write_invalid(rows: list[Any], producer: kafka.Producer) -> None:
+    """Put a batch's malformed events on dwell.invalid and count them."""
+    futures = []
+    for row in rows:
+        topic, value, key, headers, _ = invalid.invalid_record(
+            names.ACKS, int(row.partition), int(row.offset), row.key, row.value,
+            row.kind, row.reason)
+        futures.append(producer.send(topic, value, key, dict(headers)))
+        metrics.INVALID_RECORDS.labels(names.ACKS, row.kind).inc()
+    for f in futures:
+        f.result(30)
+
+
+def start(spark: SparkSession, settings: SparkSettings, system_topics: frozenset[str]) -> Any:
+    """The side query: malformed dwell.acks events to dwell.invalid."""
+    producer = kafka.Producer(settings.kafka_bootstrap, linger_ms=0,
+                              compression_type=settings.kafka_compression_type)
+
+    def _batch(df: DataFrame, batch_id: int) -> None:
+        rows = df.collect()
+        if rows:
+            write_invalid(rows, producer)
+            log.warning("dwell.acks: %d malformed events set aside on %s (first: %s)",
+                        len(rows), names.INVALID, rows[0].reason)
+
+    bad = (checked_acks(spark, settings, system_topics)
+           .where(F.col("bad.kind").isNotNull())
+           .select("partition", "offset", "key", "value", "bad.kind", "bad.reason"))
+    return (bad.writeStream.queryName("dwell-acks-invalid")
+            .foreachBatch(_batch)
+            .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
+            .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/acks-invalid")
+            .start())

@@ -1,0 +1,99 @@
+"""The malformed-record check shared by dwell.acks' readers, table-driven: each kind of
+bad event names its problem, good events pass, and the dwell.invalid record carries the
+original bytes with where they came from and why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dwell import headers as hdr
+from dwell.core import invalid
+from dwell.core import topics as names
+
+GOOD = {"event": "delivered", "topic": "persistent://t/ns/x", "subscription": "s",
+        "messageId": "t.ns.x:0:5", "ts": 1, "redeliveryCount": 0, "ackTimeoutMs": 2000,
+        "ackTimeoutRedeliveryBackoff": {"minDelayMs": 1000}}
+
+
+def enc(doc: object) -> bytes:
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(("value", "kind", "words"), [
+    (b"", invalid.NOT_JSON, "not JSON"),
+    (b"{nope", invalid.NOT_JSON, "not JSON"),
+    (b"\xff\xfe", invalid.NOT_JSON, "not JSON"),
+    (b"[1, 2]", invalid.WRONG_TYPE, "not an array"),
+    (b"42", invalid.WRONG_TYPE, "not a number"),
+    (b"null", invalid.WRONG_TYPE, "not null"),
+    (enc(GOOD | {"event": "settle"}), invalid.EVENT_KIND, "'settle' is not one of"),
+    (enc({k: v for k, v in GOOD.items() if k != "event"}), invalid.FIELD, "event: missing"),
+    (enc(GOOD | {"event": 3}), invalid.FIELD, "event: must be a string"),
+    (enc(GOOD | {"topic": "x"}), invalid.FIELD, "topic: "),
+    (enc(GOOD | {"topic": "persistent://dwell/system/x"}), invalid.FIELD, "reserved"),
+    (enc(GOOD | {"subscription": ""}), invalid.FIELD, "subscription: "),
+    (enc(GOOD | {"messageId": "t.ns.x:zero:5"}), invalid.FIELD, "messageId: "),
+    (enc(GOOD | {"ts": "now"}), invalid.FIELD, "ts: must be an integer"),
+    (enc(GOOD | {"ts": True}), invalid.FIELD, "ts: must be an integer"),
+    (enc(GOOD | {"ts": 2**63}), invalid.FIELD, "ts: must be an integer"),
+    (enc({k: v for k, v in GOOD.items() if k != "ts"}), invalid.FIELD, "ts: missing"),
+    (enc(GOOD | {"redeliveryCount": -1}), invalid.FIELD, "redeliveryCount: "),
+    (enc(GOOD | {"ackTimeoutMs": 5}), invalid.FIELD, "ackTimeoutMs: "),
+    (enc(GOOD | {"ackTimeoutRedeliveryBackoff": "fast"}), invalid.FIELD,
+     "ackTimeoutRedeliveryBackoff: "),
+    (enc(GOOD | {"maxRedeliverCount": 0}), invalid.FIELD, "maxRedeliverCount: "),
+    (enc(GOOD | {"pad": "x" * 2000}), invalid.OVERSIZED, "the limit is 1024 bytes"),
+])
+def test_a_malformed_event_names_its_kind_and_problem(value: bytes, kind: str,
+                                                      words: str) -> None:
+    with pytest.raises(invalid.Malformed) as exc:
+        invalid.check_ack_event(value, 1024)
+    assert exc.value.kind == kind and words in exc.value.reason, exc.value.reason
+
+
+@pytest.mark.parametrize("doc", [
+    GOOD,
+    {"event": "ack", "topic": "persistent://t/ns/x", "subscription": "s",
+     "messageId": "t.ns.x:0:5", "ts": 1},
+    GOOD | {"event": "nack", "unknownField": [1], "maxRedeliverCount": None},
+])
+def test_good_events_pass(doc: dict) -> None:
+    assert invalid.check_ack_event(enc(doc), 1024) == doc
+
+
+def test_a_reader_own_topics_pass() -> None:
+    doc = GOOD | {"topic": "persistent://dwell/system/x"}
+    assert invalid.check_ack_event(enc(doc), 1024, frozenset({doc["topic"]})) == doc
+
+
+@pytest.mark.parametrize(("values", "words"), [
+    ([b"tok"], "must be 'Bearer <token>'"),
+    ([b""], "must be 'Bearer <token>'"),
+    ([None], "must be 'Bearer <token>'"),
+    ([b"Bearer "], "must be 'Bearer <token>'"),
+    ([b"Bearer a b"], "must be 'Bearer <token>'"),
+    ([b"Bearer \xff"], "not UTF-8"),
+    ([b"Bearer a", b"Bearer b"], "sent 2 times"),
+])
+def test_authorization_header_types(values: list[bytes | None], words: str) -> None:
+    with pytest.raises(invalid.Malformed) as exc:
+        invalid.authorization(values)
+    assert exc.value.kind == invalid.HEADER and words in exc.value.reason
+
+
+def test_authorization_header_reads_the_token() -> None:
+    assert invalid.authorization([]) is None
+    assert invalid.authorization([b"Bearer eyJ.x.y"]) == "eyJ.x.y"
+
+
+def test_the_invalid_record_keeps_the_bytes_and_says_where_and_why() -> None:
+    topic, value, key, headers, ts = invalid.invalid_record(
+        names.ACKS, 3, 77, b"k", b"\x00raw", invalid.FIELD, "r" * 5000)
+    assert (topic, value, key, ts) == (names.INVALID, b"\x00raw", b"k", None)
+    got = dict(headers)
+    assert got[hdr.SOURCE_TOPIC] == b"dwell.acks"
+    assert (got[hdr.SOURCE_PARTITION], got[hdr.SOURCE_OFFSET]) == (b"3", b"77")
+    assert got[hdr.INVALID_KIND] == b"field"
+    assert got[hdr.INVALID_REASON] == b"r" * invalid.MAX_REASON_CHARS
