@@ -295,7 +295,10 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
         return Response(content, status, headers, media_type="application/json")
 
     @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}/partitions/{partition}",
-              dependencies=[adm.guard.require(Operation.PRODUCE)])
+              dependencies=[adm.guard.require(Operation.PRODUCE)],
+              responses={200: {"model": PublishResults}} | errors(404, 409, 413),
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": model_of(PublishRequest).model_json_schema()}}}})
     async def publish_to_partition(domain: str, tenant: str, namespace: str, topic: str,
                                    partition: int, request: Request) -> Response:
         """Pulsar's route to one partition: the same as a publish to `<topic>-partition-N`."""

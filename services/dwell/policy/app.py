@@ -30,7 +30,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import orjson
@@ -56,7 +55,7 @@ from dwell.core.topics import (
     validate_tenant,
 )
 from dwell.http import ApiError, create_app, error, errors, validation_reason
-from dwell.policy import permissions
+from dwell.policy import permissions, stats
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -556,56 +555,6 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(_topic(tenant, namespace, topic), partitioned=True)
 
-    async def tracker_stats(name: TopicName, request: Request) -> dict[str, Any]:
-        """The tracker's delayed-delivery fields of Pulsar's TopicStats for `name`."""
-        try:
-            answer = await tracker.get("/admin/v2/persistent/" + "/".join(
-                quote(part, safe="") for part in (name.tenant, name.namespace, name.local))
-                + "/stats",
-                # The tracker checks the caller's token as well.
-                headers={k: v for k, v in request.headers.items() if k == "authorization"})
-        except httpx.HTTPError as exc:
-            raise ApiError(503, f"tracker unavailable: {exc}") from exc
-        if answer.status_code == 404:
-            # The topic exists but nothing of it is indexed and no subscription is known.
-            return {"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}}
-        if answer.status_code != 200:
-            raise ApiError(503, f"tracker answered {answer.status_code}: {answer.text[:200]}")
-        stats: dict[str, Any] = orjson.loads(answer.content)
-        return stats
-
-    @app.get(topic_base + "/stats", tags=["topics"],
-             dependencies=[auth.require(Op.GET_STATS)],
-             responses=errors(404, 412))
-    async def get_topic_stats(tenant: str, namespace: str, topic: str,
-                              request: Request) -> Response:
-        """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
-        name = _topic(tenant, namespace, topic)
-        parent, index = name.partitioned_topic, name.partition_index
-        count = await catalog.partitions(parent)
-        if not (count == 1 and index < 0 or count > 1 and 0 <= index < count):
-            raise ApiError(404, topic_not_found(name))
-        return _json(await tracker_stats(name, request))
-
-    @app.get(topic_base + "/partitioned-stats", tags=["topics"],
-             dependencies=[auth.require(Op.GET_STATS)])
-    async def get_partitioned_stats(tenant: str, namespace: str, topic: str, request: Request,
-                                    perPartition: bool = True) -> Response:
-        """Pulsar's PartitionedTopicStats: the topic's figures with its partition count, and
-        with `perPartition` each partition's own. dwell indexes a partitioned topic's
-        delayed messages under the topic, not per partition, so the figures are the
-        topic's and each partition reports none of its own."""
-        name = _topic(tenant, namespace, topic)
-        count = await catalog.partitions(name)
-        if name.partition_index >= 0 or count < 2:
-            raise ApiError(404, f"Partitioned Topic {name} not found")
-        stats = {**await tracker_stats(name, request),
-                 "metadata": {"partitions": count, "deleted": False}, "partitions": {}}
-        if perPartition:
-            stats["partitions"] = {str(part): await tracker_stats(part, request) for part in
-                                   (name.partition(i) for i in range(count))}
-        return _json(stats)
-
     # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
     # apart as Pulsar keeps them; the topic runs with local over global, field by field.
 
@@ -653,4 +602,5 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.remove_topic_policy(name, isGlobal))
 
     permissions.add_routes(app, store, auth, commit, _namespace)
+    stats.add_routes(app, catalog, tracker, auth, _topic)
     return app

@@ -1,0 +1,80 @@
+"""Pulsar's topic stats on the policy service's port, where `pulsar-admin topics stats` and
+`topics partitioned-stats` look for them: the delayed-delivery fields, answered from the
+tracker (`DWELL_TRACKER_URL`), which holds the index."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from dwell.auth.guard import Guard
+from dwell.core.authz import Operation
+from dwell.core.topics import TopicName
+from dwell.http import ApiError, errors
+from dwell.policy.topics import TopicCatalog
+
+
+def _json(value: Any) -> Response:
+    return Response(orjson.dumps(value), media_type="application/json")
+
+
+def add_routes(app: FastAPI, catalog: TopicCatalog, tracker: httpx.AsyncClient, guard: Guard,
+               topic_name: Callable[[str, str, str], TopicName]) -> None:
+    topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+
+    async def tracker_stats(name: TopicName, request: Request) -> dict[str, Any]:
+        """The tracker's delayed-delivery fields of Pulsar's TopicStats for `name`."""
+        try:
+            answer = await tracker.get("/admin/v2/persistent/" + "/".join(
+                quote(part, safe="") for part in (name.tenant, name.namespace, name.local))
+                + "/stats",
+                # The tracker checks the caller's token as well.
+                headers={k: v for k, v in request.headers.items() if k == "authorization"})
+        except httpx.HTTPError as exc:
+            raise ApiError(503, f"tracker unavailable: {exc}") from exc
+        if answer.status_code == 404:
+            # The topic exists but nothing of it is indexed and no subscription is known.
+            return {"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}}
+        if answer.status_code != 200:
+            raise ApiError(503, f"tracker answered {answer.status_code}: {answer.text[:200]}")
+        stats: dict[str, Any] = orjson.loads(answer.content)
+        return stats
+
+    @app.get(topic_base + "/stats", tags=["topics"],
+             dependencies=[guard.require(Operation.GET_STATS)],
+             responses=errors(404, 412))
+    async def get_topic_stats(tenant: str, namespace: str, topic: str,
+                              request: Request) -> Response:
+        """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
+        name = topic_name(tenant, namespace, topic)
+        parent, index = name.partitioned_topic, name.partition_index
+        count = await catalog.partitions(parent)
+        if not (count == 1 and index < 0 or count > 1 and 0 <= index < count):
+            raise ApiError(404, f"Topic {name} not found")
+        return _json(await tracker_stats(name, request))
+
+    @app.get(topic_base + "/partitioned-stats", tags=["topics"],
+             dependencies=[guard.require(Operation.GET_STATS)],
+             responses=errors(404, 412))
+    async def get_partitioned_stats(tenant: str, namespace: str, topic: str, request: Request,
+                                    perPartition: bool = True) -> Response:
+        """Pulsar's PartitionedTopicStats: the topic's figures with its partition count, and
+        with `perPartition` each partition's own. dwell indexes a partitioned topic's
+        delayed messages under the topic, not per partition, so the figures are the
+        topic's and each partition reports none of its own."""
+        name = topic_name(tenant, namespace, topic)
+        count = await catalog.partitions(name)
+        if name.partition_index >= 0 or count < 2:
+            raise ApiError(404, f"Partitioned Topic {name} not found")
+        stats = {**await tracker_stats(name, request),
+                 "metadata": {"partitions": count, "deleted": False}, "partitions": {}}
+        if perPartition:
+            stats["partitions"] = {str(part): await tracker_stats(part, request) for part in
+                                   (name.partition(i) for i in range(count))}
+        return _json(stats)
