@@ -131,6 +131,8 @@ def drive(e2e: Stack, prom: promserver.Prometheus, unavailable_admission: str) -
         p.send(b"too-late", deliver_after=120_000)
     # A fixed delay on one topic (PIP-437): a producer's delay is overridden; until the
     # policy reaches admission, the same delay is refused as above max.
+    created = httpx.put(f"{e2e.policy}/admin/v2/persistent/{ns}/fixed", timeout=10)
+    assert created.status_code < 300, created.text
     r = httpx.post(f"{e2e.policy}/admin/v2/persistent/{ns}/fixed/delayedDelivery",
                    json={"active": True, "tickTime": 1000, "fixedDeliveryDelayInMillis": 1000},
                    timeout=10)

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 DWELL_ADMIN = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "dwell-admin"
@@ -37,6 +38,8 @@ def test_inheritance_scenario(policy, unique: str) -> None:  # type: ignore[no-u
     ok(url, "tenants", "create", unique)
     ok(url, "namespaces", "create", ns)
     assert json.loads(ok(url, "-o", "json", "namespaces", "list", unique)) == [ns]
+    # A topic policy names an existing topic (dwell-admin has no topics commands).
+    assert httpx.put(f"{url}/admin/v2/persistent/{ns}/orders").status_code == 204
     ok(url, "namespaces", "set-delayed-delivery", ns, "-e", "-md", "10d", "-fd", "5m")
     ok(url, "topic-policies", "set-delayed-delivery", topic, "-e", "-t", "500ms")
     ok(url, "topic-policies", "set-delayed-delivery", topic, "-g", "-e", "-t", "2s", "-md", "2w")
@@ -62,6 +65,7 @@ def test_inheritance_scenario(policy, unique: str) -> None:  # type: ignore[no-u
     assert ok(url, "-o", "json", "topic-policies", "get-delayed-delivery", topic) == "null\n"
     ok(url, "topic-policies", "remove-delayed-delivery", topic, "-g")
     ok(url, "namespaces", "remove-delayed-delivery", ns)
+    assert httpx.delete(f"{url}/admin/v2/persistent/{ns}/orders").status_code == 204
     ok(url, "namespaces", "delete", ns)
     ok(url, "tenants", "delete", unique)
     assert unique not in json.loads(ok(url, "-o", "json", "tenants", "list"))
