@@ -97,7 +97,10 @@ class SparkApp:
     starts: list[float] = field(default_factory=list)
     metrics_port: int = 0
 
-    def start(self, *, strict: bool = False, timeout: float = 300) -> None:
+    def start(self, *, strict: bool = False, timeout: float = 300,
+              warm: bool | None = None) -> None:
+        """Start the app; with `warm` (the default for the first start) wait until both
+        queries have been through their warm-up, else only until both run."""
         self.strict = strict
         self.log = self.log_dir / f"spark-{uuid.uuid4().hex[:6]}.log"
         self.metrics_port = free_port()
@@ -108,7 +111,7 @@ class SparkApp:
             self.proc = subprocess.Popen([sys.executable, "-m", "dwell_spark"],
                                          cwd=ROOT / "spark", env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        if not self.starts:
+        if warm if warm is not None else not self.starts:
             self._wait_for_line("drain ready", timeout)
             # The app's own warm-up event has been through the backoff query: the
             # timed scenarios do not pay for its first Python workers and plans.
@@ -123,7 +126,9 @@ class SparkApp:
         if self.proc is not None and self.proc.poll() is None and self.strict == strict:
             return
         self.stop()
-        self.start(strict=strict)
+        # A mode change between tests: the next test starts on an app as warm as the
+        # first one was (its timings do not pay for the first batches' Python workers).
+        self.start(strict=strict, warm=True)
 
     def kill(self) -> None:
         """kill -9 of the driver (and its JVM and Python workers: one process group)."""
@@ -293,3 +298,18 @@ def receive_all(consumers: dict[str, Consumer], want: int,
             if m is not None:
                 got[sub].append(Received(before, now_ms(), m))
     return got
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The scenarios that kill and restart the shared Spark app run after the other e2e
+    tests, which then all start on the app as it first warmed up. After such a restart
+    the backoff query has been seen to take minutes to decide again (an open issue in
+    the notes), which would fail the timed redelivery scenarios for a reason of their
+    neighbours' making."""
+    restarting = [i for i in items if i.path.name == "test_delivery_recovery.py"]
+    if not restarting:
+        return
+    rest = [i for i in items if i not in restarting]
+    e2e = [n for n, i in enumerate(rest) if i.path.parent.name == "e2e"]
+    at = e2e[-1] + 1 if e2e else len(rest)
+    items[:] = rest[:at] + restarting + rest[at:]
