@@ -48,6 +48,7 @@ log = logging.getLogger("dwell.spark.invalid")
 
 CHECK_SCHEMA: Final = StructType([StructField("kind", StringType()),
                                   StructField("reason", StringType())])
+QUERY: Final = "acks-invalid"
 # kafka.fetch.max.wait.ms of the side query, as the backoff query's.
 FETCH_MAX_WAIT_MS: Final = 10
 
@@ -198,18 +199,27 @@ def start(spark: SparkSession, settings: SparkSettings, system_topics: frozenset
     producer = kafka.Producer(settings.kafka_bootstrap, linger_ms=0,
                               compression_type=settings.kafka_compression_type)
 
+    metrics.expect_query(QUERY)
+    ready = threading.Event()
+
     def _batch(df: DataFrame, batch_id: int) -> None:
         rows = df.collect()
         if rows:
             write_invalid(rows, producer)
             log.warning("dwell.acks: %d malformed events set aside on %s (first: %s)",
                         len(rows), names.INVALID, rows[0].reason)
+        # Its first batch reads the backoff's warm-up event (backoff.warm_up) and pays for
+        # this query's first plans, before any consumer's events depend on the cores.
+        if not ready.is_set():
+            ready.set()
+            metrics.mark_ready(QUERY)
+            log.info("%s ready", QUERY)
 
     bad = (checked_acks(spark, settings, system_topics)
            .where(F.col("bad.kind").isNotNull())
            .select("partition", "offset", "key", "value", "bad.kind", "bad.reason"))
-    return (bad.writeStream.queryName("dwell-acks-invalid")
+    return (bad.writeStream.queryName(f"dwell-{QUERY}")
             .foreachBatch(_batch)
-            .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
+            .trigger(processingTime=f"{settings.invalid_trigger_ms} milliseconds")
             .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/acks-invalid")
             .start())

@@ -40,6 +40,10 @@ class SparkSettings(CommonSettings):
     # query runs a micro-batch only when events came, so a short trigger costs nothing
     # idle. redelivery_tick_ms: those indexes' bucket width.
     backoff_trigger_ms: int = Field(250, ge=10)
+    # Trigger of the query that sets malformed dwell.acks events aside (dwell_spark.invalid).
+    # Nothing waits on it, and each of its micro-batches checks every event again on the
+    # cores the backoff and the drain need, so it runs seldom and takes more per batch.
+    invalid_trigger_ms: int = Field(5000, ge=10)
     # Where a fresh checkpoint starts reading dwell.acks ("earliest" loses no event).
     acks_starting_offsets: Literal["earliest", "latest"] = "earliest"
     # A bigger dwell.acks event is malformed (set aside on dwell.invalid); the SDK's are

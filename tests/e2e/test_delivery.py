@@ -41,6 +41,7 @@ from .conftest import (
     receive_all,
     receive_one,
     redelivery_margin_ms,
+    warm_redelivery_path,
 )
 
 # The widest redelivery margin (a delay of 0): how long a scenario waits for a copy, or
@@ -324,6 +325,7 @@ SCENARIOS: dict[str, Callable[[Stack], dict[str, Any]]] = {
 
 @pytest.fixture(scope="module")
 def runs(e2e: Stack) -> Iterator[dict[str, Future[dict[str, Any]]]]:
+    warm_redelivery_path(e2e)
     pool = ThreadPoolExecutor(max_workers=len(SCENARIOS), thread_name_prefix="scenario")
     futures = {name: pool.submit(fn, e2e) for name, fn in SCENARIOS.items()}
     yield futures
