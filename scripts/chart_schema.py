@@ -200,6 +200,7 @@ def schema() -> dict[str, Any]:
                 "existingSecret": STR,
                 "secretKeyKey": STR,
                 "publicKeyKey": STR,
+                "testToken": obj({"existingSecret": STR, "key": NONEMPTY}),
             }),
             "metrics": obj({
                 "serviceMonitor": obj({"enabled": BOOL, "interval": STR, "labels": MAP}),

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +71,20 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
             return got
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_until(bootstrap: str, topic: str, starts: dict[int, int], done: Callable[[list], bool],
+               timeout: float = 60) -> list:
+    """The records of ``topic`` from ``starts`` (partition -> offset) once ``done(records)``
+    holds, or all there are after ``timeout`` seconds (the caller asserts on them)."""
+    from dwell.adapters import kafka
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = kafka.read_from(bootstrap, topic, starts)
+        if done(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.3)
 
 
 def read_answers(sock: socket.socket, n: int,

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dwell.cli.client import token_from_auth_params
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, NotAllowedError, Producer
+from dwell.client.auth import token_from_env
 from dwell.security import http_verify
 
 console = Console()
@@ -139,8 +139,7 @@ def main() -> int:
     console.rule("dwell demo")
     # A stack with authentication on (devstack --secure) gives its super-user's token as
     # dwell-admin's DWELL_AUTH_PARAMS.
-    params = os.environ.get("DWELL_AUTH_PARAMS")
-    token = token_from_auth_params(params) if params else None
+    token = token_from_env()
     setup_policy(policy_url, token)
     console.print(f"[bold]topic[/]  {topic}")
     backoff = ExponentialRedeliveryBackoff.builder().min_delay_ms(1000).max_delay_ms(

@@ -180,10 +180,19 @@ def _error_response(code: int) -> dict[str, Any]:
         "schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
 
 
+# How a guarded route authenticates (dwell.auth.guard), in the OpenAPI document.
+BEARER_SCHEME: Final = "bearerAuth"
+BEARER: Final = {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+                 "description": "A token of the role (Pulsar's AuthenticationToken), when "
+                                "the service runs with authentication on "
+                                "(DWELL_AUTHENTICATION_ENABLED)."}
+
+
 def _with_errors(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document as the service answers: FastAPI's 422 for a request that
     does not validate is dwell's 400 (create_app's handler), a route with a guard
-    (dwell.auth) may answer 401 and 403, and any route 503 when what it needs is down."""
+    (dwell.auth) takes a bearer token and may answer 401 and 403, and any route 503 when
+    what it needs is down."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
@@ -196,6 +205,7 @@ def _with_errors(app: FastAPI) -> dict[str, Any]:
         for method, op in item.items():
             answers = op.setdefault("responses", {})
             if (method, path) in guarded:
+                op["security"] = [{BEARER_SCHEME: []}]
                 answers.setdefault("401", _error_response(401))
                 answers.setdefault("403", _error_response(403))
             if answers.pop("422", None) is not None:
@@ -207,6 +217,8 @@ def _with_errors(app: FastAPI) -> dict[str, Any]:
                 body = media.get("schema", {})
                 components.update(body.pop("$defs", {}))
     schema = json.loads(json.dumps(schema).replace('"#/$defs/', '"#/components/schemas/'))
+    if guarded:
+        schema["components"]["securitySchemes"] = {BEARER_SCHEME: BEARER}
     components = schema["components"]["schemas"]
     components["ErrorBody"] = ErrorBody.model_json_schema()
     for unused in ("HTTPValidationError", "ValidationError"):

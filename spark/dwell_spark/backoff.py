@@ -28,6 +28,7 @@ puts them back from it before the next batch's decisions are applied."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
 import pandas as pd
 import redis as redislib
 from pyspark.sql import DataFrame, SparkSession
@@ -110,6 +112,12 @@ Lookup = Callable[[str, str], "SubscriptionSettings | None"]
 def _backoff(raw: Any) -> ExponentialRedeliveryBackoff | None:
     if raw is None or (isinstance(raw, float) and pd.isna(raw)) or raw == "":
         return None
+    return _parse_backoff(raw)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_backoff(raw: str) -> ExponentialRedeliveryBackoff:
+    # A subscription's events all carry the same text: parsed once per worker.
     return ExponentialRedeliveryBackoff.from_json(json.loads(raw))
 
 
@@ -147,21 +155,44 @@ class RegistryLookup:
         return found
 
 
-def fill_settings(events: pd.DataFrame, settings: SubscriptionSettings | None) -> pd.DataFrame:
+Event = dict[str, Any]
+EVENT_COLUMNS: Final = tuple(f.name for f in EVENT_SCHEMA.fields)
+OUTPUT_COLUMNS: Final = pd.Index([f.name for f in OUTPUT_SCHEMA.fields])
+
+
+def group_events(batches: Iterator[pd.DataFrame]) -> list[Event]:
+    """A group's events as dicts, oldest first (``ts``; ties keep their order). The
+    state function runs once per message, so it works on plain rows: a pandas
+    operation costs more than the decision itself."""
+    rows: list[Event] = []
+    for frame in batches:
+        columns = [frame[c].tolist() for c in EVENT_COLUMNS]
+        rows.extend(dict(zip(EVENT_COLUMNS, values, strict=True))
+                    for values in zip(*columns, strict=True))
+    rows.sort(key=lambda r: r["ts"])
+    return rows
+
+
+def fill_settings(events: list[Event], settings: SubscriptionSettings | None) -> list[Event]:
     """``events`` with the registered ``settings`` on every row that carries none
     (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
     if settings is None:
         return events
-    bare = events[subs.ACK_TIMEOUT_MS].isna()
-    if not bare.any():
-        return events
-    events = events.astype(dict.fromkeys(subs.FIELDS, "object"))
     # The rows take the settings in their dwell.acks shape (backoffs as JSON text).
-    for name, value in settings.to_json().items():
-        if name in subs.BACKOFF_FIELDS and value is not None:
-            value = json.dumps(value)
-        events.loc[bare, name] = value
-    return events
+    values = {name: json.dumps(value) if name in subs.BACKOFF_FIELDS and value is not None
+              else value for name, value in settings.to_json().items()}
+    return [ev | values if _opt_int(ev.get(subs.ACK_TIMEOUT_MS)) is None else ev
+            for ev in events]
+
+
+def decisions_frame(out: list[tuple]) -> pd.DataFrame:
+    """The state function's output rows as the frame OUTPUT_SCHEMA describes. Object
+    columns keep Python ints and None as they are (Arrow reads them as int64 and null);
+    a typed frame costs ~10 times as much to build, once per message."""
+    rows = np.empty((len(out), len(OUTPUT_COLUMNS)), dtype=object)
+    if out:
+        rows[:] = out
+    return pd.DataFrame(rows, columns=OUTPUT_COLUMNS, copy=False)
 
 
 def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
@@ -183,8 +214,9 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
         state.remove()
     else:
         cur = tuple(state.get) if state.exists else None
-        events = pd.concat(list(batches)).sort_values("ts", kind="stable")
-        if lookup is not None and events[subs.ACK_TIMEOUT_MS].isna().any():
+        events = group_events(batches)
+        if lookup is not None and any(_opt_int(ev[subs.ACK_TIMEOUT_MS]) is None
+                                      for ev in events):
             events = fill_settings(events, lookup(topic, sub))
 
         def cancel() -> None:
@@ -203,29 +235,32 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
             emit(SCHEDULE, at, bucket, count + 1)
             return (at, bucket, count + 1)
 
-        for ev in events.itertuples(index=False):
+        for ev in events:
             # Plain Kafka consumers may leave out the count of a first delivery.
-            count = _opt_int(ev.redeliveryCount) or 0
-            if ev.event == "delivered":
-                ack_timeout = _opt_int(ev.ackTimeoutMs) or 0
+            count = _opt_int(ev["redeliveryCount"]) or 0
+            kind = ev["event"]
+            if kind == "delivered":
+                ack_timeout = _opt_int(ev[subs.ACK_TIMEOUT_MS]) or 0
                 # Without an ack timeout a delivery schedules nothing and leaves what is
                 # pending alone (a repeat of a nacked copy must not cancel its nack);
                 # with one, the new delivery restarts the clock.
                 if ack_timeout > 0:
                     cancel()
-                    at = ack_timeout_redelivery_at(int(ev.ts), ack_timeout,
-                                                   _backoff(ev.ackTimeoutRedeliveryBackoff),
+                    at = ack_timeout_redelivery_at(int(ev["ts"]), ack_timeout,
+                                                   _backoff(ev[subs.ACK_TIMEOUT_BACKOFF]),
                                                    count)
-                    cur = schedule(at, count, _opt_int(ev.maxRedeliverCount), dead_now=False)
-            elif ev.event == "ack":
+                    cur = schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]),
+                                   dead_now=False)
+            elif kind == "ack":
                 cancel()
                 cur = None
-                emit(ACK, int(ev.ts), None, count)
-            elif ev.event == "nack":
+                emit(ACK, int(ev["ts"]), None, count)
+            elif kind == "nack":
                 cancel()
-                at = nack_redelivery_at(int(ev.ts), _backoff(ev.negativeAckRedeliveryBackoff),
+                at = nack_redelivery_at(int(ev["ts"]), _backoff(ev[subs.NACK_BACKOFF]),
                                         count)
-                cur = schedule(at, count, _opt_int(ev.maxRedeliverCount), dead_now=True)
+                cur = schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]),
+                               dead_now=True)
         if cur is not None:
             state.update(cur)
             # Kept for acks that may still cancel the entry, then dropped (at the first
@@ -234,8 +269,7 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
             state.setTimeoutDuration(max(1, until - int(time.time() * 1000)))
         elif state.exists:
             state.remove()
-    frame = pd.DataFrame(out, columns=[f.name for f in OUTPUT_SCHEMA.fields])
-    yield frame.astype({"at": "Int64", "bucket": "Int64", "redeliveryCount": "Int64"})
+    yield decisions_frame(out)
 
 
 class Scheduler:
@@ -281,10 +315,15 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
     """The good events on dwell.acks (dwell_spark.invalid sets the others aside)."""
     raw = (invalid.checked_acks(spark, settings, SYSTEM_TOPICS)
            .where(F.col("bad.kind").isNull()))
+    # A delivery without an ack timeout schedules nothing and changes no state (step):
+    # it is dropped before the state function, whose cost is per message. (The SDK sends
+    # none; a plain Kafka consumer that leaves ackTimeoutMs out gets the registered one.)
+    no_clock = (F.col("event") == F.lit("delivered")) & (F.col(subs.ACK_TIMEOUT_MS) == 0)
     return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
             .select("e.*")
             .where(F.col("topic").isNotNull() & F.col("subscription").isNotNull()
-                   & F.col("messageId").isNotNull() & F.col("ts").isNotNull()))
+                   & F.col("messageId").isNotNull() & F.col("ts").isNotNull()
+                   & ~F.coalesce(no_clock, F.lit(False))))
 
 
 # The app's own event on dwell.acks at start (an ack of nothing): the query says "backoff

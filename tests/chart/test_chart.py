@@ -350,7 +350,8 @@ def test_auth_reads_its_key_from_the_mounted_secret(helm: str, args: list[str], 
         component = w["metadata"]["labels"]["app.kubernetes.io/component"]
         spec = w["spec"]["template"]["spec"]
         env = container_env(spec["containers"][0])
-        if component not in ("policy", "admission", "tracker"):
+        # The Spark driver checks the tokens of ack events (dwell_spark.invalid).
+        if component not in ("policy", "admission", "tracker", "spark"):
             assert "DWELL_AUTHENTICATION_ENABLED" not in env, component
             continue
         assert env["DWELL_AUTHENTICATION_ENABLED"] == env["DWELL_AUTHORIZATION_ENABLED"] == "true"
@@ -360,6 +361,35 @@ def test_auth_reads_its_key_from_the_mounted_secret(helm: str, args: list[str], 
             spec["containers"][0]["volumeMounts"])
         (volume,) = [v for v in spec["volumes"] if v["name"] == "token-keys"]
         assert volume["secret"]["secretName"] == "dwell-token-keys"
+    # Its executors run the check: they read the key from the same Secret.
+    (template,) = [d for d in docs if d["kind"] == "ConfigMap"
+                   and d["metadata"]["name"].endswith("-spark-executor")]
+    pod = yaml.safe_load(template["data"]["executor.yaml"])["spec"]
+    assert {"name": "token-keys", "mountPath": "/etc/dwell/auth", "readOnly": True} in (
+        pod["containers"][0]["volumeMounts"])
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "token-keys"]
+    assert volume["secret"]["secretName"] == "dwell-token-keys"
+
+
+def test_helm_test_hook_authenticates_with_the_test_token_secret(helm: str) -> None:
+    def hook(*args: str) -> tuple[dict[str, str], dict[str, Any]]:
+        (pod,) = [d for d in render(helm, *args) if d["kind"] == "Pod"]
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        return container_env(pod["spec"]["containers"][0]), pod["spec"]
+
+    env, spec = hook("--set", "auth.testToken.existingSecret=dwell-test-token")
+    assert env["DWELL_AUTH_PARAMS"] == "file:///etc/dwell/test-token/token"
+    assert {"name": "test-token", "mountPath": "/etc/dwell/test-token", "readOnly": True} in (
+        spec["containers"][0]["volumeMounts"])
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "test-token"]
+    assert volume["secret"] == {"secretName": "dwell-test-token",
+                                "items": [{"key": "token", "path": "token"}]}
+    # Without the Secret (or with auth off) the hook runs without a token.
+    for args in ([], ["--set", "auth.enabled=false", "--set",
+                      "auth.testToken.existingSecret=dwell-test-token"]):
+        env, spec = hook(*args)
+        assert "DWELL_AUTH_PARAMS" not in env, args
+        assert all(v["name"] != "test-token" for v in spec["volumes"]), args
 
 
 def test_auth_can_be_turned_off(helm: str) -> None:

@@ -86,30 +86,38 @@ def test_spark_driver_killed_mid_drain_loses_and_shows_nothing_twice(
                 got[bucket_of[m.message_id]] += 1
             received[m.message_id] = m.redelivery_count
 
-    def half_written() -> bool:
-        """A bucket is claimed and the application has some, not all, of its copies."""
-        claimed = (int(b) for b in r.zrange(claims_key, 0, -1))
-        return any(0 < got[b] < in_bucket[b] for b in claimed)
+    def half_written(buckets: list[int]) -> bool:
+        """The application has some, not all, of a claimed bucket's copies."""
+        return any(0 < got[b] < in_bucket[b] for b in buckets)
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     try:
         # Kill the driver while it is writing a bucket: it holds the bucket's claim and
         # the application has already received some of its copies. The driver is frozen
-        # first, so what it holds is what it held when killed; if it finished the bucket
-        # between the look and the freeze, it goes on to the next bucket and we try again.
+        # as soon as it holds a claim, so what it holds is what it held when killed; the
+        # copies it sent before the freeze reach the application meanwhile. A round
+        # writes ~13,000 copies in ~0.4 s here, faster than a consumer sees them, so the
+        # freeze comes first. If nothing of the bucket shows up, or all of it, the driver
+        # runs on a little longer each time and we look again.
         deadline = time.monotonic() + 30
         looks = 0
         while True:
             looks += 1
-            while not half_written():
-                assert time.monotonic() < deadline, "the drain never claimed and wrote a bucket"
+            while not r.zcard(claims_key):
+                assert time.monotonic() < deadline, "the drain never claimed a bucket"
                 time.sleep(0.001)
             e2e.spark.freeze()
-            outstanding = r.zcard(claims_key)
-            if outstanding > 0:
+            claimed = [int(b) for b in r.zrange(claims_key, 0, -1)]
+            seen = time.monotonic() + 3
+            while claimed and not half_written(claimed) and time.monotonic() < seen:
+                time.sleep(0.01)
+            outstanding = len(claimed)
+            if claimed and half_written(claimed):
                 break
             e2e.spark.thaw()
+            assert time.monotonic() < deadline, "no claimed bucket was ever half written"
+            time.sleep(0.02 * looks)
         e2e.spark.kill()
         killed = time.monotonic()
         written_before = sum(kafka.end_offsets(e2e.bootstrap, ready).values())

@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import read_until
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
@@ -23,16 +24,6 @@ from dwell.core import topics as names
 from .conftest import Stack, new_tenant, now_ms
 
 ACK_TIMEOUT_MS = 60000  # far beyond the test: no redelivery comes due while it runs
-
-
-def read_until(bootstrap: str, topic: str, starts: dict[int, int], done: Any,
-               timeout: float) -> list[kafka.Record]:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = kafka.read_from(bootstrap, topic, starts)
-        if done(got) or time.monotonic() > deadline:
-            return got
-        time.sleep(0.3)
 
 
 def test_poison_ack_events_go_to_dwell_invalid_and_the_backoff_goes_on(e2e: Stack) -> None:

@@ -330,6 +330,37 @@ def test_the_sdk_round_trip_keeps_event_time_apart_from_publish_time(
     assert got.publish_time is not None and t <= got.publish_time <= now_ms()
 
 
+@pytest.mark.parametrize("ack_timeout_ms", [0, 60000])
+def test_the_sdk_sends_a_delivered_event_only_to_start_an_ack_timeout(
+        services: Any, policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
+        unique: str, ack_timeout_ms: int) -> None:
+    """A delivered event starts the ack timeout's clock; without an ack timeout it would
+    schedule nothing (dwell_spark.backoff.step), so the SDK sends none: one synchronous
+    write per received message, and one backoff state step, saved. Acks always go."""
+    make_namespace(policy, unique)
+    topic = f"persistent://{unique}/ns/events{ack_timeout_ms}"
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
+    ends = kafka.end_offsets(kafka_bootstrap, names.ACKS)
+    tracker = services.start("tracker")
+    try:
+        with Consumer(topic, "s", initial_position="earliest", bootstrap=kafka_bootstrap,
+                      tracker_url=tracker.url, ack_timeout_ms=ack_timeout_ms) as consumer, \
+                Producer(topic, admission_url=str(admission.base_url)) as producer:
+            mid = producer.send(b"evt")
+            got = consumer.receive(15)
+            while got is not None and got.message_id != mid:
+                got = consumer.receive(15)
+            assert got is not None
+            consumer.acknowledge(got)
+    finally:
+        tracker.stop()
+    mine = [orjson.loads(r.value) for r in kafka.read_from(kafka_bootstrap, names.ACKS, ends)
+            if r.key == f"{topic}/s".encode()]
+    kinds = [(e["event"], e["messageId"]) for e in mine if e["messageId"] == mid]
+    assert kinds == ([("ack", mid)] if ack_timeout_ms == 0
+                     else [("delivered", mid), ("ack", mid)]), kinds
+
+
 def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
         policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
         unique: str) -> None:

@@ -17,23 +17,13 @@ import httpx
 import orjson
 import pytest
 
-from conftest import wait_for
+from conftest import read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.auth.tokens import create_secret_key, create_token
 from dwell.core import topics as names
 
 pytestmark = pytest.mark.integration
-
-
-def read_until(bootstrap: str, topic: str, starts: dict[int, int], done: Any,
-               timeout: float = 60) -> list[kafka.Record]:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = kafka.read_from(bootstrap, topic, starts)
-        if done(got) or time.monotonic() > deadline:
-            return got
-        time.sleep(0.3)
 
 
 def test_the_ingress_checks_the_token_and_produce_before_it_writes(

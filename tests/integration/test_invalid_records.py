@@ -17,6 +17,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import read_until
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import invalid
@@ -38,16 +39,6 @@ def admission(services: Any) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=svc.url, timeout=30) as c:
         yield c
     svc.stop()
-
-
-def read_until(bootstrap: str, topic: str, starts: dict[int, int], done: Any,
-               timeout: float = 60) -> list[kafka.Record]:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = kafka.read_from(bootstrap, topic, starts)
-        if done(got) or time.monotonic() > deadline:
-            return got
-        time.sleep(0.3)
 
 
 def test_poison_requests_go_to_dwell_invalid_and_the_ingress_goes_on(

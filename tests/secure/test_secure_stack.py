@@ -251,3 +251,22 @@ def test_certificates_and_passwords_are_private_state(secured: devstack.Stack) -
     assert (secured.pki.stat().st_mode & 0o077) == 0
     assert all((f.stat().st_mode & 0o077) == 0 for f in secured.pki.iterdir()
                if f.name != "enabled")
+
+
+def test_smoke_hook_authenticates_with_the_super_users_token(secured: devstack.Stack) -> None:
+    """`python -m dwell.smoke` (the chart's `helm test` hook) over HTTPS and SASL_SSL with
+    the token DWELL_AUTH_PARAMS names, as the chart's auth.testToken gives it; without
+    one it fails and says what to set."""
+    env = dict(os.environ) | secured.service_env()
+    assert env["DWELL_AUTH_PARAMS"].startswith("file:")
+    smoke = [sys.executable, "-m", "dwell.smoke", "--delay-ms", "2000", "--timeout-s", "90"]
+    got = subprocess.run(smoke, env=env, capture_output=True, text=True, timeout=150)
+    print(got.stdout, got.stderr)
+    assert got.returncode == 0, got.stderr
+    assert "smoke: ok:" in got.stdout
+
+    del env["DWELL_AUTH_PARAMS"]
+    got = subprocess.run(smoke, env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 1
+    assert "answered 401" in got.stderr and "auth.testToken.existingSecret" in got.stderr, (
+        got.stderr)

@@ -137,3 +137,35 @@ def test_streamed_body_over_the_limit_is_a_413(limited: TestClient) -> None:
 def test_body_within_the_limit_passes(limited: TestClient) -> None:
     got = limited.post("/things", json={"name": "a", "count": 2})
     assert (got.status_code, got.json()) == (200, {"name": "a", "count": 2})
+
+
+def test_openapi_declares_the_bearer_token_on_guarded_routes_only() -> None:
+    from dwell.auth.guard import Guard
+    from dwell.core.authz import Operation
+    from dwell.settings import CommonSettings
+
+    app = create_app("test", "dwell.http under test", _ready)
+    guard = Guard(CommonSettings())
+
+    @app.get("/guarded/{tenant}", dependencies=[guard.require(Operation.LIST_NAMESPACES)])
+    async def guarded(tenant: str) -> dict[str, str]:
+        return {"tenant": tenant}
+
+    @app.get("/open")
+    async def open_route() -> dict[str, str]:
+        return {}
+
+    doc = TestClient(app).get("/openapi.json").json()
+    (name, scheme), = doc["components"]["securitySchemes"].items()
+    assert name == "bearerAuth"
+    assert (scheme["type"], scheme["scheme"], scheme["bearerFormat"]) == ("http", "bearer", "JWT")
+    assert "DWELL_AUTHENTICATION_ENABLED" in scheme["description"]
+    op = doc["paths"]["/guarded/{tenant}"]["get"]
+    assert op["security"] == [{"bearerAuth": []}]
+    assert {"401", "403"} <= set(op["responses"])
+    assert "security" not in doc["paths"]["/open"]["get"]
+    assert "401" not in doc["paths"]["/open"]["get"]["responses"]
+
+
+async def _ready() -> dict[str, Any]:
+    return {"ready": True}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import httpx
 
@@ -17,22 +17,6 @@ class AdminError(Exception):
 def path(*segments: str) -> str:
     """`/admin/v2/<segments...>` with each segment percent-encoded (names may hold ':' etc.)."""
     return "/admin/v2/" + "/".join(quote(s, safe="") for s in segments)
-
-
-def token_from_auth_params(params: str) -> str:
-    """The token in pulsar-admin's AuthenticationToken authParams: `token:<jwt>`, or
-    `file:<path>` (file:///path too) of a file holding it. AdminError otherwise."""
-    if params.startswith("token:"):
-        return params[len("token:"):].strip()
-    if params.startswith("file:"):
-        where = params[len("file:"):]
-        where = where[2:] if where.startswith("//") else where
-        try:
-            with open(unquote(where), encoding="utf-8") as f:
-                return f.read().strip()
-        except OSError as exc:
-            raise AdminError(f"--auth-params: cannot read {where}: {exc.strerror}") from None
-    raise AdminError("--auth-params: expected token:<jwt> or file:<path>")
 
 
 class PolicyClient:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dwell.cli.client import AdminError, PolicyClient, path, token_from_auth_params
+from dwell.cli.client import AdminError, PolicyClient, path
 from dwell.cli.flags import (
     FlagError,
     delayed_delivery_body,
@@ -22,6 +22,7 @@ from dwell.cli.flags import (
     persistent_topic,
 )
 from dwell.cli.tokens import tokens
+from dwell.client.auth import token_from_auth_params
 from dwell.core.durations import format_duration_ms
 from dwell.security import TlsSettings, http_verify
 
@@ -115,8 +116,8 @@ def main(
     if auth_params:
         try:
             token = token_from_auth_params(auth_params)
-        except AdminError as exc:
-            typer.echo(f"error: {exc}", err=True)
+        except ValueError as exc:
+            typer.echo(f"error: --auth-params: {exc}", err=True)
             raise typer.Exit(1) from None
     ctx.obj = Ctx(url, output, token, http_verify(TlsSettings(
         tls_trust_certs_file_path=tls_trust_certs_file_path)))

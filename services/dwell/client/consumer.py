@@ -193,9 +193,11 @@ class Consumer:
                       _int_header(rec, hdr.DELIVER_AT), _int_header(rec, hdr.PUBLISH_TIME),
                       _int_header(rec, hdr.EVENT_TIME), str(self.topic), rec.topic,
                       rec.partition, rec.offset)
-        self._emit("delivered", msg)
         if self.ack_timeout_ms > 0:
-            # The backoff job now owns this message's redelivery (the event is durable).
+            # The ack timeout's clock starts here; once the event is durable the backoff
+            # job owns this message's redelivery. Without an ack timeout a delivery
+            # schedules nothing (dwell_spark.backoff.step), so it sends no event.
+            self._emit("delivered", msg)
             self._settle(msg)
         return msg
 

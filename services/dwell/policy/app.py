@@ -33,11 +33,9 @@ from typing import Any
 
 import httpx
 import orjson
-import pydantic
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ConfigDict
 
 from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
@@ -49,157 +47,37 @@ from dwell.core.topics import (
     PARTITION_SUFFIX,
     PERSISTENT,
     POLICIES,
-    InvalidTopicName,
     TopicName,
-    validate_namespace,
-    validate_tenant,
 )
-from dwell.http import ApiError, create_app, error, errors, validation_reason
+from dwell.http import ApiError, create_app, error, errors
 from dwell.policy import permissions, stats
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
+from dwell.policy.requests import (
+    POLICY_BODY,
+    TENANT_BODY,
+    check_tenant_info,
+    namespace_body,
+    namespace_name,
+    partitions_body,
+    policy_body,
+    policy_topic,
+    tenant_body,
+    tenant_name,
+    topic_name,
+    topic_not_found,
+)
 from dwell.policy.settings import PolicySettings
 from dwell.policy.store import (
     NAMESPACE_NOT_EMPTY,
     Change,
     PolicyStore,
-    TenantInfo,
 )
 from dwell.policy.topics import TopicCatalog
 from dwell.security import http_verify
 
 log = logging.getLogger("dwell.policy.app")
-
-_POLICY_BODY = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": DelayedDeliveryPolicies.model_json_schema()}}}}
-_TENANT_BODY = {"requestBody": {"required": False, "content": {"application/json": {
-    "schema": TenantInfo.model_json_schema()}}}}
-
-
-# An invalid name is Pulsar's 412 with Pulsar's text, followed by what is wrong with it.
-INVALID = 412
-
-
-def _tenant(name: str) -> str:
-    try:
-        return validate_tenant(name)
-    except InvalidTopicName as exc:
-        raise ApiError(INVALID, f"Tenant name is not valid: {exc}") from exc
-
-
-def _namespace(tenant: str, namespace: str) -> str:
-    try:
-        validate_namespace(tenant, namespace)
-    except InvalidTopicName as exc:
-        raise ApiError(INVALID, f"Namespace name is not valid: {exc}") from exc
-    return f"{tenant}/{namespace}"
-
-
-def _topic(tenant: str, namespace: str, topic: str) -> TopicName:
-    try:
-        return TopicName.of(PERSISTENT, tenant, namespace, topic)
-    except InvalidTopicName as exc:
-        raise ApiError(INVALID, f"Topic name is not valid: {exc}") from exc
-
-
-def _policy_topic(tenant: str, namespace: str, topic: str) -> TopicName:
-    name = _topic(tenant, namespace, topic)
-    if name.partition_index >= 0:
-        raise ApiError(412, "Not allowed to set/get topic policy for a partition")
-    return name
-
-
-def topic_not_found(topic: TopicName) -> str:
-    return f"Topic {topic} not found"
-
-
-async def _partitions_body(request: Request) -> int:
-    """The number of partitions: a JSON number, or Pulsar's PartitionedTopicMetadata."""
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "body: is not valid JSON") from exc
-    if isinstance(body, dict):
-        body = body.get("partitions")
-    if not isinstance(body, int) or isinstance(body, bool):
-        raise ApiError(400, "body: must be the number of partitions (an integer)")
-    if body <= 0:
-        raise ApiError(406, "Number of partitions should be more than 0")
-    return body
-
-
-# Pulsar's "all clusters" name, which allowedClusters may always hold.
-GLOBAL_CLUSTER = "global"
-
-
-def _check_tenant_info(info: TenantInfo, cluster: str) -> TenantInfo:
-    """Pulsar's checks of a TenantInfo (TenantsBase.validateClustersAsync and
-    validateAdminRoleAsync), except that an empty allowedClusters is accepted: dwell has
-    one cluster, which every tenant may use."""
-    if any(not c.strip() for c in info.allowedClusters):
-        raise ApiError(412, "Clusters cannot be empty or blank")
-    if any(c not in (cluster, GLOBAL_CLUSTER) for c in info.allowedClusters):
-        raise ApiError(412, "Clusters do not exist")
-    if any(role.strip() != role for role in info.adminRoles):
-        raise ApiError(412, "AdminRoles contains whitespace in the beginning or end.")
-    return info
-
-
-class _PolicyBody(DelayedDeliveryPolicies):
-    """A policy body as Pulsar's Jackson reads it: unknown fields are ignored, so that a
-    newer client's extra fields do not break every set. The values stay strictly checked
-    ("5000", 5.5, true, negatives, tickTime 0 and overflow are 400s, where Pulsar would
-    coerce or store them)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-
-def _parse_policy(raw: str | bytes) -> DelayedDeliveryPolicies:
-    return DelayedDeliveryPolicies.model_validate(
-        _PolicyBody.model_validate_json(raw).model_dump(exclude_none=True))
-
-
-async def _policy_body(request: Request) -> DelayedDeliveryPolicies:
-    # Parsed here rather than by FastAPI so that strictness holds: "5000", 5.5 and true
-    # are refused for the millisecond fields instead of being coerced.
-    try:
-        return _parse_policy(await request.body())
-    except pydantic.ValidationError as exc:
-        raise ApiError(400, validation_reason(exc)) from exc
-
-
-async def _tenant_body(request: Request) -> TenantInfo:
-    raw = await request.body()
-    if not raw.strip():
-        return TenantInfo()
-    try:
-        return TenantInfo.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        raise ApiError(400, validation_reason(exc)) from exc
-
-
-async def _namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
-    """Pulsar's Policies object, optional. Only `delayed_delivery_policies` means anything
-    to dwell; Pulsar's other policy fields are accepted and ignored so that Pulsar's own
-    admin clients can create namespaces."""
-    raw = await request.body()
-    if not raw.strip():
-        return None
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "body: is not valid JSON") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "body: must be a JSON object")
-    policy = body.get("delayed_delivery_policies")
-    if policy is None:
-        return None
-    try:
-        return _parse_policy(orjson.dumps(policy))
-    except pydantic.ValidationError as exc:
-        raise ApiError(400, "delayed_delivery_policies." + validation_reason(exc)) from exc
-
 
 def _json(value: Any) -> Response:
     return Response(orjson.dumps(value), media_type="application/json")
@@ -347,34 +225,34 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await store.list_tenants()
 
     @app.put("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
-             openapi_extra=_TENANT_BODY,
+             openapi_extra=TENANT_BODY,
              dependencies=[auth.require(Op.CREATE_TENANT)],
              responses=errors(409, 412))
     async def create_tenant(tenant: str, request: Request) -> Response:
-        name = _tenant(tenant)
-        info = _check_tenant_info(await _tenant_body(request), settings.cluster)
+        name = tenant_name(tenant)
+        info = check_tenant_info(await tenant_body(request), settings.cluster)
         return await commit("tenant_create", lambda: store.create_tenant(name, info))
 
     @app.post("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
-              openapi_extra=_TENANT_BODY,
+              openapi_extra=TENANT_BODY,
               dependencies=[auth.require(Op.UPDATE_TENANT)],
               responses=errors(404, 412))
     async def update_tenant(tenant: str, request: Request) -> Response:
-        name = _tenant(tenant)
-        info = _check_tenant_info(await _tenant_body(request), settings.cluster)
+        name = tenant_name(tenant)
+        info = check_tenant_info(await tenant_body(request), settings.cluster)
         return await commit("tenant_update", lambda: store.update_tenant(name, info))
 
     @app.get("/admin/v2/tenants/{tenant}", tags=["tenants"],
              dependencies=[auth.require(Op.GET_TENANT)],
              responses=errors(404, 412))
     async def get_tenant(tenant: str) -> Response:
-        return _json((await store.get_tenant(_tenant(tenant))).model_dump())
+        return _json((await store.get_tenant(tenant_name(tenant))).model_dump())
 
     @app.delete("/admin/v2/tenants/{tenant}", status_code=NO_CONTENT, tags=["tenants"],
                 dependencies=[auth.require(Op.DELETE_TENANT)],
                 responses=errors(404, 409, 412))
     async def delete_tenant(tenant: str) -> Response:
-        name = _tenant(tenant)
+        name = tenant_name(tenant)
         return await commit("tenant_delete", lambda: store.delete_tenant(name))
 
     # -- namespaces
@@ -383,15 +261,15 @@ def build_app(settings: PolicySettings) -> FastAPI:
              dependencies=[auth.require(Op.LIST_NAMESPACES)],
              responses=errors(404, 412))
     async def list_namespaces(tenant: str) -> list[str]:
-        return await store.list_namespaces(_tenant(tenant))
+        return await store.list_namespaces(tenant_name(tenant))
 
     @app.put("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
              tags=["namespaces"],
              dependencies=[auth.require(Op.CREATE_NAMESPACE)],
              responses=errors(404, 409, 412))
     async def create_namespace(tenant: str, namespace: str, request: Request) -> Response:
-        ns = _namespace(tenant, namespace)
-        policy = await _namespace_body(request)
+        ns = namespace_name(tenant, namespace)
+        policy = await namespace_body(request)
         if policy is None:
             return await commit("namespace_create", lambda: store.create_namespace(ns))
         return await commit("namespace_create", lambda: store.create_namespace(ns),
@@ -401,7 +279,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
              dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)],
              responses=errors(404, 412))
     async def get_namespace(tenant: str, namespace: str) -> Response:
-        ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
+        ns_policy = await store.namespace_policy(namespace_name(tenant, namespace))
         return _json({"delayed_delivery_policies": ns_policy.model_dump(exclude_none=True)
                       if ns_policy is not None else None})
 
@@ -410,7 +288,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                 dependencies=[auth.require(Op.DELETE_NAMESPACE)],
                 responses=errors(404, 409, 412))
     async def delete_namespace(tenant: str, namespace: str) -> Response:
-        ns = _namespace(tenant, namespace)
+        ns = namespace_name(tenant, namespace)
         for domain in (PERSISTENT, NON_PERSISTENT):
             if await catalog.in_namespace(domain, ns):
                 raise ApiError(409, NAMESPACE_NOT_EMPTY)
@@ -425,18 +303,18 @@ def build_app(settings: PolicySettings) -> FastAPI:
              responses=errors(404, 412))
     async def get_namespace_policy(tenant: str, namespace: str, applied: bool = False,
                                    isGlobal: bool = False) -> Response:
-        ns_policy = await store.namespace_policy(_namespace(tenant, namespace))
+        ns_policy = await store.namespace_policy(namespace_name(tenant, namespace))
         if applied:
             return _json(resolve_policy(broker, ns_policy, None).to_pulsar_json())
         return _own(ns_policy)
 
     @app.post(ns_path, status_code=NO_CONTENT, tags=["delayed delivery"],
-              openapi_extra=_POLICY_BODY,
+              openapi_extra=POLICY_BODY,
               dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)],
               responses=errors(404, 412))
     async def set_namespace_policy(tenant: str, namespace: str, request: Request) -> Response:
-        ns = _namespace(tenant, namespace)
-        policy = await _policy_body(request)
+        ns = namespace_name(tenant, namespace)
+        policy = await policy_body(request)
         return await commit("namespace_policy_set",
                             lambda: store.set_namespace_policy(ns, policy))
 
@@ -444,14 +322,14 @@ def build_app(settings: PolicySettings) -> FastAPI:
                 dependencies=[auth.require(Op.SET_NAMESPACE_POLICIES)],
                 responses=errors(404, 412))
     async def remove_namespace_policy(tenant: str, namespace: str) -> Response:
-        ns = _namespace(tenant, namespace)
+        ns = namespace_name(tenant, namespace)
         return await commit("namespace_policy_remove",
                             lambda: store.remove_namespace_policy(ns))
 
     # -- topics: Kafka ready topics (dwell.policy.topics)
 
     async def _listing(domain: str, tenant: str, namespace: str) -> list[str]:
-        ns = _namespace(tenant, namespace)
+        ns = namespace_name(tenant, namespace)
         await store.namespace_policy(ns)  # 404 when the namespace does not exist
         return await catalog.listing(domain, ns)
 
@@ -468,7 +346,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await _listing(NON_PERSISTENT, tenant, namespace)
 
     async def _partitioned(domain: str, tenant: str, namespace: str) -> list[str]:
-        ns = _namespace(tenant, namespace)
+        ns = namespace_name(tenant, namespace)
         await store.namespace_policy(ns)
         return await catalog.partitioned(domain, ns)
 
@@ -490,7 +368,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
              dependencies=[auth.require(Op.CREATE_TOPIC)],
              responses=errors(404, 409, 412))
     async def create_topic(tenant: str, namespace: str, topic: str) -> Response:
-        name = _topic(tenant, namespace, topic)
+        name = topic_name(tenant, namespace, topic)
         await store.namespace_policy(name.namespace_name)
         index = name.partition_index
         if index >= 0:
@@ -515,8 +393,8 @@ def build_app(settings: PolicySettings) -> FastAPI:
              responses=errors(404, 406, 409, 412))
     async def create_partitioned_topic(tenant: str, namespace: str, topic: str,
                                        request: Request) -> Response:
-        name = _topic(tenant, namespace, topic)
-        partitions = await _partitions_body(request)
+        name = topic_name(tenant, namespace, topic)
+        partitions = await partitions_body(request)
         if PARTITION_SUFFIX in name.local:
             raise ApiError(412, "Partitioned Topic Name should not contain '-partition-'")
         await store.namespace_policy(name.namespace_name)
@@ -532,7 +410,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
              dependencies=[auth.require(Op.LOOKUP)],
              responses=errors(412))
     async def get_partitioned_metadata(tenant: str, namespace: str, topic: str) -> Response:
-        count = await catalog.partitions(_topic(tenant, namespace, topic))
+        count = await catalog.partitions(topic_name(tenant, namespace, topic))
         return _json({"partitions": count if count > 1 else 0})
 
     async def _delete(name: TopicName, partitioned: bool) -> Response:
@@ -547,13 +425,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
                 dependencies=[auth.require(Op.DELETE_TOPIC)],
                 responses=errors(404, 412))
     async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
-        return await _delete(_topic(tenant, namespace, topic), partitioned=False)
+        return await _delete(topic_name(tenant, namespace, topic), partitioned=False)
 
     @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
                 dependencies=[auth.require(Op.DELETE_TOPIC)],
                 responses=errors(404, 412))
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
-        return await _delete(_topic(tenant, namespace, topic), partitioned=True)
+        return await _delete(topic_name(tenant, namespace, topic), partitioned=True)
 
     # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
     # apart as Pulsar keeps them; the topic runs with local over global, field by field.
@@ -563,7 +441,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def existing_policy_topic(tenant: str, namespace: str, topic: str) -> TopicName:
         """The topic a policy names; as in Pulsar, it must exist (`topics create`, or a first
         publish that auto-created it) and must not be a partition."""
-        name = _policy_topic(tenant, namespace, topic)
+        name = policy_topic(tenant, namespace, topic)
         if await catalog.partitions(name) == 0:
             raise ApiError(404, topic_not_found(name))
         return name
@@ -582,13 +460,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return _own(levels.level(isGlobal))
 
     @app.post(topic_path, status_code=NO_CONTENT, tags=["delayed delivery"],
-              openapi_extra=_POLICY_BODY,
+              openapi_extra=POLICY_BODY,
               dependencies=[auth.require(Op.SET_TOPIC_POLICIES)],
               responses=errors(404, 412))
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
         name = await existing_policy_topic(tenant, namespace, topic)
-        policy = await _policy_body(request)
+        policy = await policy_body(request)
         return await commit("topic_policy_set",
                             lambda: store.set_topic_policy(name, policy, isGlobal))
 
@@ -601,6 +479,6 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return await commit("topic_policy_remove",
                             lambda: store.remove_topic_policy(name, isGlobal))
 
-    permissions.add_routes(app, store, auth, commit, _namespace)
-    stats.add_routes(app, catalog, tracker, auth, _topic)
+    permissions.add_routes(app, store, auth, commit, namespace_name)
+    stats.add_routes(app, catalog, tracker, auth, topic_name)
     return app

@@ -26,6 +26,7 @@ from dwell_spark.backoff import (
     SCHEDULE,
     STATE_SCHEMA,
     fill_settings,
+    group_events,
     step,
 )
 
@@ -151,9 +152,9 @@ def test_sdk_events_keep_their_own_settings() -> None:
                    {"event": "nack", "topic": KEY[0], "subscription": KEY[1],
                     "messageId": KEY[2], "ts": 2})
     nack = ExponentialRedeliveryBackoff(min_delay_ms=100)
-    filled = fill_settings(frame, SubscriptionSettings(5000, None, nack, 1))
-    assert filled["ackTimeoutMs"].tolist() == [0, 5000]
-    assert json.loads(filled["negativeAckRedeliveryBackoff"].tolist()[1]) == nack.to_json()
+    filled = fill_settings(group_events(iter([frame])), SubscriptionSettings(5000, None, nack, 1))
+    assert [e["ackTimeoutMs"] for e in filled] == [0, 5000]
+    assert json.loads(filled[1]["negativeAckRedeliveryBackoff"]) == nack.to_json()
     # Unregistered subscription: nothing to fill, Pulsar's defaults apply (no ack
     # timeout; a nack comes back after the fixed 60 s delay).
     s = group_state()
