@@ -30,7 +30,8 @@ from dwell import keys
 from dwell.adapters.kafka import BulkProducer, Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
 from dwell.index.topic import TopicIndex
-from dwell.tracker.ingest import HEADERS, IngestLoop
+from dwell.tracker.ingest import HEADERS
+from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks
 
 TOPICS = 8

@@ -31,7 +31,8 @@ from dwell.adapters.redis import connect
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import buckets, subscriptions
 from dwell.index.topic import TopicIndex, append_positions
-from dwell.tracker.ingest import HEADERS, IngestLoop
+from dwell.tracker.ingest import HEADERS
+from dwell.tracker.ingest_loop import IngestLoop
 
 OUT = Path(__file__).parent / "out"
 PARTITIONS = 4

@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -272,8 +272,27 @@ def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
     yield decisions_frame(out)
 
 
+# An index entry: (sourceKafkaTopic, partition, offset, bucket).
+Entry = tuple[str, int, int, int]
+
+
+@dataclass
+class _Changes:
+    """One subscription's net changes from a batch of decisions: entries to drop (from
+    earlier batches), entries to add (with their due time), and counts to store (None:
+    forget). A cancel of an entry added earlier in the same batch drops the add."""
+
+    idx: SubscriptionIndex
+    removes: set[Entry] = field(default_factory=set)
+    adds: dict[Entry, int] = field(default_factory=dict)
+    counts: dict[str, int | None] = field(default_factory=dict)
+
+
 class Scheduler:
-    """Driver side: turn the state function's decisions into index entries and DLQ records."""
+    """Driver side: turn the state function's decisions into index entries and DLQ records.
+    A batch's decisions are folded per subscription first (each message's in order), so
+    the index is rewritten once per bucket and the counts written in one call, whatever
+    the batch's size: with an ack timeout every delivered message is a decision."""
 
     def __init__(self, spark: SparkSession, settings: SparkSettings,
                  redis: redislib.Redis) -> None:
@@ -283,32 +302,49 @@ class Scheduler:
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
 
     def apply(self, rows: list[Any]) -> None:
-        tick = self.settings.redelivery_tick_ms
-        dead: list[tuple[SubscriptionIndex, str, Range]] = []
+        subs_changes: dict[tuple[str, str], _Changes] = {}
+        dead: list[Range] = []
         for row in rows:
-            idx = SubscriptionIndex(self.redis, row.topic, row.subscription)
+            key = (row.topic, row.subscription)
+            ch = subs_changes.get(key)
+            if ch is None:
+                ch = subs_changes[key] = _Changes(SubscriptionIndex(self.redis, *key))
             if row.action == ACK:
-                idx.forget(row.messageId)
+                ch.counts[row.messageId] = None
                 continue
             source, partition, offset = parse_message_id(row.messageId)
             if row.action in (SCHEDULE, DEAD):
-                # Count first: the drain reads it when it emits the entry. A dead letter's
-                # is stored as -(count + 1), which tells the drain to send it to the DLQ
-                # (drain.redelivery_ranges).
+                # A dead letter's count is stored as -(count + 1), which tells the drain to
+                # send it to the DLQ (drain.redelivery_ranges).
                 count = int(row.redeliveryCount)
-                idx.store_count(row.messageId, count if row.action == SCHEDULE else -count - 1)
-                idx.add([(source, partition, offset, int(row.at))], tick)
+                ch.counts[row.messageId] = count if row.action == SCHEDULE else -count - 1
+                ch.adds[(source, partition, offset, int(row.bucket))] = int(row.at)
             elif row.action == CANCEL:
-                idx.remove(source, partition, offset, int(row.bucket))
+                entry = (source, partition, offset, int(row.bucket))
+                if ch.adds.pop(entry, None) is None:
+                    ch.removes.add(entry)
             else:
                 target = dlq_topic(TopicName.parse(row.topic), row.subscription)
-                dead.append((idx, row.messageId,
-                             Range(target, source, partition, offset, offset, row.subscription,
-                                   {offset: int(row.redeliveryCount)})))
+                dead.append(Range(target, source, partition, offset, offset, row.subscription,
+                                  {offset: int(row.redeliveryCount)}))
+                ch.counts[row.messageId] = None
+        # Cancels before anything else (a cancelled entry the drain claims meanwhile is
+        # redelivered, as in Pulsar); dead letters written before their counts go; counts
+        # before the entries that the drain reads them for.
+        for ch in subs_changes.values():
+            by_bucket: dict[int, list[tuple[str, int, int]]] = {}
+            for src, part, off, bucket in ch.removes:
+                by_bucket.setdefault(bucket, []).append((src, part, off))
+            for bucket, positions in by_bucket.items():
+                ch.idx.remove_many(bucket, positions)
         if dead:
-            write_ranges(self.spark, self.settings, self.topics, [r for _, _, r in dead])
-            for idx, message_id, _ in dead:
-                idx.forget(message_id)
+            write_ranges(self.spark, self.settings, self.topics, dead)
+        tick = self.settings.redelivery_tick_ms
+        for ch in subs_changes.values():
+            ch.idx.forget(*(mid for mid, c in ch.counts.items() if c is None))
+            ch.idx.store_counts({mid: c for mid, c in ch.counts.items() if c is not None})
+            ch.idx.add([(src, part, off, at) for (src, part, off, _), at in ch.adds.items()],
+                       tick)
 
 
 def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:

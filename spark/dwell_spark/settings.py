@@ -63,7 +63,9 @@ class SparkSettings(CommonSettings):
     redis_check_interval_ms: int = Field(1000, ge=50)
     # Shuffle partitions of the backoff state (fixed once a checkpoint exists). Each is
     # one state task per micro-batch, ~200 ms on local[2] even when idle: one is enough
-    # until the events outgrow a core.
+    # until the events outgrow a core, ~300 events/s (bench/backoff.py; 4 on 2 cores:
+    # ~500/s). Set it to the executors' cores before the first start if subscriptions
+    # with an ack timeout take more than that.
     state_partitions: int = Field(1, ge=1)
 
     # Partitions of retry / DLQ topics the job creates on first use.

@@ -18,7 +18,8 @@ from dwell.adapters.kafka import BulkProducer, Producer, ensure_topic, read_from
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
 from dwell.index.topic import TopicIndex
-from dwell.tracker.ingest import FIXED_FIELD, IngestLoop
+from dwell.tracker.ingest import FIXED_FIELD
+from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.restage import PIECE_RECORDS, Restager
 
 pytestmark = pytest.mark.integration

@@ -150,3 +150,54 @@ def test_unacked_past_max_is_indexed_as_a_dead_letter(redis_url: str, unique: st
     sched.apply(rows)
     assert live(idx, bucket) == {"dwell.delayed:2": set()}
     assert r.hget(keys.sub_counts(topic, "s"), mid) is None
+
+
+def test_a_batch_of_decisions_is_folded_per_message(redis_url: str, unique: str) -> None:
+    """One apply() of a whole batch, as the backoff's micro-batch hands it over: each
+    message's decisions count in their order (a cancel of an entry added in the same batch
+    drops the add), whatever the other messages do, and 2,000 schedules in one bucket land
+    in one rewrite of it."""
+    r, topic, sched, idx = scheduler(redis_url, unique)
+    now = int(time.time() * 1000)
+    base = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000}
+    mids = [format_message_id("dwell.delayed", 1, o) for o in range(2000)]
+    rows: list[Any] = []
+    states = {mid: new_state(now) for mid in mids}
+    for mid in mids:
+        rows += run_step(topic, base | {"event": "delivered", "messageId": mid, "ts": now},
+                         states[mid])
+    # Message 0: delivered again later in the batch (its clock restarts: a cancel of the
+    # first entry, then a new one a bucket on); message 1: acked in the batch.
+    rows += run_step(topic, base | {"event": "delivered", "messageId": mids[0],
+                                    "ts": now + TICK_MS}, states[mids[0]])
+    rows += run_step(topic, base | {"event": "ack", "messageId": mids[1], "ts": now + 5},
+                     states[mids[1]])
+    # Message 2 had an entry from an earlier batch: the cancel must reach the index.
+    earlier = format_message_id("dwell.delayed", 1, 5000)
+    st = new_state(now)
+    sched.apply(run_step(topic, base | {"event": "delivered", "messageId": earlier,
+                                        "ts": now}, st))
+    rows += run_step(topic, base | {"event": "ack", "messageId": earlier, "ts": now + 6}, st)
+
+    rewrites = []
+    real = idx.__class__._rewrite
+
+    def counting(self: SubscriptionIndex, bucket_start: int, change: Any) -> bool:
+        rewrites.append(bucket_start)
+        return real(self, bucket_start, change)
+
+    idx.__class__._rewrite = counting  # type: ignore[method-assign]
+    try:
+        sched.apply(rows)
+    finally:
+        idx.__class__._rewrite = real  # type: ignore[method-assign]
+    due = now + 2000
+    bucket = due - due % TICK_MS
+    later = (due + TICK_MS) - (due + TICK_MS) % TICK_MS
+    assert live(idx, bucket) == {"dwell.delayed:1": set(range(2, 2000))}
+    assert live(idx, later) == {"dwell.delayed:1": {0}}
+    counts = r.hgetall(keys.sub_counts(topic, "s"))
+    assert len(counts) == 1999 and mids[1].encode() not in counts
+    assert earlier.encode() not in counts
+    # One rewrite per bucket touched: the cancel of the earlier entry, the two buckets added.
+    assert sorted(rewrites) == sorted([bucket, bucket, later]), rewrites

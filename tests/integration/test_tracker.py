@@ -28,7 +28,8 @@ from dwell.core.buckets import bucket_start
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
 from dwell.tracker import recovery
-from dwell.tracker.ingest import HEADERS, Ingest, IngestLoop
+from dwell.tracker.ingest import HEADERS, Ingest
+from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.stats import HISTOGRAM_BOUNDS_MS
 
 pytestmark = pytest.mark.integration

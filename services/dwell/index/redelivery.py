@@ -4,7 +4,7 @@ written by the backoff job and claimed by the drain (dwell:due:subs says which a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import redis as redislib
@@ -31,8 +31,8 @@ class SubscriptionIndex(BucketIndex):
 
     def add(self, positions: Iterable[tuple[str, int, int, int]], tick_ms: int) -> int:
         """Index redeliveries `(sourceKafkaTopic, partition, offset, redeliverAt)` in
-        buckets of `tick_ms`. Written straight into the blobs (compare-and-set, retried),
-        as redeliveries are few; idempotent."""
+        buckets of `tick_ms`. Written straight into the blobs, one compare-and-set
+        (retried) per bucket, so a caller hands a whole batch over at once; idempotent."""
         by_bucket: dict[int, dict[bytes, list[int]]] = {}
         for src, part, off, at in positions:
             b = bucket_of(at, tick_ms)
@@ -50,21 +50,37 @@ class SubscriptionIndex(BucketIndex):
 
     def remove(self, source: str, partition: int, offset: int, bucket_start: int) -> bool:
         """Cancel a scheduled redelivery: drop ``offset`` of ``"<source>:<partition>"`` from
-        the live bucket ``bucket_start``. Compare-and-set like `add` (a claim or another
-        writer in between makes it re-read). True when it was there; False when it was
-        not, e.g. because the drain already claimed the bucket: then the redelivery has
+        the live bucket ``bucket_start``. True when it was there; False when it was not,
+        e.g. because the drain already claimed the bucket: then the redelivery has
         happened (or is being written), as in Pulsar an ack after the redelivery does not
-        undo it. A bucket left empty stays in the index until the drain claims it (an
-        empty claim writes nothing)."""
-        name = f"{source}:{partition}".encode()
+        undo it."""
+        return self.remove_many(bucket_start, [(source, partition, offset)]) == 1
+
+    def remove_many(self, bucket_start: int,
+                    positions: Iterable[tuple[str, int, int]]) -> int:
+        """Cancel scheduled redeliveries `(sourceKafkaTopic, partition, offset)` of one live
+        bucket in one compare-and-set (a claim or another writer in between makes it
+        re-read); how many were there. A bucket left empty stays in the index until the
+        drain claims it (an empty claim writes nothing)."""
+        wanted: dict[bytes, list[int]] = {}
+        for src, part, off in positions:
+            wanted.setdefault(f"{src}:{part}".encode(), []).append(off)
+        removed = 0
 
         def drop(merged: dict[bytes, BitMap64]) -> bool:
-            bm = merged.get(name)
-            if bm is None or offset not in bm:
-                return False
-            bm.discard(offset)
-            return True
-        return self._rewrite(bucket_start, drop)
+            nonlocal removed
+            removed = 0
+            for name, offs in wanted.items():
+                bm = merged.get(name)
+                if bm is None:
+                    continue
+                for off in offs:
+                    if off in bm:
+                        bm.discard(off)
+                        removed += 1
+            return removed > 0
+        self._rewrite(bucket_start, drop)
+        return removed
 
     def _rewrite(self, bucket_start: int,
                  change: Callable[[dict[bytes, BitMap64]], bool]) -> bool:
@@ -105,6 +121,11 @@ class SubscriptionIndex(BucketIndex):
         """Record the count the drain gives a message's pending entry (keys.sub_counts:
         -(count + 1) marks a dead letter)."""
         self.redis.hset(keys.sub_counts(self.topic, self.subscription), message_id, count)
+
+    def store_counts(self, counts: Mapping[str, int]) -> None:
+        """`store_count` for many messages, in one HSET."""
+        if counts:
+            self.redis.hset(keys.sub_counts(self.topic, self.subscription), mapping=counts)
 
     def stored_counts(self, message_ids: Sequence[str]) -> list[int]:
         """The stored redelivery counts of messages (0 when none), in one HMGET."""

@@ -16,7 +16,7 @@ from dwell.core.positions import REFILED_FIELD_BASE
 from dwell.http import serve
 from dwell.tracker import metrics
 from dwell.tracker.app import build_app
-from dwell.tracker.ingest import IngestLoop
+from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
 from dwell.tracker.restage import Restager

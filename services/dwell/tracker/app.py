@@ -20,7 +20,7 @@ from dwell.core.authz import Operation as Op
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app, errors
-from dwell.tracker.ingest import IngestLoop
+from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
 from dwell.tracker.restage import Restager

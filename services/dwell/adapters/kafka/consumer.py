@@ -15,6 +15,15 @@ from .config import connection
 from .errors import KafkaUnavailable
 from .record import Record, record_of
 
+# How long a commit is retried while the group coordinator is loading or moving.
+COMMIT_RETRY_S = 30.0
+# Refusals that pass once the coordinator is ready (librdkafka does not flag all of them
+# retriable on a synchronous commit).
+RETRIABLE_COMMIT = frozenset({KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                              KafkaError.NOT_COORDINATOR,
+                              KafkaError.COORDINATOR_NOT_AVAILABLE,
+                              KafkaError.REQUEST_TIMED_OUT})
+
 
 @dataclass(frozen=True, slots=True)
 class Columns:
@@ -159,15 +168,26 @@ class Consumer:
             raise KafkaUnavailable(f"committed offsets: {exc}") from exc
         return {(tp.topic, tp.partition): tp.offset for tp in tps}
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Commit `next offset to read` per (topic, partition), synchronously."""
+    def commit(self, offsets: Mapping[tuple[str, int], int],
+               timeout: float = COMMIT_RETRY_S) -> None:
+        """Commit `next offset to read` per (topic, partition), synchronously. A retriable
+        refusal (the group coordinator still loading its offsets after a broker start, or
+        moving) is tried again for up to ``timeout`` seconds."""
         if not offsets:
             return
-        try:
-            self._c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                           asynchronous=False)
-        except KafkaException as exc:
-            raise KafkaUnavailable(str(exc)) from exc
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._c.commit(offsets=tps, asynchronous=False)
+                return
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                retriable = isinstance(err, KafkaError) and (
+                    err.retriable() or err.code() in RETRIABLE_COMMIT)
+                if not retriable or time.monotonic() > deadline:
+                    raise KafkaUnavailable(str(exc)) from exc
+            time.sleep(0.2)
 
     def group_metadata(self) -> object:
         """The group's metadata, for a transaction that commits this consumer's offsets

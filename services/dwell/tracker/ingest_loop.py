@@ -1,0 +1,369 @@
+"""The tracker's ingest loop: consumer group `dwell-tracker` on `dwell.delayed` (and
+`dwell.delayed.refiled`), two threads deep. It hands each batch to dwell.tracker.ingest's
+Ingest, commits offsets only after Redis has the positions, compacts in between, and
+checks that Redis still holds what it wrote (rebuilding the index when it does not).
+
+One writer per topic: the record key is the Pulsar topic, so a topic's records sit on
+one partition of `dwell.delayed`, owned by one tracker replica at a time. Everything
+written is idempotent, so the overlap during a rebalance or a replay after a crash
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import redis as redislib
+from pyroaring import BitMap64
+
+from dwell import keys, memory
+from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
+from dwell.tracker.ingest import HEADERS, Ingest
+from dwell.tracker.metrics import REBUILDS
+from dwell.tracker.recovery import committed_lowmarks, read_marks
+
+log = logging.getLogger("dwell.tracker.ingest_loop")
+
+# How long a rebuild may take to read dwell.delivered before it gives up and retries.
+REBUILD_READ_TIMEOUT_S = 30.0
+
+
+class IngestLoop:
+    """The consumer loop, two threads deep: the caller's thread polls batch N+1 from Kafka
+    while a writer thread indexes batch N in Redis (and compacts in between), through a
+    bounded queue. Offsets are committed on the polling thread, in poll order, and only
+    for batches whose Redis write has completed."""
+
+    def __init__(self, r: redislib.Redis, bootstrap: str, topic: str, group_id: str, *,
+                 source: str | None = None, field_base: int = 0, batch_max: int = 50000,
+                 poll_timeout_ms: int = 100,
+                 compaction_interval_ms: int = 1000, compaction_max_buckets: int = 2000,
+                 compaction_busy_min_delta_bytes: int = 4096, queue_depth: int = 2,
+                 redis_check_interval_ms: int = 1000) -> None:
+        self.ingest = Ingest(r, source or topic, field_base)
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.redis_check_interval = redis_check_interval_ms / 1000
+        self._next_check = 0.0
+        # index field -> next offset this loop has indexed: what Redis must hold at least
+        # (dwell:trk:ingested), or it lost writes.
+        self._written_pos: dict[int, int] = {}
+        # Partitions assigned to this loop whose index Redis has not been checked against
+        # the group's committed offsets yet (a new owner, a restart, a rebalance).
+        self._unchecked: set[int] = set()
+        self.rebuilding: set[int] = set()
+        # Prefetch a few batches, no more: what librdkafka queues is allocated record by
+        # record, and a burst's worth of it stays behind in the allocator.
+        self.consumer = Consumer(bootstrap, group_id, **{
+            "fetch.max.bytes": 64 << 20, "queued.max.messages.kbytes": 32 << 10,
+            "queued.min.messages": 2 * batch_max})
+        self.consumer.subscribe([topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke)
+        self.topic = topic
+        self.batch_max = batch_max
+        self.poll_timeout = poll_timeout_ms / 1000
+        self.compaction_interval = compaction_interval_ms / 1000
+        self.compaction_max_buckets = compaction_max_buckets
+        self.compaction_busy_min_delta_bytes = compaction_busy_min_delta_bytes
+        self.stopping = threading.Event()
+        self.running = False
+        self.error: str | None = None
+        self.indexed = 0
+        # perf_counter() of the first non-empty poll (the bench times from there).
+        self.first_batch_at: float | None = None
+        self._queue: queue.Queue[Columns] = queue.Queue(maxsize=queue_depth)
+        self._closing = threading.Event()
+        self._lock = threading.Condition()
+        self._queued = 0  # batches handed to the writer
+        self._written = 0  # ... of which Redis has every position
+        self._done: dict[tuple[str, int], int] = {}  # written, not yet committed
+        self._failure: BaseException | None = None
+        self._idle = False  # the last poll returned nothing
+
+    # -- polling thread
+
+    def run(self) -> None:
+        self.running = True
+        writer = threading.Thread(target=self._write_loop, name="tracker-ingest-writer",
+                                  daemon=True)
+        writer.start()
+        try:
+            while not self.stopping.is_set():
+                self._check_writer()
+                self._commit_written()
+                self._check_redis()
+                batch = self.consumer.poll_columns(HEADERS, self.batch_max, self.poll_timeout)
+                if self._unchecked and self._check_assigned(batch):
+                    continue  # sought back: the batch is read again
+                # Compaction between batches only when Kafka has nothing more (or on its
+                # interval): while records flow, the writer's time goes to indexing them.
+                self._idle = not len(batch)
+                if len(batch):
+                    if self.first_batch_at is None:
+                        self.first_batch_at = time.perf_counter()
+                    self._hand_over(batch)
+        finally:
+            self._closing.set()
+            writer.join()
+            self._commit_written()
+            self.running = False
+            self.consumer.close()
+
+    def _check_writer(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _hand_over(self, batch: Columns) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._queue.put(batch, timeout=self.poll_timeout)
+                with self._lock:
+                    self._queued += 1
+                return
+            except queue.Full:
+                self._check_writer()
+                self._commit_written()
+
+    def _commit_written(self) -> None:
+        with self._lock:
+            offsets, self._done = self._done, {}
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets)
+        except KafkaUnavailable as exc:
+            # Harmless: a later commit covers these offsets, a replay re-adds a set.
+            log.warning("offset commit failed: %s", exc)
+
+    # -- losing Redis (dwell.tracker.recovery)
+
+    def _check_redis(self) -> None:
+        """On an interval: does Redis still hold every position this loop indexed? Its
+        `dwell:trk:ingested` entry gone (FLUSHALL, a restart without data) or lower than
+        what was written (lost writes) means no: re-read those partitions."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.redis_check_interval
+        try:
+            with self._lock:
+                # A partition being re-read is not in Redis until its first batch is.
+                written = {f: o for f, o in self._written_pos.items()
+                           if f not in self.rebuilding}
+            if not written:
+                return
+            fields = list(written)
+            have = self.ingest.redis.hmget(keys.INGESTED, [str(f) for f in fields])
+        except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+            if self.error != str(exc):
+                log.warning("Redis check failed, retrying: %s", exc)
+            self.error = str(exc)
+            return
+        behind = {f: (int(h) if h is not None else None) for f, h in zip(fields, have,
+                                                                          strict=True)
+                  if h is None or int(h) < written[f]}
+        if behind:
+            log.warning("Redis lost index writes of %s (index fields %s): rebuilding",
+                        self.topic, sorted(behind))
+            try:
+                self._rebuild(behind, written)
+            except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+                # Nothing was sought yet: the loss stays visible and the next check retries.
+                self.error = f"rebuild: {exc}"
+                log.warning("rebuild of %s failed, retrying: %s", self.topic, exc)
+
+    def _check_assigned(self, batch: Columns) -> bool:
+        """Before indexing newly assigned partitions: does Redis hold what the group
+        committed of them? The group commits only after Redis has a batch's positions, so
+        an ingested entry missing or below the committed offset means Redis lost them
+        (lost while no tracker ran, or while the partitions were with another replica):
+        re-read them. Retried until Redis and Kafka answer. True when the consumer was
+        sought back to re-read ``batch`` (which is then not to be indexed)."""
+        base = self.ingest.field_base
+        parts = sorted(self._unchecked)
+        while True:
+            try:
+                done = self.consumer.committed([(self.topic, p) for p in parts])
+                have = self.ingest.redis.hmget(keys.INGESTED, [str(p + base) for p in parts])
+                break
+            except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+                if self.error != str(exc):
+                    log.warning("check of the partitions of %s assigned to this tracker "
+                                "failed, retrying: %s", self.topic, exc)
+                self.error = str(exc)
+                if self.stopping.wait(0.5):
+                    return True
+        behind: dict[int, int | None] = {}
+        written: dict[int, int] = {}
+        for p, h in zip(parts, have, strict=True):
+            committed = done[(self.topic, p)]
+            held = int(h) if h is not None else None
+            if committed >= 0 and (held is None or held < committed):
+                behind[p + base] = held
+                written[p + base] = committed
+                continue
+            # Go on from what Redis holds; from now on it must hold at least that.
+            if held is not None:
+                self.ingest.expect[p + base] = held
+            if committed >= 0:
+                with self._lock:
+                    self._written_pos[p + base] = committed
+        self._unchecked.difference_update(parts)
+        if not behind:
+            return False
+        log.warning("Redis lacks index writes of %s (index fields %s) that the group "
+                    "committed: rebuilding", self.topic, sorted(behind))
+        self._unchecked.update(f - base for f in behind)  # until the re-read is set up
+        while True:
+            try:
+                self._rebuild(behind, written)
+                break
+            except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
+                self.error = f"rebuild: {exc}"
+                log.warning("rebuild of %s failed, retrying: %s", self.topic, exc)
+                if self.stopping.wait(0.5):
+                    return True
+        self._unchecked.difference_update(f - base for f in behind)
+        # The batch's other partitions are read again from its first record of each.
+        first: dict[tuple[str, int], int] = {}
+        for part, off in zip(batch.partitions, batch.offsets, strict=True):
+            if part + base not in behind and (self.topic, part) not in first:
+                first[(self.topic, part)] = off
+        if first:
+            self.consumer.seek(first)
+        return True
+
+    def _rebuild(self, behind: dict[int, int | None], written: dict[int, int]) -> None:
+        """Re-read the partitions of ``behind`` (index field -> what Redis still holds of
+        it, None: nothing) from their low watermark, skipping what `dwell.delivered` says
+        was delivered, up to what this loop had written (``written``); after that the
+        ingest goes on as before."""
+        started = time.monotonic()
+        with self._lock:  # every batch handed over is in Redis (or the writer failed)
+            while self._written < self._queued and self._failure is None:
+                self._lock.wait(self.poll_timeout)
+        self._check_writer()
+        base = self.ingest.field_base
+        lows = committed_lowmarks(self.bootstrap, self.group_id,
+                                  [(self.topic, f - base) for f in behind])
+        delivered = read_marks(self.bootstrap, self.ingest.source, list(behind),
+                               timeout_s=REBUILD_READ_TIMEOUT_S)
+        seek: dict[tuple[str, int], int] = {}
+        for f, held in behind.items():
+            start = lows.get((self.topic, f - base), 0)
+            if held is not None:
+                start = max(start, held)
+            seek[(self.topic, f - base)] = start
+            self.ingest.begin_rebuild(f, written[f], delivered.get(f, BitMap64()))
+            REBUILDS.labels("stale" if held is not None else "lost").inc()
+        self.consumer.seek(seek)
+        with self._lock:
+            for (_, p), start in seek.items():
+                self._written_pos[p + base] = start
+            self.rebuilding = set(self.ingest.skip_below)
+        log.warning("Redis lost index writes of %s: re-reading %s from the low watermarks "
+                    "(%d delivered positions to skip; set up in %.2fs)", self.topic,
+                    ", ".join(f"[{p}] {o}..{written[p + base]}" for (_, p), o in seek.items()),
+                    sum(len(delivered.get(f, ())) for f in behind), time.monotonic() - started)
+
+    def _on_assign(self, _consumer: object, partitions: list[Any]) -> None:
+        """Rebalance (inside poll): the partitions this loop now owns are checked against
+        Redis before their first batch is indexed (`_check_assigned`)."""
+        self._unchecked |= {tp.partition for tp in partitions if tp.topic == self.topic}
+
+    def _on_revoke(self, _consumer: object, partitions: list[Any]) -> None:
+        """Rebalance (inside poll): finish and commit every batch handed over before the
+        partitions go to another replica, so only one process writes a topic at a time;
+        forget the fixed-delay state, the next owner of a topic may have moved it on."""
+        with self._lock:
+            while self._written < self._queued and self._failure is None:
+                if self.stopping.is_set():
+                    break
+                self._lock.wait(self.poll_timeout)
+        self._commit_written()
+        self._unchecked -= {tp.partition for tp in partitions if tp.topic == self.topic}
+        if self._written == self._queued:
+            self.ingest.forget_fixed_state()
+            # The next owner writes these partitions' ingested entries from now on.
+            self.ingest.expect.clear()
+            with self._lock:
+                self._written_pos.clear()
+
+    # -- writer thread
+
+    def _write_loop(self) -> None:
+        last_compaction = time.monotonic()
+        busy = False
+        try:
+            while True:
+                try:
+                    batch: Columns | None = self._queue.get(timeout=self.poll_timeout)
+                except queue.Empty:
+                    if self._closing.is_set():
+                        return
+                    batch = None
+                if batch is not None and not self._write(batch):
+                    return
+                now = time.monotonic()
+                idle = batch is None and self._idle
+                if self.ingest.dirty_topics and (
+                        idle or now - last_compaction >= self.compaction_interval):
+                    # While records flow, only buckets whose deltas grew large: folding a
+                    # few entries into a blob costs as much as folding many.
+                    self._compact(0 if idle else self.compaction_busy_min_delta_bytes)
+                    last_compaction = now
+                if batch is not None:
+                    busy = True
+                elif idle and busy and not self.ingest.dirty_topics:
+                    # The stream of batches ended and is folded in: what it took goes back.
+                    busy = False
+                    memory.release()
+        except BaseException as exc:
+            self._failure = exc
+            with self._lock:
+                self._lock.notify_all()
+            raise
+
+    def _write(self, batch: Columns) -> bool:
+        """Index one batch, retrying until Redis takes it (the consumer has moved past
+        these records: never commit past them, never drop them). False when stopped."""
+        while True:
+            try:
+                n = self.ingest.index_batch(batch)
+                self.error = None
+                break
+            except (redislib.RedisError, OSError) as exc:
+                self.error = str(exc)
+                log.warning("Redis write failed, retrying the batch: %s", exc)
+                if self.stopping.wait(0.5):
+                    return False
+        # Redis has the positions: only now may Kafka forget them.
+        # A partition's records arrive in offset order: its last one in the batch is the
+        # highest (were it not, committing less would only mean a harmless replay).
+        last = dict(zip(batch.partitions, batch.offsets, strict=True))
+        with self._lock:
+            for part, off in last.items():
+                if off + 1 > self._done.get((self.topic, part), -1):
+                    self._done[(self.topic, part)] = off + 1
+                self._written_pos[part + self.ingest.field_base] = off + 1
+            self.rebuilding = set(self.ingest.skip_below)
+            self._written += 1
+            self.indexed += n
+            self._lock.notify_all()
+        return True
+
+    def _compact(self, min_delta_bytes: int) -> None:
+        try:
+            self.ingest.compact(self.compaction_max_buckets, min_delta_bytes)
+        except (redislib.RedisError, OSError) as exc:
+            # Deltas stay until the next round; claims merge them meanwhile.
+            self.error = str(exc)
+            log.warning("compaction failed, retrying later: %s", exc)
+            self.stopping.wait(0.5)
+
+    def stop(self) -> None:
+        self.stopping.set()
