@@ -47,6 +47,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
+from dwell.cache import ExpiringCache
 from dwell.core import subscriptions as subs
 from dwell.core import topics as names
 from dwell.core.backoff import (
@@ -125,34 +126,22 @@ def _opt_int(v: Any) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
 
-# Per Python worker (workers are reused across batches): Redis clients and registry reads.
-_clients: dict[str, redislib.Redis] = {}
-_cache: dict[tuple[str, str, str], tuple[float, SubscriptionSettings | None]] = {}
-_lock = threading.Lock()
+# Per Python worker (workers are reused across batches): the registry reads.
+_registered: ExpiringCache[tuple[str, str, str], SubscriptionSettings | None] = ExpiringCache()
 
 
 @dataclass(frozen=True)
 class RegistryLookup:
     """``lookup(topic, sub)``: the subscription's registered settings (the tracker's
     ``dwell:subs:{topic}`` hash), or None. Pickles as its URL, so it ships to executors;
-    clients and cache live in the worker's module state."""
+    the client and the cache live in the worker's module state."""
 
     redis_url: str
     ttl_ms: int = DEFAULT_REGISTRY_TTL_MS
 
     def __call__(self, topic: str, sub: str) -> SubscriptionSettings | None:
-        key = (self.redis_url, topic, sub)
-        now = time.monotonic()
-        hit = _cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        with _lock:
-            r = _clients.get(self.redis_url)
-            if r is None:
-                r = _clients[self.redis_url] = redis_adapter.connect(self.redis_url)
-        found = registry.get(r, topic, sub)
-        _cache[key] = (now + self.ttl_ms / 1000, found)
-        return found
+        return _registered.get((self.redis_url, topic, sub), self.ttl_ms, lambda: registry.get(
+            redis_adapter.shared(self.redis_url), topic, sub))
 
 
 Event = dict[str, Any]
@@ -417,10 +406,9 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
         # Before this batch's decisions: Redis must hold those of the batches before it.
         keeper.before(batch_id)
         checked = time.monotonic()
-        if not warmed.is_set() and any(r.topic == WARM_UP_TOPIC for r in rows):
+        if any(r.topic == WARM_UP_TOPIC for r in rows):
             warmed.set()
             metrics.mark_ready("backoff")
-            log.info("backoff ready")
         rows = [r for r in rows if r.topic != WARM_UP_TOPIC]
         if rows:
             scheduler.apply(rows)

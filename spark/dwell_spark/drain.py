@@ -376,8 +376,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     def _batch(_df: DataFrame, batch_id: int) -> None:
         try:
             drainer.run_once()
-            if metrics.batch_done("drain"):
-                log.info("drain ready")
+            metrics.batch_done("drain")
         except Exception:
             # Claims stay leased and come back after drain_lease_ms; keep the query alive.
             log.exception("drain round failed; its claims come back after the lease")

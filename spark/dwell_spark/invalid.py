@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 import pandas as pd
-import redis as redislib
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -32,9 +30,10 @@ from pyspark.sql.types import StringType, StructField, StructType
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
-from dwell.adapters.redis import connect
+from dwell.adapters import redis as redis_adapter
 from dwell.auth.keys import verification_key
 from dwell.auth.tokens import InvalidToken, TokenVerifier
+from dwell.cache import ExpiringCache
 from dwell.core import invalid
 from dwell.core import topics as names
 from dwell.core.authz import Grants, Operation, allowed, namespace_auth
@@ -53,10 +52,10 @@ QUERY: Final = "acks-invalid"
 FETCH_MAX_WAIT_MS: Final = 10
 
 
-# Per Python worker: token verifiers by key, Redis clients and grants read.
+# Per Python worker (workers are reused across batches): token verifiers by key, and the
+# grants read.
 _verifiers: dict[tuple[str, str], TokenVerifier] = {}
-_clients: dict[str, redislib.Redis] = {}
-_grants: dict[tuple[str, str, str], tuple[float, Grants]] = {}
+_grants: ExpiringCache[tuple[str, str, str], Grants] = ExpiringCache()
 _lock = threading.Lock()
 
 
@@ -91,21 +90,12 @@ class AckAuth:
         return found
 
     def _grants(self, tenant: str, namespace: str) -> Grants:
-        key = (self.redis_url, tenant, namespace)
-        now = time.monotonic()
-        hit = _grants.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        with _lock:
-            r = _clients.get(self.redis_url)
-            if r is None:
-                r = _clients[self.redis_url] = connect(self.redis_url)
-        tenant_raw, ns_raw = r.mget([keys.tenant(tenant), keys.namespace(
-            f"{tenant}/{namespace}")])
-        admins = orjson.loads(tenant_raw)["tenant"]["adminRoles"] if tenant_raw else ()
-        found = Grants.of(admins, namespace_auth(orjson.loads(ns_raw)) if ns_raw else None)
-        _grants[key] = (now + self.ttl_ms / 1000, found)
-        return found
+        def load() -> Grants:
+            tenant_raw, ns_raw = redis_adapter.shared(self.redis_url).mget(
+                [keys.tenant(tenant), keys.namespace(f"{tenant}/{namespace}")])
+            admins = orjson.loads(tenant_raw)["tenant"]["adminRoles"] if tenant_raw else ()
+            return Grants.of(admins, namespace_auth(orjson.loads(ns_raw)) if ns_raw else None)
+        return _grants.get((self.redis_url, tenant, namespace), self.ttl_ms, load)
 
     def check(self, token: str | None, topic: str) -> None:
         if token is None:
@@ -200,7 +190,6 @@ def start(spark: SparkSession, settings: SparkSettings, system_topics: frozenset
                               compression_type=settings.kafka_compression_type)
 
     metrics.expect_query(QUERY)
-    ready = threading.Event()
 
     def _batch(df: DataFrame, batch_id: int) -> None:
         rows = df.collect()
@@ -210,10 +199,7 @@ def start(spark: SparkSession, settings: SparkSettings, system_topics: frozenset
                         len(rows), names.INVALID, rows[0].reason)
         # Its first batch reads the backoff's warm-up event (backoff.warm_up) and pays for
         # this query's first plans, before any consumer's events depend on the cores.
-        if not ready.is_set():
-            ready.set()
-            metrics.mark_ready(QUERY)
-            log.info("%s ready", QUERY)
+        metrics.mark_ready(QUERY)
 
     bad = (checked_acks(spark, settings, system_topics)
            .where(F.col("bad.kind").isNotNull())

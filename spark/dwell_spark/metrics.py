@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import sys
 import threading
@@ -19,6 +20,8 @@ from dwell import memory
 from dwell.tracker.metrics import MARKS_WRITTEN
 
 from .records import LATENESS_BOUNDS_MS, CopyStats
+
+log = logging.getLogger("dwell.spark")
 
 REGISTRY = CollectorRegistry()
 DRAIN_LAG_MS = Gauge("dwell_drain_lag_ms", "now minus the earliest bucket start still in the "
@@ -145,17 +148,23 @@ def expect_query(name: str) -> None:
         _batches.setdefault(name, 0)
 
 
-def batch_done(name: str) -> bool:
-    """Count one finished micro-batch of a query; True exactly when it becomes ready."""
+def batch_done(name: str) -> None:
+    """Count one finished micro-batch of a query; it is ready after READY_AFTER_BATCHES."""
     with _batches_lock:
         _batches[name] = _batches.get(name, 0) + 1
-        return _batches[name] == READY_AFTER_BATCHES
+        now_ready = _batches[name] == READY_AFTER_BATCHES
+    if now_ready:
+        log.info("%s ready", name)
 
 
 def mark_ready(name: str) -> None:
-    """A query that says for itself when it is ready (the backoff: see backoff.warm_up)."""
+    """A query that says for itself when it is ready (the backoff: see backoff.warm_up).
+    Logs "<name> ready" the first time; later calls change nothing."""
     with _batches_lock:
+        now_ready = _batches.get(name, 0) < READY_AFTER_BATCHES
         _batches[name] = max(_batches.get(name, 0), READY_AFTER_BATCHES)
+    if now_ready:
+        log.info("%s ready", name)
 
 
 def ready() -> bool:

@@ -122,7 +122,7 @@ def test_scheduled_redelivery_is_indexed_and_an_ack_cancels_it(redis_url: str,
     # Once the drain has claimed the bucket, an ack is a no-op: the redelivery happened.
     [claimed] = idx.claim(due + TICK_MS, 10, 30_000, cutoff_ms=due + 1)
     assert {k: set(v) for k, v in claimed.positions.items()} == {"dwell.delayed:3": {11}}
-    assert idx.remove("dwell.delayed", 3, 11, bucket) is False
+    assert idx.remove_many(bucket, [("dwell.delayed", 3, 11)]) == 0
     rows = run_step(topic, base | {"event": "ack", "messageId": mids[1], "ts": now + 6},
                     states[1])
     sched.apply(rows)

@@ -189,7 +189,8 @@ def test_a_redelivery_bucket_emptied_by_acks_drains_with_the_rest(spark_env,
     sidx = SubscriptionIndex(r, topic, "sub")
     sidx.add([(t.kafka_topic, *kept, due), (t.kafka_topic, *acked, due)],
              settings.redelivery_tick_ms)
-    assert sidx.remove(t.kafka_topic, *acked, due - due % settings.redelivery_tick_ms)
+    assert sidx.remove_many(due - due % settings.redelivery_tick_ms,
+                            [(t.kafka_topic, *acked)]) == 1
     assert Drainer(spark, settings, r).run_once(now) == 1
     [x] = read(settings.kafka_bootstrap, retry_topic(t, "sub"), 1)
     assert x.value == b"kept"

@@ -33,6 +33,14 @@ def connect(url: str) -> redis.Redis:
                                 health_check_interval=15, **_RETRY, **redis_options(url))
 
 
+@functools.cache
+def shared(url: str) -> redis.Redis:
+    """One client of `url` for the whole process, made on first use: for code that runs
+    in processes it does not own (Spark's Python workers, reused across batches). A
+    redis-py client is safe to share between threads."""
+    return connect(url)
+
+
 def connect_async(url: str) -> aredis.Redis:
     return aredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=10,
                                  health_check_interval=15, retry=AsyncRetry(

@@ -32,10 +32,11 @@ from dwell.http import (
     internal_error,
     too_large,
 )
+from dwell.policy_feed import PolicyCache, PolicyFollower
 
 from . import metrics
-from .cache import PolicyCache, PolicyFollower
 from .ingress import Ingress
+from .metrics import POLICY_VERSION_APPLIED
 from .publish import Publisher
 from .schema import PublishError, PublishRequest, PublishResults, model_of
 from .settings import AdmissionSettings
@@ -49,7 +50,8 @@ class Admission:
 
     def __init__(self, settings: AdmissionSettings) -> None:
         self.settings = settings
-        self.cache = PolicyCache(settings.broker_defaults())
+        self.cache = PolicyCache(settings.broker_defaults(),
+                                 on_version=POLICY_VERSION_APPLIED.set)
         self.follower = PolicyFollower(
             self.cache, settings.kafka_bootstrap,
             replay_timeout_s=settings.policy_replay_timeout_s,

@@ -47,6 +47,7 @@ import orjson
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.auth.guard import GrantsSync, Guard
+from dwell.cache import BoundedCache
 from dwell.core import invalid
 from dwell.core import topics as names
 from dwell.core.authz import Operation
@@ -54,7 +55,6 @@ from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.http import ApiError
 
 from . import metrics
-from .cache import BoundedCache
 from .plan import INVALID_MESSAGE, Plan, failed
 from .publish import Publisher
 from .schema import IngressRequest, PublishError, parse_request

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from dwell.adapters import kafka
+from dwell.cache import BoundedCache
 from dwell.core import topics as names
 from dwell.core.admit import Decision, Override, Reject, admit
 from dwell.core.policy import MAX_LONG, EffectivePolicy
@@ -53,9 +54,9 @@ from dwell.headers import (
     TICK_TIME,
     TOPIC,
 )
+from dwell.policy_feed import PolicyCache
 
 from . import native
-from .cache import BoundedCache, PolicyCache
 from .schema import PublishError, PublishRequest, parse_request
 from .settings import AdmissionSettings
 

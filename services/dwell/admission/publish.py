@@ -16,11 +16,12 @@ from concurrent.futures import Future
 from typing import Any
 
 from dwell.adapters import kafka
+from dwell.cache import BoundedCache
 from dwell.core import topics as names
 from dwell.core.topics import InvalidTopicName, TopicName
+from dwell.policy_feed import PolicyCache
 
 from . import metrics
-from .cache import BoundedCache, PolicyCache
 from .deliveries import Deliveries
 from .plan import Plan, Planner
 from .schema import PublishError, PublishRequest

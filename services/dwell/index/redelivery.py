@@ -48,20 +48,15 @@ class SubscriptionIndex(BucketIndex):
             self.redis.zadd(DUE_SUBSCRIPTIONS, {self._due_member: min(by_bucket)}, lt=True)
         return sum(len(o) for f in by_bucket.values() for o in f.values())
 
-    def remove(self, source: str, partition: int, offset: int, bucket_start: int) -> bool:
-        """Cancel a scheduled redelivery: drop ``offset`` of ``"<source>:<partition>"`` from
-        the live bucket ``bucket_start``. True when it was there; False when it was not,
-        e.g. because the drain already claimed the bucket: then the redelivery has
-        happened (or is being written), as in Pulsar an ack after the redelivery does not
-        undo it."""
-        return self.remove_many(bucket_start, [(source, partition, offset)]) == 1
-
     def remove_many(self, bucket_start: int,
                     positions: Iterable[tuple[str, int, int]]) -> int:
         """Cancel scheduled redeliveries `(sourceKafkaTopic, partition, offset)` of one live
         bucket in one compare-and-set (a claim or another writer in between makes it
         re-read); how many were there. A bucket left empty stays in the index until the
-        drain claims it (an empty claim writes nothing)."""
+        drain claims it (an empty claim writes nothing). A position that is not there,
+        e.g. because the drain already claimed the bucket, is not counted: that redelivery
+        has happened (or is being written), as in Pulsar an ack after the redelivery does
+        not undo it."""
         wanted: dict[bytes, list[int]] = {}
         for src, part, off in positions:
             wanted.setdefault(f"{src}:{part}".encode(), []).append(off)

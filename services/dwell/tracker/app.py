@@ -13,13 +13,13 @@ import redis as redislib
 from fastapi import FastAPI, Request, Response
 
 from dwell import keys
-from dwell.admission.cache import PolicyCache, PolicyFollower
 from dwell.auth.guard import Guard
 from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app, errors
+from dwell.policy_feed import PolicyCache, PolicyFollower
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry

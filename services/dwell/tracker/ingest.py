@@ -81,6 +81,60 @@ def _parse_ints_slow(raw: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     return vals, ok
 
 
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A polled batch as arrays (`decode`): what the index needs of each record, with no
+    Python object per record, so that batches waiting for the writer hold no more than
+    their arrays. Row i of every array is the batch's i-th record."""
+
+    partitions: np.ndarray  # int64, Kafka partitions of the delay log
+    offsets: np.ndarray  # int64
+    deliver_at: np.ndarray  # int64 (0 where not usable)
+    tick: np.ndarray  # int64 (0 where not usable)
+    ok: np.ndarray  # bool: deliver-at and tick-time usable (tick >= 1)
+    keys: list[bytes | None]  # the distinct record keys (Pulsar topics)
+    codes: np.ndarray  # intp: each record's key, as an index into `keys`
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @staticmethod
+    def concat(parts: list[Decoded]) -> Decoded:
+        """The batches of `parts` as one, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        keys: dict[bytes | None, int] = {}
+        codes = []
+        for d in parts:
+            remap = np.array([keys.setdefault(k, len(keys)) for k in d.keys], dtype=np.intp)
+            codes.append(remap[d.codes] if len(d) else d.codes)
+        return Decoded(*(np.concatenate([getattr(d, f) for d in parts])
+                         for f in ("partitions", "offsets", "deliver_at", "tick", "ok")),
+                       list(keys), np.concatenate(codes))
+
+
+def last_offsets(parts: np.ndarray, offs: np.ndarray) -> dict[int, int]:
+    """The offset of the last record of each partition (rows in arrival order)."""
+    uniq, first_from_end = np.unique(parts[::-1], return_index=True)
+    return dict(zip(uniq.tolist(), offs[::-1][first_from_end].tolist(), strict=True))
+
+
+def decode(batch: Columns) -> Decoded:
+    """`batch` (headers [deliverAt, tickTime]) as arrays, in C-level passes over it."""
+    n = len(batch)
+    da, tick, ok = _parse_ints(batch.headers[0], n), _parse_ints(batch.headers[1], n), None
+    if da is None or tick is None:
+        da, da_ok = _parse_ints_slow(batch.headers[0])
+        tick, tick_ok = _parse_ints_slow(batch.headers[1])
+        ok = da_ok & tick_ok
+    ok = (tick >= 1) if ok is None else ok & (tick >= 1)
+    code = {k: i for i, k in enumerate(dict.fromkeys(batch.keys))}
+    codes = (np.zeros(n, dtype=np.intp) if len(code) <= 1 else
+             np.fromiter(map(code.__getitem__, batch.keys), dtype=np.intp, count=n))
+    return Decoded(np.array(batch.partitions, dtype=np.int64),
+                   np.array(batch.offsets, dtype=np.int64), da, tick, ok, list(code), codes)
+
+
 class Ingest:
     """Batches of records -> Redis. `index_batch` is usable without Kafka (bench, tests).
     ``source``: the delay log the positions belong to (its name goes in the topic's
@@ -143,36 +197,27 @@ class Ingest:
                 mapping[f"{SEEN_PREFIX}{p}"] = last
         pipe.hset(keys.stats(topic), mapping=mapping)  # type: ignore[attr-defined]
 
-    def index_batch(self, batch: Columns) -> int:
+    def index_batch(self, batch: Columns | Decoded) -> int:
         """Index a polled batch (`headers` = [deliverAt, tickTime]) in one pipeline.
         Returns positions indexed; bad records are counted and skipped. Column-wise:
         per-record Python work here is what separates ingest from a raw consume."""
-        n = len(batch)
+        d = batch if isinstance(batch, Decoded) else decode(batch)
+        n = len(d)
         if n == 0:
             return 0
-        parts = np.array(batch.partitions, dtype=np.int64) + self.field_base
-        offs = np.array(batch.offsets, dtype=np.int64)
-        da, tick, ok = _parse_ints(batch.headers[0], n), _parse_ints(batch.headers[1], n), None
-        if da is None or tick is None:
-            da, da_ok = _parse_ints_slow(batch.headers[0])
-            tick, tick_ok = _parse_ints_slow(batch.headers[1])
-            ok = da_ok & tick_ok
-        ok = (tick >= 1) if ok is None else ok & (tick >= 1)
+        parts = d.partitions + self.field_base
+        offs, da, tick, ok = d.offsets, d.deliver_at, d.tick, d.ok
         # The next offset per index field this batch brings the ingest to, written after
         # the positions (dwell:trk:ingested): even a batch of bad records moves it.
-        reached = {int(f): int(o) + 1 for f, o in zip(parts.tolist(), offs.tolist(),
-                                                     strict=True)}
+        reached = {f: o + 1 for f, o in last_offsets(parts, offs).items()}
         keep = self._not_delivered(parts, offs) if self.skip_below else None
         # Group by key (the Pulsar topic), keeping arrival order inside a topic.
-        uniq = list(set(batch.keys))
-        if len(uniq) == 1:
-            groups = [(uniq[0], np.arange(n))]
+        if len(d.keys) == 1:
+            groups = [(d.keys[0], np.arange(n))]
         else:
-            code = {k: i for i, k in enumerate(uniq)}
-            codes = np.fromiter(map(code.__getitem__, batch.keys), dtype=np.intp, count=n)
-            order = np.argsort(codes, kind="stable")
-            cuts = np.cumsum(np.bincount(codes, minlength=len(uniq)))[:-1]
-            groups = list(zip(uniq, np.split(order, cuts), strict=True))
+            order = np.argsort(d.codes, kind="stable")
+            cuts = np.cumsum(np.bincount(d.codes, minlength=len(d.keys)))[:-1]
+            groups = list(zip(d.keys, np.split(order, cuts), strict=True))
         rows: list[tuple[str, np.ndarray]] = []
         bad = 0
         for key, idx in groups:

@@ -15,16 +15,19 @@ import logging
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Final
 
 import redis as redislib
 from pyroaring import BitMap64
 
 from dwell import keys, memory
-from dwell.adapters.kafka import Columns, Consumer, KafkaUnavailable
-from dwell.tracker.ingest import HEADERS, Ingest
+from dwell.adapters.kafka import Consumer, KafkaUnavailable
+from dwell.tracker.ingest import HEADERS, Decoded, Ingest, decode, last_offsets
 from dwell.tracker.metrics import REBUILDS
 from dwell.tracker.recovery import committed_lowmarks, read_marks
+
+# Records read from Kafka per call (see _poll).
+POLL_CHUNK: Final = 5000
 
 log = logging.getLogger("dwell.tracker.ingest_loop")
 
@@ -75,7 +78,7 @@ class IngestLoop:
         self.indexed = 0
         # perf_counter() of the first non-empty poll (the bench times from there).
         self.first_batch_at: float | None = None
-        self._queue: queue.Queue[Columns] = queue.Queue(maxsize=queue_depth)
+        self._queue: queue.Queue[Decoded] = queue.Queue(maxsize=queue_depth)
         self._closing = threading.Event()
         self._lock = threading.Condition()
         self._queued = 0  # batches handed to the writer
@@ -96,7 +99,7 @@ class IngestLoop:
                 self._check_writer()
                 self._commit_written()
                 self._check_redis()
-                batch = self.consumer.poll_columns(HEADERS, self.batch_max, self.poll_timeout)
+                batch = self._poll()
                 if self._unchecked and self._check_assigned(batch):
                     continue  # sought back: the batch is read again
                 # Compaction between batches only when Kafka has nothing more (or on its
@@ -113,11 +116,26 @@ class IngestLoop:
             self.running = False
             self.consumer.close()
 
+    def _poll(self) -> Decoded:
+        """Up to batch_max records, read POLL_CHUNK at a time and decoded at once: the
+        batches queued for the writer hold arrays, and no more than one chunk's records
+        are Python objects at a time. The many small objects of a whole batch, freed at
+        once, would leave the interpreter's arenas fragmented after a burst."""
+        chunks = [decode(self.consumer.poll_columns(
+            HEADERS, min(POLL_CHUNK, self.batch_max), self.poll_timeout))]
+        read = len(chunks[0])
+        while read < self.batch_max and len(chunks[-1]) == POLL_CHUNK:
+            # Only what librdkafka already holds: the batch waits for no more.
+            chunks.append(decode(self.consumer.poll_columns(
+                HEADERS, min(POLL_CHUNK, self.batch_max - read), 0)))
+            read += len(chunks[-1])
+        return Decoded.concat(chunks)
+
     def _check_writer(self) -> None:
         if self._failure is not None:
             raise self._failure
 
-    def _hand_over(self, batch: Columns) -> None:
+    def _hand_over(self, batch: Decoded) -> None:
         while not self.stopping.is_set():
             try:
                 self._queue.put(batch, timeout=self.poll_timeout)
@@ -176,7 +194,7 @@ class IngestLoop:
                 self.error = f"rebuild: {exc}"
                 log.warning("rebuild of %s failed, retrying: %s", self.topic, exc)
 
-    def _check_assigned(self, batch: Columns) -> bool:
+    def _check_assigned(self, batch: Decoded) -> bool:
         """Before indexing newly assigned partitions: does Redis hold what the group
         committed of them? The group commits only after Redis has a batch's positions, so
         an ingested entry missing or below the committed offset means Redis lost them
@@ -230,7 +248,7 @@ class IngestLoop:
         self._unchecked.difference_update(f - base for f in behind)
         # The batch's other partitions are read again from its first record of each.
         first: dict[tuple[str, int], int] = {}
-        for part, off in zip(batch.partitions, batch.offsets, strict=True):
+        for part, off in zip(batch.partitions.tolist(), batch.offsets.tolist(), strict=True):
             if part + base not in behind and (self.topic, part) not in first:
                 first[(self.topic, part)] = off
         if first:
@@ -301,7 +319,7 @@ class IngestLoop:
         try:
             while True:
                 try:
-                    batch: Columns | None = self._queue.get(timeout=self.poll_timeout)
+                    batch: Decoded | None = self._queue.get(timeout=self.poll_timeout)
                 except queue.Empty:
                     if self._closing.is_set():
                         return
@@ -328,7 +346,7 @@ class IngestLoop:
                 self._lock.notify_all()
             raise
 
-    def _write(self, batch: Columns) -> bool:
+    def _write(self, batch: Decoded) -> bool:
         """Index one batch, retrying until Redis takes it (the consumer has moved past
         these records: never commit past them, never drop them). False when stopped."""
         while True:
@@ -344,7 +362,7 @@ class IngestLoop:
         # Redis has the positions: only now may Kafka forget them.
         # A partition's records arrive in offset order: its last one in the batch is the
         # highest (were it not, committing less would only mean a harmless replay).
-        last = dict(zip(batch.partitions, batch.offsets, strict=True))
+        last = last_offsets(batch.partitions, batch.offsets)
         with self._lock:
             for part, off in last.items():
                 if off + 1 > self._done.get((self.topic, part), -1):

@@ -1,13 +1,12 @@
-"""PolicyCache bookkeeping: feed records in, effective policies and versions out; and
-the bound of BoundedCache."""
+"""PolicyCache bookkeeping: feed records in, effective policies and versions out."""
 
 from __future__ import annotations
 
 import orjson
 
-from dwell.admission.cache import BoundedCache, PolicyCache
 from dwell.core.policy import BrokerDefaults, EffectivePolicy
 from dwell.core.topics import TopicName
+from dwell.policy_feed import PolicyCache
 
 TOPIC = TopicName.parse("persistent://acme/orders/new")
 
@@ -57,13 +56,3 @@ def test_version_is_the_highest_applied_and_malformed_records_are_skipped() -> N
     assert c.effective(TOPIC).tick_time_ms == 1000
     c.apply("namespace:acme/orders", rec(1, "namespace:acme/orders"), {})
     assert c.version == 2
-
-
-def test_a_bounded_cache_forgets_everything_when_a_new_key_comes_past_its_limit() -> None:
-    c: BoundedCache[int, str] = BoundedCache(limit=3)
-    for k in range(4):
-        assert c.put(k, str(k)) == str(k)
-    assert c == {0: "0", 1: "1", 2: "2", 3: "3"}  # past the limit only once a key comes
-    assert c.get(3) == "3"
-    c.put(4, "4")
-    assert c == {4: "4"}

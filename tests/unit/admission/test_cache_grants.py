@@ -1,8 +1,8 @@
 import orjson
 
-from dwell.admission.cache import PolicyCache
 from dwell.core.authz import NO_GRANTS, AuthAction, Grants
 from dwell.core.policy import BrokerDefaults
+from dwell.policy_feed import PolicyCache
 
 
 def record(version: int, scope: str, **fields: object) -> bytes:

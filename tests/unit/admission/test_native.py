@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 
 from dwell.adapters import kafka
 from dwell.admission import native
-from dwell.admission.cache import PolicyCache
 from dwell.admission.plan import Plan
 from dwell.admission.publish import Publisher
 from dwell.admission.schema import PublishError, PublishRequest, parse_request
 from dwell.admission.settings import AdmissionSettings
 from dwell.core.policy import MAX_LONG
+from dwell.policy_feed import PolicyCache
 
 NOW_MS = 1_700_000_000_000
 TOPICS = ["persistent://acme/ns/x", "persistent://acme/fixed/x", "persistent://acme/off/x",

@@ -15,7 +15,6 @@ import orjson
 import pytest
 
 from dwell.adapters import kafka
-from dwell.admission.cache import PolicyCache
 from dwell.admission.plan import Plan
 from dwell.admission.publish import Publisher
 from dwell.admission.schema import (
@@ -25,6 +24,7 @@ from dwell.admission.schema import (
 )
 from dwell.admission.settings import AdmissionSettings
 from dwell.core import topics as names
+from dwell.policy_feed import PolicyCache
 
 NOW_MS = 1_700_000_000_000
 DEAD_KAFKA = "127.0.0.1:1"

@@ -27,6 +27,11 @@ SCAN_CONFIG: Mapping[str, Any] = {
     "queued.max.messages.kbytes": 32 << 10, "queued.min.messages": 20000,
     "enable.partition.eof": False}
 
+# Records taken from librdkafka's queue per call: each is a Python object until the
+# caller is done with it, and a burst of many small objects freed together leaves the
+# interpreter's arenas fragmented.
+READ_CHUNK = 10_000
+
 Span = tuple[int, int]  # first, last offset (inclusive)
 
 
@@ -116,7 +121,7 @@ def read_spans(consumer: Consumer, spans: Mapping[tuple[str, int], Sequence[Span
             # Ask for what the current spans still hold: consume() returns as soon as
             # it has that many, where a larger ask waits out its timeout.
             left = sum(s[-1][1] - expect[tp] + 1 for tp, s in todo.items())
-            msgs = consumer.poll_messages(max(1, min(left, 100000)), 0.2)
+            msgs = consumer.poll_messages(max(1, min(left, READ_CHUNK)), 0.2)
             moved = False
             for msg in msgs:
                 tp = (msg.topic(), msg.partition())

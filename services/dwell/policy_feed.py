@@ -1,14 +1,13 @@
-"""Admission's view of the policy store, built only from the compacted `dwell.policies`
-feed (docs/internals.md): known tenants and namespaces, namespace and topic policies, the
-effective policy per topic, and the highest feed version applied. The publish path reads
-it from memory and never touches Redis.
+"""A view of the policy store built only from the compacted `dwell.policies` feed
+(docs/internals.md): known tenants and namespaces, namespace and topic policies, the
+effective policy per topic, and the highest feed version applied. Admission's publish
+path reads it from memory and never touches Redis; the tracker's authorization reads
+tenants' and namespaces' grants from it.
 
 `PolicyCache.apply` is pure bookkeeping (unit-tested without Kafka); `PolicyFollower`
 replays the feed from the beginning without a consumer group commit, marks the cache
 ready once it has caught up with the end offsets seen at start, then keeps following it
 in a daemon thread.
-
-`BoundedCache` is the publish path's memo of what it derives per topic.
 
 Read your writes: the policy service answers a change only once Kafka has it (acks=all),
 so a publish that misses (an unknown namespace) asks `PolicyFollower.catch_up` before
@@ -25,8 +24,8 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Generic, TypeVar
 
 import orjson
 import pydantic
@@ -43,30 +42,7 @@ from dwell.core.policy import (
 from dwell.core.topics import TopicName
 from dwell.headers import VERSION
 
-from .metrics import POLICY_VERSION_APPLIED
-
-log = logging.getLogger("dwell.admission.cache")
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class BoundedCache(dict[K, V], Generic[K, V]):
-    """A dict of values derived from their keys (topic names and what follows from them),
-    which forgets them all when a new key comes while it holds more than `limit`: the
-    keys come from requests, so without a bound they could grow without end, and being
-    a dict, a hit costs a plain `get`."""
-
-    def __init__(self, limit: int = 100_000) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def put(self, key: K, value: V) -> V:
-        """Remember `value` for `key` (a miss) and return it."""
-        if len(self) > self.limit:
-            self.clear()
-        self[key] = value
-        return value
+log = logging.getLogger("dwell.policy_feed")
 
 
 class PolicyCache:
@@ -76,8 +52,10 @@ class PolicyCache:
     that raced a write can only store its stale result in the dict just thrown away.
     """
 
-    def __init__(self, broker: BrokerDefaults) -> None:
+    def __init__(self, broker: BrokerDefaults,
+                 on_version: Callable[[int], None] | None = None) -> None:
         self.broker = broker
+        self._on_version = on_version  # told each new highest version (a gauge's set)
         self.tenants: set[str] = set()
         self.namespaces: set[str] = set()
         self.ns_policies: dict[str, DelayedDeliveryPolicies] = {}
@@ -132,7 +110,8 @@ class PolicyCache:
         self._grants = {}
         if version > self.version:
             self.version = version
-            POLICY_VERSION_APPLIED.set(version)
+            if self._on_version is not None:
+                self._on_version(version)
 
     def _apply(self, scope: str, value: bytes | None, headers: dict[str, bytes]) -> int:
         kind, _, name = scope.partition(":")
