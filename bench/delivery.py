@@ -37,13 +37,10 @@ it starts is stopped on exit, failure or Ctrl-C (services run in their own proce
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import random
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import redis as redislib
+from procs import BENCH_REDIS_DB, SPAWN, Procs, free_port, load_avg, now_ms, wait_healthy, wait_line
 
 import devstack
 from dwell.adapters import kafka
@@ -65,21 +63,9 @@ from dwell.tracker import recovery
 ROOT = Path(__file__).resolve().parent.parent
 
 TICK = 1000
-BENCH_REDIS_DB = 9
 OUT = ROOT / "bench" / "out"
-SPAWN = mp.get_context("spawn")  # no fork after librdkafka started its threads
 ACK_TIMEOUT_MS = 2000
 BACKOFF = (1000, 4000, 2.0)  # ackTimeoutRedeliveryBackoff min, max, multiplier
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def delayed(topic: str, i: int, deliver_at: int) -> kafka.OutRecord:
@@ -250,81 +236,6 @@ def reader(bootstrap: str, topics: list[str], assigned: Any, stop: Any, want: An
             late.append(t - int(rec.headers["dwell-deliver-at"]))
     c.close()
     out.put(late)
-
-
-# -- the stack as processes
-
-class Procs:
-    """Processes the bench started; ``stop_all`` ends each by its own process group."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.popen: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-        self.workers: list[Any] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str],
-              cwd: Path | None = None) -> Path:
-        log = self.logs / f"{name}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=dict(os.environ) | env,
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        self.popen.append((name, proc, log))
-        return log
-
-    def worker(self, target: Any, *args: Any) -> Any:
-        w = SPAWN.Process(target=target, args=args, daemon=True)
-        w.start()
-        self.workers.append(w)
-        return w
-
-    def check(self) -> None:
-        for name, proc, log in self.popen:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited {proc.returncode}:\n"
-                                   + log.read_text(errors="replace")[-3000:])
-
-    def stop_all(self) -> None:
-        for w in self.workers:
-            if w.is_alive():
-                w.terminate()
-            w.join(5)
-        for _, proc, _ in self.popen:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for _, proc, _ in self.popen:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-def wait_healthy(procs: Procs, url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        procs.check()
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy in {timeout}s")
-
-
-def wait_line(procs: Procs, log: Path, line: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while line not in log.read_text(errors="replace"):
-        procs.check()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no '{line}' in {log} after {timeout}s")
-        time.sleep(0.2)
-
-
-def load_avg() -> str:
-    """The machine's 1-minute load (2 cores, shared with other engineers' runs)."""
-    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
 
 
 def drain_lag(metrics_url: str) -> int:

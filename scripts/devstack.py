@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The local stack: installs what is missing and runs Redis, Apache Kafka (KRaft)
-and dwell's processes on 127.0.0.1, with pid files and logs under `.dwell/`.
+"""The local stack: installs what is missing (devinstall.py) and runs Redis, Apache Kafka
+(KRaft) and dwell's processes on 127.0.0.1, with pid files and logs under `.dwell/`.
 
 Standard library only, so it runs before the venv exists. `make run|up|down|test`
 call it; the test suite imports it to start its own servers on other ports.
@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import string
@@ -25,15 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import secure_stack
-
-ROOT = Path(__file__).resolve().parent.parent
-STATE_ROOT = ROOT / ".dwell"
-CACHE = STATE_ROOT / "cache"
-VENV = ROOT / ".venv"
-VENV_PY = VENV / "bin" / "python"
-KAFKA_DIR = ROOT / "scripts" / "kafka"
-PULSAR_DIR = ROOT / "scripts" / "pulsar"
-SPARK_DIR = ROOT / "spark"
+from devinstall import (
+    KAFKA_DIR,
+    ROOT,
+    SPARK_DIR,
+    STATE_ROOT,
+    VENV,
+    VENV_PY,
+    install,
+    install_chart_tools,
+    kafka_libs,
+    redis_server_bin,
+    say,
+    spark_kafka_jars,
+)
 
 # Ports per profile. The test profile sits DWELL_TEST_PORT_OFFSET (10000) above, so
 # that `make test` never touches a stack started with `make up`; a second checkout
@@ -53,198 +56,6 @@ PROFILES: dict[str, dict[str, int]] = {
     "secure": {name: port + _TEST_OFFSET + 900 for name, port in _DEV_PORTS.items()},
 }
 SERVICES = ("policy", "admission", "tracker")
-
-
-def say(msg: str) -> None:
-    print(f"dwell: {msg}", flush=True)
-
-
-# ---------------------------------------------------------------- install
-
-
-def _stamp_ok(stamp: Path, digest: str) -> bool:
-    return stamp.exists() and stamp.read_text() == digest
-
-
-def _dev_paths() -> None:
-    """Make the local stack (scripts/devstack.py) and the Spark app (spark/dwell_spark)
-    importable in .venv, as the editable install does for dwell itself, so that tests,
-    benches and scripts import them without touching sys.path."""
-    for site in VENV.glob("lib/python3*/site-packages"):
-        pth = site / "dwell-dev-paths.pth"
-        want = f"{ROOT / 'scripts'}\n{SPARK_DIR}\n"
-        if not pth.exists() or pth.read_text() != want:
-            pth.write_text(want)
-
-
-def install_python(extras: str = "dev,spark") -> None:
-    """Create .venv and install dwell with its extras, once per pyproject change."""
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
-    stamp = VENV / ".dwell-installed"
-    if VENV_PY.exists() and _stamp_ok(stamp, digest):
-        _dev_paths()
-        return
-    t0 = time.monotonic()
-    if not VENV_PY.exists():
-        say("creating .venv")
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    say(f"pip install -e '.[{extras}]' (first run downloads ~600 MB)")
-    subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                    "-e", f".[{extras}]"], check=True, cwd=ROOT)
-    _dev_paths()
-    stamp.write_text(digest)
-    say(f"python packages ready in {time.monotonic() - t0:.0f}s")
-
-
-def install_native() -> None:
-    """Build and install dwell_native (native/, Rust), admission's optional accelerator,
-    into .venv once per source change: pip runs maturin, which runs cargo (crates from
-    crates.io, ~40 s the first time). Without cargo, or with DWELL_NATIVE=0, dwell runs
-    on its pure-Python path, which gives the same answers."""
-    if os.environ.get("DWELL_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
-    native = ROOT / "native"
-    files = sorted([native / "Cargo.toml", native / "Cargo.lock", native / "pyproject.toml",
-                    *(native / "src").rglob("*.rs")])
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
-    stamp = VENV / ".dwell-native-installed"
-    if _stamp_ok(stamp, digest):
-        return
-    if not shutil.which("cargo"):
-        say("no cargo: native/ (dwell_native) not built; admission runs on pure Python")
-        return
-    t0 = time.monotonic()
-    say("pip install ./native (builds dwell_native with cargo)")
-    subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                    "./native"], check=True, cwd=ROOT)
-    stamp.write_text(digest)
-    say(f"dwell_native ready in {time.monotonic() - t0:.0f}s")
-
-
-def redis_server_bin() -> str:
-    found = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
-    if found:
-        return found
-    # Debian starts its own redis on 6379 after install; ours must own that port.
-    _apt_install("redis-server", "redis-server")
-    return "/usr/bin/redis-server"
-
-
-def _apt_install(package: str, what: str) -> None:
-    """Install a Debian package (as root, with apt-get) for `what`, and stop the server
-    the package may have started: dwell runs only its own processes."""
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        sys.exit(f"dwell: {what} is missing; install Debian's {package} package")
-    say(f"installing Debian's {package} for {what} (apt-get)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["service", package, "stop"], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _mvn_copy(pom: Path, dest: Path) -> None:
-    """Resolve a pom's runtime dependencies from Maven Central into dest, once."""
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
-    stamp = dest / ".resolved"
-    if _stamp_ok(stamp, digest):
-        return
-    if not shutil.which("mvn"):
-        sys.exit("dwell: mvn (Apache Maven) is needed to fetch jars from Maven Central")
-    say(f"resolving {pom.relative_to(ROOT)} from Maven Central into {dest.relative_to(ROOT)}")
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    subprocess.run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-                    f"-DoutputDirectory={dest}", "-DincludeScope=runtime"], check=True)
-    stamp.write_text(digest)
-
-
-def kafka_libs() -> Path:
-    dest = CACHE / "kafka-libs"
-    _mvn_copy(KAFKA_DIR / "pom.xml", dest)
-    return dest
-
-
-def pulsar_admin_libs() -> Path:
-    """Apache Pulsar's pulsar-admin (PulsarAdminTool) and Java admin client, which
-    tests/compat runs against the policy service."""
-    dest = CACHE / "pulsar-admin-libs"
-    _mvn_copy(PULSAR_DIR / "pom.xml", dest)
-    return dest
-
-
-def spark_kafka_jars() -> list[Path]:
-    """Spark's Kafka connector and its dependencies, for spark.jars (no Ivy at run time)."""
-    pom = SPARK_DIR / "pom.xml"
-    if not pom.exists():
-        return []
-    dest = CACHE / "spark-jars"
-    _mvn_copy(pom, dest)
-    return sorted(dest.glob("*.jar"))
-
-
-# The chart's tools (tests/chart): Helm from its Go module (Debian has no helm package),
-# promtool from Debian's prometheus package. Only `make test` and `make chart` need them.
-HELM_VERSION = "v3.16.4"
-# The flags helm's own Makefile sets: its version, and the Kubernetes version `helm template`
-# assumes (a plain go install says v1.20, below the chart's kubeVersion; 1.31 is what helm
-# 3.16's release builds say).
-HELM_LDFLAGS = (f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION} "
-                "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 "
-                "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=31")
-TOOLS_BIN = CACHE / "bin"
-
-
-def helm_bin() -> Path:
-    """Helm HELM_VERSION, built once with `go install` into .dwell/cache/bin."""
-    helm = TOOLS_BIN / "helm"
-    stamp = TOOLS_BIN / ".helm-version"
-    if helm.exists() and _stamp_ok(stamp, HELM_LDFLAGS):
-        return helm
-    if not shutil.which("go"):
-        sys.exit("dwell: go is needed to build helm (go install helm.sh/helm/v3/cmd/helm)")
-    say(f"building helm {HELM_VERSION} with go install (once; ~3 min on 2 cores)")
-    TOOLS_BIN.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["go", "install", "-ldflags", HELM_LDFLAGS,
-                    f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"], check=True,
-                   env=dict(os.environ, GOBIN=str(TOOLS_BIN), CGO_ENABLED="0"))
-    stamp.write_text(HELM_LDFLAGS)
-    return helm
-
-
-def promtool_bin() -> Path:
-    """promtool, which checks the chart's alert rules (Debian's prometheus package)."""
-    found = shutil.which("promtool")
-    if found:
-        return Path(found)
-    # The package starts its own server where it can; dwell only wants the checker.
-    _apt_install("prometheus", "promtool")
-    return Path("/usr/bin/promtool")
-
-
-def install_chart_tools() -> None:
-    import promserver  # scripts/: the Prometheus server of tests/e2e/test_prometheus.py
-
-    helm_bin()
-    promtool_bin()
-    promserver.prometheus_bin()
-
-
-def install(with_python: bool = True) -> None:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    redis_server_bin()
-    if not shutil.which("openssl"):  # --secure makes its certificates with it
-        _apt_install("openssl", "openssl")
-    if not shutil.which("java"):
-        sys.exit("dwell: java (17+) is needed to run Apache Kafka")
-    kafka_libs()
-    if with_python:
-        install_python()
-        install_native()
-    spark_kafka_jars()
 
 
 # ---------------------------------------------------------------- processes
@@ -350,7 +161,9 @@ class Stack:
             subprocess.run(["java", "-cp", cp, "kafka.tools.StorageTool", "format", "-t",
                             cluster_id, "-c", str(props), *format_args], check=True,
                            capture_output=True)
-        return Proc("kafka", ["java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
+        jvm = secure_stack.kafka_jvm_args(secure_stack.ensure_pki(self.state)) \
+            if self.secure else []
+        return Proc("kafka", ["java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", *jvm,
                               f"-Dlog4j2.configurationFile={KAFKA_DIR / 'log4j2.properties'}",
                               "-cp", cp, "kafka.Kafka", str(props)],
                     self.ports["kafka"], start_timeout=90, check_env=self.service_env())

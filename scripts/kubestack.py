@@ -27,8 +27,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import devinstall
 import devstack
-from devstack import CACHE, ROOT, Proc, Stack, say
+from devinstall import CACHE, ROOT, say
+from devstack import Proc, Stack
 
 KUBE_MODULES = ROOT / "scripts" / "kube"
 KUBE_CACHE = CACHE / "kube"
@@ -367,7 +369,7 @@ def main(profile: str, cmd: str) -> int:
         kube.up()
         say(f"kube tier up in {time.monotonic() - t0:.1f}s; "
             f"export KUBECONFIG={kube.kubeconfig} (helm: "
-            f"{devstack.helm_bin().relative_to(ROOT)})")
+            f"{devinstall.helm_bin().relative_to(ROOT)})")
     elif cmd == "kube-down":
         kube.down()
     elif cmd == "kube-status":

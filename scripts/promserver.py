@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import devinstall
 import devstack
 
 # Prometheus' own port, shifted like the other ports of a profile (test: 19090 by default).
@@ -32,7 +33,7 @@ def prometheus_bin() -> Path:
     found = shutil.which("prometheus")
     if found:
         return Path(found)
-    devstack._apt_install("prometheus", "the Prometheus server")
+    devinstall.apt_install("prometheus", "the Prometheus server")
     return Path("/usr/bin/prometheus")
 
 

@@ -206,6 +206,20 @@ def java_kafka_config(sec: KafkaSecurity | None = None) -> dict[str, str]:
     return conf
 
 
+# Kafka's Java clients (4.0 on) fetch OAUTHBEARER tokens only from the URLs this JVM
+# system property allows.
+OAUTH_ALLOWED_URLS_PROPERTY = "org.apache.kafka.sasl.oauthbearer.allowed.urls"
+
+
+def java_oauth_system_properties(sec: KafkaSecurity | None = None) -> list[str]:
+    """The `-D` options a JVM running Kafka's Java client needs for `sec`: with
+    OAUTHBEARER, the token endpoint allowed; else none."""
+    sec = sec or KafkaSecurity()
+    if not sec.oauth:
+        return []
+    return [f"-D{OAUTH_ALLOWED_URLS_PROPERTY}={sec.kafka_sasl_oauthbearer_token_endpoint_url}"]
+
+
 def spark_kafka_options(sec: KafkaSecurity | None = None) -> dict[str, str]:
     """Options of Spark's Kafka source and sink (`kafka.`-prefixed Java client properties)."""
     return {f"kafka.{k}": v for k, v in java_kafka_config(sec).items()}

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from dwell import memory
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import ensure_dwell_topics
-from dwell.security import server_context
+from dwell.security import java_oauth_system_properties, server_context
 
 from . import backoff, drain, invalid, metrics
 from .settings import SparkSettings
@@ -58,6 +58,11 @@ def session(settings: SparkSettings) -> SparkSession:
                                                                      "127.0.0.1")
     if settings.spark_jars:
         b = b.config("spark.jars", settings.spark_jars)
+    if java_opts := " ".join(java_oauth_system_properties()):
+        # The driver's and executors' Kafka clients fetch OAUTHBEARER tokens. (Where
+        # spark-submit starts the driver's JVM first, the chart passes these.)
+        b = (b.config("spark.driver.extraJavaOptions", java_opts)
+             .config("spark.executor.extraJavaOptions", java_opts))
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

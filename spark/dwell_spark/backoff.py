@@ -384,6 +384,35 @@ def warm_up(bootstrap: str, done: threading.Event, compression_type: str = "none
         p.close()
 
 
+# Errors of a write that a later try may not meet: Redis or Kafka not answering.
+TRANSIENT: Final = (redislib.RedisError, OSError, kafka.KafkaUnavailable)
+
+
+def write_retrying(write: Callable[[], None], timeout_s: float, batch_id: int,
+                   first_wait_s: float = 0.2) -> int:
+    """``write()``, tried again while it fails with a TRANSIENT error, waiting 0.2 s, 0.4 s,
+    ... (at most 5 s) in between, until ``timeout_s`` has passed; then the error goes up
+    and fails the query. How many tries it took."""
+    deadline = time.monotonic() + timeout_s
+    wait = first_wait_s
+    tries = 1
+    while True:
+        try:
+            write()
+            return tries
+        except TRANSIENT as exc:
+            if time.monotonic() + wait > deadline:
+                log.error("backoff: batch %d not written after %d tries: %s", batch_id,
+                          tries, exc)
+                raise
+            metrics.BACKOFF_WRITE_RETRIES.inc()
+            log.warning("backoff: writing batch %d failed (%s); trying again in %.1f s",
+                        batch_id, exc, wait)
+        time.sleep(wait)
+        wait = min(wait * 2, 5.0)
+        tries += 1
+
+
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     scheduler = Scheduler(spark, settings, redis)
     warmed = threading.Event()
@@ -403,25 +432,29 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
         started = time.monotonic()
         rows = df.collect()
         collected = time.monotonic()
-        # Before this batch's decisions: Redis must hold those of the batches before it.
-        keeper.before(batch_id)
-        checked = time.monotonic()
         if any(r.topic == WARM_UP_TOPIC for r in rows):
             warmed.set()
             metrics.mark_ready("backoff")
         rows = [r for r in rows if r.topic != WARM_UP_TOPIC]
+
+        def write() -> None:
+            # Before this batch's decisions: Redis must hold those of the batches before it.
+            keeper.before(batch_id)
+            if rows:
+                scheduler.apply(rows)
+            keeper.after(batch_id)
+
+        tries = write_retrying(write, settings.backoff_write_timeout_ms / 1000, batch_id)
         if rows:
-            scheduler.apply(rows)
             # Lead: how long before its due time the earliest redelivery reached the index
             # (negative: the batch came too late for it, and it goes at once).
             now = int(time.time() * 1000)
             leads = [int(r.at) - now for r in rows if r.action in (SCHEDULE, DEAD)]
             log.info("backoff: %d decisions; earliest scheduled redelivery due in %s ms "
-                     "(batch %d: events and state %d ms, index check %d ms, applied in %d ms)",
+                     "(batch %d: events and state %d ms, written in %d ms, %d tries)",
                      len(rows), min(leads) if leads else "-", batch_id,
-                     (collected - started) * 1000, (checked - collected) * 1000,
-                     (time.monotonic() - checked) * 1000)
-        keeper.after(batch_id)
+                     (collected - started) * 1000, (time.monotonic() - collected) * 1000,
+                     tries)
 
     decisions = (events(spark, settings)
                  .groupBy("topic", "subscription", "messageId")

@@ -31,6 +31,9 @@ DRAINED = Counter("dwell_drained_messages_total", "Messages written by the drain
                   "retry and DLQ topics)", registry=REGISTRY)
 REDELIVERIES = Counter("dwell_redeliveries_total", "Redeliveries written to retry topics, "
                        "by redelivery count", ["count"], registry=REGISTRY)
+BACKOFF_WRITE_RETRIES = Counter("dwell_backoff_write_retries_total", "Backoff micro-batches "
+                                "whose writes failed (Redis or Kafka unreachable) and were "
+                                "tried again", registry=REGISTRY)
 TOPIC_FAILURES = Counter("dwell_drain_topic_failures_total", "Copies of a topic's due "
                          "messages that failed (its claims come back after the lease)",
                          ["topic"], registry=REGISTRY)

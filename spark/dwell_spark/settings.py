@@ -58,6 +58,11 @@ class SparkSettings(CommonSettings):
     # for "not registered"): a re-registration reaches events without settings within
     # this time, and a busy subscription costs one Redis read per worker per TTL.
     backoff_registry_ttl_ms: int = Field(2000, ge=0)
+    # How long a backoff micro-batch keeps trying to write its decisions (index entries,
+    # counts, dead letters) while Redis or Kafka does not answer. The writes are
+    # idempotent, so each try starts over; after this the query fails, the app exits and
+    # its restart replays the batch from the checkpoint.
+    backoff_write_timeout_ms: int = Field(60000, ge=0)
     # Losing Redis (dwell_spark.recovery): how often an idle app checks that Redis still
     # holds the redelivery indexes (a running backoff micro-batch checks before it applies).
     redis_check_interval_ms: int = Field(1000, ge=50)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import devstack
+import devinstall
 
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    """Helm, built once into .dwell/cache/bin (devstack.helm_bin)."""
-    return str(devstack.helm_bin())
+    """Helm, built once into .dwell/cache/bin (devinstall.helm_bin)."""
+    return str(devinstall.helm_bin())

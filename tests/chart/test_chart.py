@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import chart_schema
-import devstack
+import devinstall
 from dwell.settings import CommonSettings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -405,6 +405,33 @@ def test_auth_can_be_turned_off(helm: str) -> None:
 # ---------------------------------------------------------------- Spark on Kubernetes
 
 
+OAUTH = ("--set", "kafka.security.protocol=SASL_SSL",
+         "--set", "kafka.security.saslMechanism=OAUTHBEARER",
+         "--set", "kafka.security.oauthbearer.tokenEndpointUrl=https://idp.example/token",
+         "--set", "kafka.security.oauthbearer.clientId=dwell",
+         "--set", "kafka.security.existingSecret=kafka-oidc")
+ALLOWED = "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=https://idp.example/token"
+
+
+def test_spark_jvms_may_fetch_oauthbearer_tokens_in_both_modes(helm: str) -> None:
+    """Kafka's Java client fetches tokens only from an allowed endpoint: the driver's and
+    executors' JVM options allow the configured one, after any the user set."""
+    docs = render(helm, *OAUTH, "--set",
+                  "spark.sparkConf.spark\\.executor\\.extraJavaOptions=-XX:+UseG1GC")
+    args = by_kind(docs, "Deployment")["rel-dwell-spark"]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    confs = dict(a.split("=", 1) for a in args if a.startswith("spark."))
+    assert confs["spark.driver.extraJavaOptions"] == ALLOWED
+    assert confs["spark.executor.extraJavaOptions"] == f"-XX:+UseG1GC {ALLOWED}"
+    docs = render(helm, *OAUTH, "--set", "spark.mode=operator")
+    (app,) = [d for d in docs if d["kind"] == "SparkApplication"]
+    assert app["spec"]["sparkConf"]["spark.driver.extraJavaOptions"] == ALLOWED
+    assert app["spec"]["sparkConf"]["spark.executor.extraJavaOptions"] == ALLOWED
+    plain = render(helm)
+    assert "extraJavaOptions" not in str(by_kind(plain, "Deployment")["rel-dwell-spark"])
+
+
+
 def test_spark_driver_runs_spark_submit_on_kubernetes(helm: str) -> None:
     docs = render(helm, "--set", "spark.executor.instances=3",
                   "--set", "spark.sparkConf.spark\\.kubernetes\\.executor\\.request\\.cores=500m")
@@ -523,7 +550,7 @@ def test_prometheus_rule_is_the_checked_rules_file(helm: str, tmp_path: Path) ->
     assert rule["spec"] == yaml.safe_load(rules_file.read_text())
     out = tmp_path / "rendered.rules.yaml"
     out.write_text(yaml.safe_dump(rule["spec"]))
-    got = subprocess.run([str(devstack.promtool_bin()), "check", "rules", str(out)],
+    got = subprocess.run([str(devinstall.promtool_bin()), "check", "rules", str(out)],
                          capture_output=True, text=True)
     assert got.returncode == 0, got.stdout + got.stderr
 

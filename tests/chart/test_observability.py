@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-import devstack
+import devinstall
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FILES = ROOT / "charts" / "dwell" / "files"
@@ -116,6 +116,6 @@ def test_dashboard_is_grafana_json() -> None:
 @pytest.mark.parametrize("args", [["check", "rules", str(RULES)],
                                   ["test", "rules", str(RULES.with_suffix(".test.yaml"))]])
 def test_promtool(args: list[str]) -> None:
-    got = subprocess.run([str(devstack.promtool_bin()), *args], capture_output=True,
+    got = subprocess.run([str(devinstall.promtool_bin()), *args], capture_output=True,
                          text=True, cwd=RULES.parent)
     assert got.returncode == 0, got.stdout + got.stderr

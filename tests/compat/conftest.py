@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import devstack
+import devinstall
 
 HERE = Path(__file__).resolve().parent
 TOOL = "org.apache.pulsar.admin.cli.PulsarAdminTool"
@@ -68,7 +68,7 @@ def _jvm_noise(err: str) -> str:
 
 @pytest.fixture(scope="session")
 def pulsar_admin_libs() -> Path:
-    return devstack.pulsar_admin_libs()
+    return devinstall.pulsar_admin_libs()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-import devstack
+import devinstall
 import devtools
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ SERVICES = ("policy", "admission", "tracker")
 def tool_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """PATH with helm first (skaffold renders the chart with it), a HOME of its own
     (skaffold writes its config there) and no kube context."""
-    helm = devstack.helm_bin()
+    helm = devinstall.helm_bin()
     home = tmp_path_factory.mktemp("home")
     return {"PATH": f"{helm.parent}:{os.environ['PATH']}", "HOME": str(home),
             "KUBECONFIG": str(home / "kubeconfig"),

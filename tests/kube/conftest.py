@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-import devstack
+import devinstall
 import kubestack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,7 +172,7 @@ def kube() -> Iterator[Kube]:
     wait_for(lambda: api.get(f"/api/v1/nodes/{kubestack.NODE_NAME}").json().get(
         "status", {}).get("conditions"), 60, "kwok to report the node")
     try:
-        yield Kube(tier, api, devstack.helm_bin())
+        yield Kube(tier, api, devinstall.helm_bin())
     finally:
         api.close()
         if started and os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":

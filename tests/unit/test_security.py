@@ -14,6 +14,7 @@ from dwell.security import (
     TlsSettings,
     http_verify,
     java_kafka_config,
+    java_oauth_system_properties,
     kafka_python_config,
     librdkafka_config,
     redis_options,
@@ -120,3 +121,16 @@ def test_redis_url_is_not_in_the_settings_repr() -> None:
 
     s = CommonSettings(redis_url="redis://:hunter22@h:6379/0")
     assert "hunter22" not in repr(s) and "hunter22" not in str(s)
+
+
+def test_java_clients_get_the_oauthbearer_token_endpoint_allowed() -> None:
+    oauth = KafkaSecurity(kafka_security_protocol="SASL_SSL",
+                          kafka_sasl_mechanism="OAUTHBEARER",
+                          kafka_sasl_oauthbearer_token_endpoint_url="https://idp/token",
+                          kafka_sasl_oauthbearer_client_id="c")
+    assert java_oauth_system_properties(oauth) == [
+        "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=https://idp/token"]
+    scram = KafkaSecurity(kafka_security_protocol="SASL_SSL",
+                          kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username="u",
+                          kafka_sasl_password="p")
+    assert java_oauth_system_properties(scram) == []

@@ -370,3 +370,18 @@ spec:
     secretName: {{ . }}
 {{- end }}
 {{- end -}}
+
+{{/* spark.sparkConf with the JVM options the Spark app's Kafka clients need added to any
+     the user set: with OAUTHBEARER, Kafka's Java client (4.0 on) fetches tokens only from
+     an endpoint allowed by a system property (dwell.security.java_oauth_system_properties). */}}
+{{- define "dwell.sparkConf" -}}
+{{- $conf := deepCopy (.Values.spark.sparkConf | default dict) -}}
+{{- $k := .Values.kafka.security -}}
+{{- if and (hasPrefix "SASL_" $k.protocol) (eq $k.saslMechanism "OAUTHBEARER") }}
+{{- $opt := printf "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=%s" $k.oauthbearer.tokenEndpointUrl }}
+{{- range $key := list "spark.driver.extraJavaOptions" "spark.executor.extraJavaOptions" }}
+{{- $_ := set $conf $key (trim (printf "%s %s" (toString (get $conf $key | default "")) $opt)) }}
+{{- end }}
+{{- end }}
+{{- toYaml $conf }}
+{{- end -}}
