@@ -64,6 +64,9 @@ def build(tool: Tool) -> Path:
         return tool.binary
     if not shutil.which("go"):
         sys.exit(f"dwell: go is needed to build {tool.name} ({tool.module})")
+    if tool.cgo and not shutil.which("cc"):
+        from devinstall import apt_install  # scripts/: Debian packages, as root
+        apt_install("gcc", f"{tool.name}'s cgo packages")
     t0 = time.monotonic()
     say(f"building {tool.name} {tool.version} from {tool.module} (once; several minutes)")
     info = json.loads(subprocess.run(

@@ -1,10 +1,13 @@
-"""The inner loop's skaffold.yaml, checked with the real skaffold (built by `make
-dev-tools` into .dwell/cache/dev-tools, or here when missing): its effective
-configuration (`skaffold diagnose --yaml-only`) and the chart as `skaffold dev` would
-apply it (`skaffold render`, helm from `make chart-tools`). No cluster is needed."""
+"""The inner loop's skaffold.yaml and Tiltfile, checked with the real skaffold and tilt
+(built by `make dev-tools` into .dwell/cache/dev-tools, or here when missing; tilt needs
+cgo, so a C compiler): skaffold's effective configuration (`skaffold diagnose
+--yaml-only`) and the chart as `skaffold dev` would apply it (`skaffold render`), and the
+Tiltfile as `tilt up` loads it (`tilt alpha tiltfile-result`). helm comes from `make
+chart-tools`. No cluster and no Docker are needed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -94,3 +97,54 @@ def test_skaffold_render(skaffold: str, tool_env: dict[str, str]) -> None:
     assert driver["image"].startswith("localhost/dwell-spark:"), driver["image"]
     assert f"spark.kubernetes.container.image={driver['image']}" in driver["args"]
     assert all(d["metadata"].get("namespace") in (None, "dwell") for d in docs)
+
+
+# --- tilt -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiltfile(tool_env: dict[str, str]) -> dict[str, Any]:
+    """The Tiltfile as `tilt up` loads it (`tilt alpha tiltfile-result`: the Tiltfile run,
+    the chart rendered with helm, no cluster and no Docker), manifests by name."""
+    tilt = str(devtools.build(devtools.TILT))
+    result = json.loads(run([tilt, "alpha", "tiltfile-result", "-f", "Tiltfile"], tool_env))
+    assert result["Error"] is None
+    return {m["Name"]: m for m in result["Manifests"]}
+
+
+def test_tiltfile_builds_both_images_and_live_updates_the_services(
+        tiltfile: dict[str, Any]) -> None:
+    assert set(tiltfile) == {"dwell-policy", "dwell-admission", "dwell-tracker", "dwell-spark",
+                             "dwell-redis", "dwell-kafka", "dwell-test", "uncategorized"}
+    for svc in SERVICES:
+        [image] = tiltfile[f"dwell-{svc}"]["ImageTargets"]
+        assert image["selector"] == "localhost/dwell"
+        assert image["BuildDetails"]["context"] == str(ROOT)
+        spec = image["LiveUpdateSpec"]
+        # A changed source is synced into the image's venv (the pod restarts the service
+        # under watchfiles); a dependency or native change rebuilds the image instead.
+        assert spec["syncs"] == [{"localPath": "services/dwell", "containerPath": SITE}]
+        assert set(spec["stopPaths"]) == {"pyproject.toml", "native"}
+        assert "watchfiles" in tiltfile[f"dwell-{svc}"]["DeployTarget"]["yaml"]
+    [spark] = tiltfile["dwell-spark"]["ImageTargets"]
+    assert spark["selector"] == "localhost/dwell-spark"
+    # The executors' image is a spark-submit argument: the build is tagged with it too.
+    assert spark["BuildDetails"]["extraTags"] == ["localhost/dwell-spark:dev"]
+    assert "spark.kubernetes.container.image=localhost/dwell-spark:dev" in tiltfile[
+        "dwell-spark"]["DeployTarget"]["yaml"]
+    for name in ("dwell-redis", "dwell-kafka"):
+        assert tiltfile[name]["ImageTargets"] in (None, [])
+
+
+def test_tiltfile_forwards_the_ports_on_loopback_and_runs_the_smoke_test_on_demand(
+        tiltfile: dict[str, Any]) -> None:
+    for name, port in PORTS.items():
+        forwards = tiltfile[name]["DeployTarget"]["portForwardTemplateSpec"]["forwards"]
+        assert forwards == [{"localPort": port, "containerPort": port, "host": "127.0.0.1"}]
+    assert tiltfile["dwell-admission"]["ResourceDependencies"] == ["dwell-policy"]
+    assert tiltfile["dwell-spark"]["ResourceDependencies"] == ["dwell-tracker"]
+    # The chart's helm-test pod: manual (Tilt's TriggerModeManual, 2), after the services.
+    test = tiltfile["dwell-test"]
+    assert "helm.sh/hook: test" in test["DeployTarget"]["yaml"]
+    assert test["TriggerMode"] == 2
+    assert set(test["ResourceDependencies"]) == {"dwell-policy", "dwell-admission",
+                                                 "dwell-tracker", "dwell-spark"}
