@@ -11,11 +11,13 @@
     garbage collector tuned as admission does) with no checks, so admission's overhead is
     a ratio. (b) and (d) alternate for BENCH_ROUNDS rounds of BENCH_HTTP_SECONDS each
     so both see the same background load;
-(e) a second admission process with token authentication and authorization on (HS256, a
-    role holding `produce` on the namespace), loaded side by side with the first (the same
-    clients each, at the same time) once per round: the auth-on / auth-off ratio is what
-    checking the token and the role costs; and that check's own cost per request, timed
-    in this process.
+(e) two more admission processes that differ only in token authentication and
+    authorization (HS256, a role holding `produce` on the namespace; both without the
+    ingress), each loaded alone by the clients of (b) for BENCH_HTTP_SECONDS, one after
+    the other, in BENCH_AUTH_ROUNDS pairs whose order alternates (off then on, on then
+    off) so that a drift in the machine's load weighs on both sides alike: the median of
+    the per-pair on / off ratios is what checking the token and the role costs; and that
+    check's own cost per request, timed in this process.
 
 Admission runs with `dwell_native` when it is installed, on the pure-Python path when it
 is not or when DWELL_NATIVE=0 (`DWELL_NATIVE=0 .venv/bin/python bench/admission.py`); the
@@ -74,6 +76,9 @@ HTTP_SECONDS = float(os.environ.get("BENCH_HTTP_SECONDS", "4"))  # per round
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 # Enough requests in flight to keep admission busy while each waits ~4 ms for Kafka's
 # acks: at 8, the clients' round trips bound the figure (~185k against ~200k at 16).
+# (e)'s pairs: on a shared 2-core machine one pair's ratio swings by +-15%, its median
+# over 15 pairs by a few percent.
+AUTH_ROUNDS = int(os.environ.get("BENCH_AUTH_ROUNDS", "15"))
 HTTP_CONCURRENCY = int(os.environ.get("BENCH_HTTP_CONCURRENCY", "16"))
 INGRESS_REQUESTS = int(os.environ.get("BENCH_INGRESS_REQUESTS", "1000"))
 # The raw producer sends for as long as a HTTP round lasts, cycling through this many
@@ -230,12 +235,14 @@ async def bench_http(url: str, topic_path: str, clients: int = HTTP_CONCURRENCY,
             "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000}
 
 
-async def bench_pair(off_url: str, on_url: str, topic_path: str, token: str
-                     ) -> tuple[dict[str, float], dict[str, float]]:
-    """(b) against the auth-off and the auth-on admission at the same time."""
-    off, on = await asyncio.gather(bench_http(off_url, topic_path),
-                                   bench_http(on_url, topic_path, token=token))
-    return off, on
+async def bench_auth_pair(off_url: str, on_url: str, topic_path: str, token: str,
+                          on_first: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """(e): the auth-off and the auth-on admission loaded alone, one after the other."""
+    if on_first:
+        on = await bench_http(on_url, topic_path, token=token)
+        return await bench_http(off_url, topic_path), on
+    off = await bench_http(off_url, topic_path)
+    return off, await bench_http(on_url, topic_path, token=token)
 
 
 # ---------------------------------------------------------------- (c)
@@ -364,15 +371,19 @@ def main() -> None:
         procs.append(proc)
         proc, adm_url = start_service("admission", env, log_dir / "admission.log")
         procs.append(proc)
-        # (e): the same service with authentication and authorization on; the ingress
-        # stays with the first one.
+        # (e): the same service without and with authentication and authorization; the
+        # ingress stays with the first one.
+        no_ingress = env | {"DWELL_INGRESS_ENABLED": "false"}
+        proc, off_url = start_service("admission", no_ingress,
+                                      log_dir / "admission-auth-off.log")
+        procs.append(proc)
         secret = create_secret_key()
         role = "bench-producer"
         token = create_token(secret, "HS256", role)
-        proc, auth_url = start_service("admission", env | {
+        proc, auth_url = start_service("admission", no_ingress | {
             "DWELL_AUTHENTICATION_ENABLED": "true", "DWELL_AUTHORIZATION_ENABLED": "true",
-            "DWELL_TOKEN_SECRET_KEY": "data:;base64," + base64.b64encode(secret).decode(),
-            "DWELL_INGRESS_ENABLED": "false"}, log_dir / "admission-auth.log")
+            "DWELL_TOKEN_SECRET_KEY": "data:;base64," + base64.b64encode(secret).decode()},
+            log_dir / "admission-auth.log")
         procs.append(proc)
 
         tenant = "bench" + uuid.uuid4().hex[:8]
@@ -396,6 +407,11 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError("admission ingress never got partitions")
                 time.sleep(0.1)
+        with httpx.Client(base_url=off_url, timeout=10) as c:
+            while c.post(path, json={"messages": [{"payload": "probe"}]}).status_code != 200:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("admission (auth off) never learnt the bench namespace")
+                time.sleep(0.1)
         with httpx.Client(base_url=auth_url, timeout=10,
                           headers={"Authorization": f"Bearer {token}"}) as c:
             while c.post(path, json={"messages": [{"payload": "probe"}]}).status_code != 200:
@@ -410,26 +426,28 @@ def main() -> None:
         # first round ~40% slower than the next, for HTTP and raw alike.
         print("warm-up round (not counted) ...", flush=True)
         run_async(bench_http(adm_url, path))
-        run_async(bench_pair(adm_url, auth_url, path, token))
+        run_async(bench_auth_pair(off_url, auth_url, path, token, on_first=False))
         bench_raw(stack.kafka_bootstrap, topic, names.TopicName.parse(topic).kafka_topic)
         rounds: list[tuple[dict[str, float], float]] = []
         authed: list[tuple[dict[str, float], dict[str, float]]] = []
         for n in range(ROUNDS):
             print(f"round {n + 1}/{ROUNDS}: HTTP, {HTTP_CONCURRENCY} concurrent clients x "
-                  f"{HTTP_SECONDS:.0f} s; raw producer x {RAW_SECONDS:.0f} s; auth off and on "
-                  f"side by side ...", flush=True)
+                  f"{HTTP_SECONDS:.0f} s; raw producer x {RAW_SECONDS:.0f} s ...", flush=True)
             http_n = run_async(bench_http(adm_url, path))
             raw_n = bench_raw(stack.kafka_bootstrap, topic,
                               names.TopicName.parse(topic).kafka_topic)
-            # Auth off and on at the same time, the same number of clients each: both see
-            # the same background load, which on a shared machine swings more from one
-            # second to the next than the check costs.
-            off_n, auth_n = run_async(bench_pair(adm_url, auth_url, path, token))
             print(f"    HTTP {http_n['msgs_per_s']:,.0f} msgs/s, raw {raw_n:,.0f} msgs/s, "
-                  f"ratio {http_n['msgs_per_s'] / raw_n:.3f}; side by side: auth off "
-                  f"{off_n['msgs_per_s']:,.0f}, on {auth_n['msgs_per_s']:,.0f} msgs/s, on/off "
-                  f"{auth_n['msgs_per_s'] / off_n['msgs_per_s']:.3f}", flush=True)
+                  f"ratio {http_n['msgs_per_s'] / raw_n:.3f}", flush=True)
             rounds.append((http_n, raw_n))
+        for n in range(AUTH_ROUNDS):
+            on_first = n % 2 == 1
+            order = "on, then off" if on_first else "off, then on"
+            print(f"auth pair {n + 1}/{AUTH_ROUNDS}: {order}, "
+                  f"{HTTP_CONCURRENCY} clients x {HTTP_SECONDS:.0f} s each ...", flush=True)
+            off_n, auth_n = run_async(bench_auth_pair(off_url, auth_url, path, token, on_first))
+            print(f"    auth off {off_n['msgs_per_s']:,.0f}, on {auth_n['msgs_per_s']:,.0f} "
+                  f"msgs/s, on/off {auth_n['msgs_per_s'] / off_n['msgs_per_s']:.3f}",
+                  flush=True)
             authed.append((off_n, auth_n))
         print(f"HTTP, {MANY_CLIENTS} concurrent clients x {HTTP_SECONDS:.0f} s ...", flush=True)
         many = run_async(bench_http(adm_url, path, MANY_CLIENTS))
@@ -446,6 +464,7 @@ def main() -> None:
     http = median([h for h, _ in rounds], key=lambda h: h["msgs_per_s"])
     raw = median([r for _, r in rounds], key=float)
     ratio = median([h["msgs_per_s"] / r for h, r in rounds], key=float)
+    off_http = median([o for o, _ in authed], key=lambda h: h["msgs_per_s"])
     auth_http = median([a for _, a in authed], key=lambda h: h["msgs_per_s"])
     auth_ratio = median([a["msgs_per_s"] / o["msgs_per_s"] for o, a in authed], key=float)
     result = {
@@ -459,6 +478,7 @@ def main() -> None:
         "rounds": [{"http_msgs_per_s": round(h["msgs_per_s"]), "raw_msgs_per_s": round(r)}
                    for h, r in rounds],
         "ratio_ingress_to_raw": round(ingress["msgs_per_s"] / raw, 3),
+        "http_auth_off": {k: round(v, 2) for k, v in off_http.items()},
         "http_auth_on": {k: round(v, 2) for k, v in auth_http.items()},
         "ratio_auth_on_to_off": round(auth_ratio, 3),
         "auth_rounds": [{"off_msgs_per_s": round(o["msgs_per_s"]),
@@ -485,11 +505,14 @@ def main() -> None:
     print(f"    HTTP / raw    = {result['ratio_http_to_raw']:.3f}   target >= 0.7  "
           f"{mark(result['ratio_http_to_raw'] >= 0.7)}")
     print(f"    ingress / raw = {result['ratio_ingress_to_raw']:.3f}")
-    print(f"(e) HTTP, auth on      {auth_http['msgs_per_s']:>12,.0f} msgs/s (side by side "
-          f"with auth off, {HTTP_CONCURRENCY} clients each)")
-    print(f"                                                          "
+    print(f"(e) HTTP, auth off     {off_http['msgs_per_s']:>12,.0f} msgs/s        "
+          f"                        p50 {off_http['p50_ms']:.1f} ms  "
+          f"p99 {off_http['p99_ms']:.1f} ms")
+    print(f"    HTTP, auth on      {auth_http['msgs_per_s']:>12,.0f} msgs/s        "
           f"                        p50 {auth_http['p50_ms']:.1f} ms  "
           f"p99 {auth_http['p99_ms']:.1f} ms")
+    print(f"    medians of {AUTH_ROUNDS} pairs, each side loaded alone by {HTTP_CONCURRENCY} "
+          f"clients, the order alternating; the ratio is the median of the per-pair ratios")
     print(f"    auth on / off = {auth_ratio:.3f}   (drop {(1 - auth_ratio) * 100:.1f}%, "
           f"target < 10%)  {mark(auth_ratio > 0.9)}")
     print(f"    the check itself: {guard_us:.2f} us per request (cached token, produce "

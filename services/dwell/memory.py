@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -55,6 +56,21 @@ def configure() -> None:
     mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)  # type: ignore[operator]
+
+
+def use_system_allocator() -> None:
+    """At the start of a process that passes bursts of small objects through (the
+    tracker): run again, the same process (same pid, same arguments), with
+    ``PYTHONMALLOC=malloc``, unless PYTHONMALLOC is set already (``pymalloc`` keeps
+    Python's own allocator). Python's allocator keeps a 1 MiB arena resident while any
+    of its blocks lives, so the few objects that outlive a burst pinned tens of MiB;
+    glibc's arenas give back every free page on `release`."""
+    if "PYTHONMALLOC" in os.environ:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+              os.environ | {"PYTHONMALLOC": "malloc"})
 
 
 class _Mallinfo2(ctypes.Structure):

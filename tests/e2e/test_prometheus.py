@@ -187,7 +187,9 @@ def drive(e2e: Stack, prom: promserver.Prometheus, unavailable_admission: str) -
         c.close()
     # A rate needs the counter to grow between two scrapes: a second 503.
     unavailable(unavailable_admission, ns)
+    # A counter first scraped in the last second has one sample; increase() needs two.
     for expr in ('sum(rate(dwell_admission_requests_total{status="503"}[5m])) > 0',
+                 "count_over_time(dwell_drain_topic_failures_total[1m]) >= 2",
                  "dwell_redeliveries_total", "dwell_delivery_lateness_ms_count > 0",
                  "dwell_delivered_marks_total{job='spark'} > 0",
                  f"pulsar_broker_topic_messages_fixed_delay_overridden_total{{topic='{fixed}'}}",

@@ -79,3 +79,34 @@ def test_large_blocks_keep_mappings_of_their_own() -> None:
     assert _mapped_after_a_larger_free(configure=False)[0] == 0  # glibc's default
     grew, left = _mapped_after_a_larger_free(configure=True)
     assert grew >= 2 << 20 and left == 0
+
+
+
+_ALLOCATOR = """
+import os, sys
+from dwell import memory
+memory.use_system_allocator()
+print(os.getpid(), os.environ.get("PYTHONMALLOC"), ",".join(sys.argv[1:]) or "-",
+      sys.getallocatedblocks() == 0)
+"""
+
+
+def _allocator(env: dict[str, str], *args: str) -> list[str]:
+    """What the child printed, and its pid checked against the one started."""
+    proc = subprocess.Popen([sys.executable, "-c", _ALLOCATOR, *args], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert out.count("\n") == 1, out  # what ran before the exec ran once
+    pid, *rest = out.split()
+    assert int(pid) == proc.pid
+    return rest
+
+
+def test_the_tracker_runs_on_glibcs_allocator_unless_told_otherwise() -> None:
+    """`use_system_allocator` runs the same process again (same pid, same arguments) on
+    PYTHONMALLOC=malloc, where Python's own allocator hands out no block; a PYTHONMALLOC
+    already set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
+    assert _allocator(env, "a", "b c") == ["malloc", "a,b", "c", "True"]
+    assert _allocator(env | {"PYTHONMALLOC": "pymalloc"}) == ["pymalloc", "-", "False"]

@@ -42,6 +42,7 @@ def start_ingest(settings: TrackerSettings, topic: str, thread: str,
 
 
 def main() -> None:
+    memory.use_system_allocator()
     memory.configure()  # before the ingest's first fetch
     settings = TrackerSettings()
     r = connect(settings.redis_url)
