@@ -370,7 +370,7 @@ def send_warm_up(p: kafka.Producer) -> None:
 
 
 def warm_up(bootstrap: str, done: threading.Event, compression_type: str = "none") -> None:
-    """Send the warm-up event until a batch has read it: one sent before the query has
+    """Send the warm-up event until a micro-batch has run: one sent before the query has
     fixed its starting offsets ("latest" on a new checkpoint) is never read."""
     p = kafka.Producer(bootstrap, linger_ms=0, compression_type=compression_type)
     try:
@@ -432,9 +432,10 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
         started = time.monotonic()
         rows = df.collect()
         collected = time.monotonic()
-        if any(r.topic == WARM_UP_TOPIC for r in rows):
-            warmed.set()
-            metrics.mark_ready("backoff")
+        # A micro-batch has been through the state function (the warm-up event, or the
+        # first bounded batch of a backlog, which the warm-up event is behind).
+        warmed.set()
+        metrics.mark_ready("backoff")
         rows = [r for r in rows if r.topic != WARM_UP_TOPIC]
 
         def write() -> None:

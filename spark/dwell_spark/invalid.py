@@ -163,6 +163,7 @@ def checked_acks(spark: SparkSession, settings: SparkSettings,
            .options(**spark_kafka_options(settings))
            .option("subscribe", names.ACKS)
            .option("startingOffsets", settings.acks_starting_offsets)
+           .option("maxOffsetsPerTrigger", str(settings.acks_max_events_per_batch))
            .option("failOnDataLoss", "false")
            .option("includeHeaders", "true")
            .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))

@@ -46,6 +46,11 @@ class SparkSettings(CommonSettings):
     invalid_trigger_ms: int = Field(5000, ge=10)
     # Where a fresh checkpoint starts reading dwell.acks ("earliest" loses no event).
     acks_starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # At most this many dwell.acks events in one micro-batch of the backoff (and of the
+    # query that sets malformed ones aside): a backlog (the app was down, or the events
+    # come faster than it decides) is read a bounded batch at a time, and the app is
+    # ready after the first, not after all of it.
+    acks_max_events_per_batch: int = Field(10000, ge=1)
     # A bigger dwell.acks event is malformed (set aside on dwell.invalid); the SDK's are
     # a few hundred bytes.
     acks_max_event_bytes: int = Field(64 * 1024, ge=1024)

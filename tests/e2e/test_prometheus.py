@@ -160,6 +160,9 @@ def drive(e2e: Stack, prom: promserver.Prometheus, unavailable_admission: str) -
     # Deliveries, a nack and an ack timeout: "nack" is nacked once and acked when it comes
     # back; "dead" is never acked: one redelivery (maxRedeliverCount 1), then the DLQ.
     kafka.ensure_topic(e2e.bootstrap, dlq_topic(TopicName.parse(main), "work"), 4)
+    # Earlier modules' dead letters count in the same app: this one's must add to them.
+    wait_prom(prom, "dwell_dlq_messages_total", 15)
+    dead_before = scalar(prom, "sum(dwell_dlq_messages_total)")
     c = consumer(e2e, main, "work", ack_timeout_ms=1000, ack_timeout_redelivery_backoff=BACKOFF,
                  negative_ack_redelivery_backoff=BACKOFF, max_redeliver_count=1)
     try:
@@ -171,7 +174,7 @@ def drive(e2e: Stack, prom: promserver.Prometheus, unavailable_admission: str) -
         seen: dict[bytes, int] = {}
         deadline = time.monotonic() + 90
         while not (seen.get(b"nack", 0) >= 2 and seen.get(b"later")
-                   and scalar(prom, "sum(dwell_dlq_messages_total)") > 0
+                   and scalar(prom, "sum(dwell_dlq_messages_total)") > dead_before
                    and scalar(prom, "max(dwell_drain_failing_topics)") > 0):
             assert time.monotonic() < deadline, f"workload incomplete: received {seen}"
             m = c.receive(0.2)

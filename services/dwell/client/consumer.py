@@ -13,6 +13,7 @@ and the backoff job owns its redelivery), so a crash re-reads rather than loses.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -29,6 +30,8 @@ from dwell.core.positions import format_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, retry_topic, validate_subscription
 from dwell.security import http_verify
+
+log = logging.getLogger("dwell.client.consumer")
 
 DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -212,7 +215,14 @@ class Consumer:
 
     def _settle(self, msg: Message) -> None:
         self._offsets.settle((msg.record_topic, msg.partition), msg.offset)
-        self._consumer.commit(self._offsets.committable())
+        try:
+            self._consumer.commit(self._offsets.committable())
+        except kafka.KafkaUnavailable as exc:
+            # The message is settled all the same (its event is written): the next commit
+            # carries its offset. Until one succeeds, a restart or a rebalance reads it
+            # again, and a copy is what an ack lost in a Pulsar broker's outage gives too.
+            log.warning("offsets not committed (the next acknowledgement commits them): %s",
+                        exc)
 
     def _emit(self, event: str, msg: Message) -> None:
         # Settings ride along so the backoff job needs no lookup per event

@@ -1,0 +1,99 @@
+"""The Spark app restarted with a backlog of dwell.acks events (it was down while
+consumers went on delivering and acking): the backoff reads the backlog
+`acks_max_events_per_batch` events at a time and the app is ready after its first
+micro-batch, then decides every event. Before, the first micro-batch took the whole
+backlog, and the app's readiness waited for its warm-up event behind it: minutes for a
+large one (a Spark restart in the soak stayed unready for 251 s).
+
+The app runs as its own process (`python -m dwell_spark`) on the test profile's Kafka and
+a Redis database of its own, started twice on one checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from procs import Procs, free_port, wait_line
+
+import devstack
+from conftest import wait_for
+from dwell import keys
+from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
+from dwell.core import topics as names
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_DB = 10
+EVENTS = 3000
+PER_BATCH = 300
+FAR_MS = 600_000  # an ack timeout nothing in the test reaches
+DECISIONS = re.compile(r"backoff: (\d+) decisions")
+
+
+def _delivered(bootstrap: str, topic: str, n: int) -> None:
+    """``n`` `delivered` events with an ack timeout, as the SDK sends them."""
+    p = kafka.Producer(bootstrap, linger_ms=20)
+    key = f"{topic}/s".encode()
+    now = int(time.time() * 1000)
+    try:
+        futures = [p.send(names.ACKS, json.dumps({
+            "event": "delivered", "topic": topic, "subscription": "s",
+            "messageId": f"{names.DELAYED}:0:{i}", "redeliveryCount": 0,
+            "ts": now, "ackTimeoutMs": FAR_MS}).encode(), key) for i in range(n)]
+        for f in futures:
+            f.result(60)
+    finally:
+        p.close()
+
+
+def test_a_backlog_is_read_in_bounded_batches_and_the_app_is_ready_after_the_first(
+        stack: devstack.Stack, tmp_path: Path) -> None:
+    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
+    r = redis_adapter.connect(redis_url)
+    r.flushdb()
+    first, again = Procs(tmp_path), Procs(tmp_path)
+    env = stack.service_env() | {
+        "DWELL_REDIS_URL": redis_url, "PYSPARK_PYTHON": sys.executable,
+        "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
+        "DWELL_SPARK_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "DWELL_ACKS_STARTING_OFFSETS": "latest",
+        "DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(PER_BATCH), "DWELL_LOG_LEVEL": "info"}
+    topic = f"persistent://backlog{uuid.uuid4().hex[:8]}/ns/t"
+    counts = keys.sub_counts(topic, "s")
+    try:
+        log = first.start("spark-1", ["-m", "dwell_spark"],
+                          env | {"DWELL_SPARK_METRICS_PORT": str(free_port())},
+                          cwd=ROOT / "spark")
+        wait_line(first, log, "backoff ready", 600)
+        first.stop_all()
+
+        _delivered(stack.kafka_bootstrap, topic, EVENTS)
+        log = again.start("spark-2", ["-m", "dwell_spark"],
+                          env | {"DWELL_SPARK_METRICS_PORT": str(free_port())},
+                          cwd=ROOT / "spark")
+        wait_line(again, log, "backoff ready", 600)
+        # Ready with most of the backlog still to decide (one batch of everything made
+        # the app ready only once all of it was decided).
+        decided_at_ready = r.hlen(counts)
+        assert decided_at_ready < EVENTS, decided_at_ready
+        wait_for(lambda: again.check() or r.hlen(counts) >= EVENTS, 600,
+                 f"{EVENTS} scheduled redeliveries")
+
+        def logged() -> list[int]:
+            return [int(n) for n in DECISIONS.findall(log.read_text(errors="replace"))]
+
+        # A batch logs its decisions once they are written: the last line comes after.
+        wait_for(lambda: sum(logged()) >= EVENTS, 60, "the last batch's log line")
+        batches = logged()
+        print(f"\nready with {decided_at_ready} of {EVENTS} decided; {len(batches)} batches "
+              f"with decisions, at most {max(batches)} each (limit {PER_BATCH})")
+        assert sum(batches) == EVENTS
+        assert max(batches) <= PER_BATCH and len(batches) >= EVENTS // PER_BATCH
+    finally:
+        first.stop_all()
+        again.stop_all()
+        r.flushdb()
