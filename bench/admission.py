@@ -76,10 +76,10 @@ HTTP_SECONDS = float(os.environ.get("BENCH_HTTP_SECONDS", "4"))  # per round
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 # Enough requests in flight to keep admission busy while each waits ~4 ms for Kafka's
 # acks: at 8, the clients' round trips bound the figure (~185k against ~200k at 16).
+HTTP_CONCURRENCY = int(os.environ.get("BENCH_HTTP_CONCURRENCY", "16"))
 # (e)'s pairs: on a shared 2-core machine one pair's ratio swings by +-15%, its median
 # over 15 pairs by a few percent.
 AUTH_ROUNDS = int(os.environ.get("BENCH_AUTH_ROUNDS", "15"))
-HTTP_CONCURRENCY = int(os.environ.get("BENCH_HTTP_CONCURRENCY", "16"))
 INGRESS_REQUESTS = int(os.environ.get("BENCH_INGRESS_REQUESTS", "1000"))
 # The raw producer sends for as long as a HTTP round lasts, cycling through this many
 # prepared records: a run of 200,000 records (~0.4 s) swung between 263k and 510k msg/s

@@ -22,7 +22,6 @@ applying the decisions).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -33,7 +32,7 @@ import uuid
 from pathlib import Path
 
 from delivery import ROOT
-from procs import BENCH_REDIS_DB, Procs, free_port, load_avg, now_ms, wait_line
+from procs import BENCH_REDIS_DB, Procs, load_avg, send_ack_events, spark_env, wait_line
 
 import devstack
 from dwell import keys
@@ -44,20 +43,6 @@ from dwell.core import topics as names
 FAR_MS = 600_000  # an ack timeout nothing in the run reaches
 BATCH_LINE = re.compile(r"backoff: (\d+) decisions.*events and state (\d+) ms, written in "
                         r"(\d+) ms")
-
-
-def send_events(bootstrap: str, kind: str, topic: str, ids: list[str]) -> None:
-    p = kafka.Producer(bootstrap, linger_ms=20)
-    key = f"{topic}/s".encode()
-    try:
-        futures = [p.send(names.ACKS, json.dumps({
-            "event": kind, "topic": topic, "subscription": "s", "messageId": mid,
-            "redeliveryCount": 0, "ts": now_ms(), "ackTimeoutMs": FAR_MS}).encode(), key)
-            for mid in ids]
-        for f in futures:
-            f.result(60)
-    finally:
-        p.close()
 
 
 def timed(what: str, start: float, done, procs: Procs, timeout: float) -> float:
@@ -91,14 +76,9 @@ def main() -> None:
     procs = Procs(tmp)
     ok = False
     try:
-        log = procs.start("spark", ["-m", "dwell_spark"], st.service_env() | {
-            "DWELL_REDIS_URL": redis_url, "PYSPARK_PYTHON": sys.executable,
-            "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
-            "DWELL_SPARK_CHECKPOINT_DIR": str(tmp / "checkpoints"),
-            "DWELL_SPARK_METRICS_PORT": str(free_port()),
-            "DWELL_ACKS_STARTING_OFFSETS": "latest",
-            "DWELL_STATE_PARTITIONS": str(args.state_partitions),
-            "DWELL_LOG_LEVEL": "info"}, cwd=ROOT / "spark")
+        log = procs.start("spark", ["-m", "dwell_spark"], spark_env(
+            st, redis_url, tmp / "checkpoints") | {
+            "DWELL_STATE_PARTITIONS": str(args.state_partitions)}, cwd=ROOT / "spark")
         wait_line(procs, log, "backoff ready", 600)
         print(f"Spark app ready ({load_avg()}); {args.events:,} messages, state_partitions "
               f"{args.state_partitions}", flush=True)
@@ -110,7 +90,7 @@ def main() -> None:
         for kind, done in (("delivered", lambda: r.hlen(counts) >= args.events),
                            ("ack", lambda: r.hlen(counts) == 0)):
             t0 = time.monotonic()
-            send_events(st.kafka_bootstrap, kind, topic, ids)
+            send_ack_events(st.kafka_bootstrap, kind, topic, ids, FAR_MS)
             sent = time.monotonic() - t0
             took = timed(kind, t0, done, procs, args.timeout_s)
             figures.append((kind, took))

@@ -15,6 +15,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+import devstack
+from dwell.adapters import kafka
+from dwell.core import topics as names
+
 # The benches' Redis database on the test profile (flushed by them; the shared policy
 # service keeps the profile's own database).
 BENCH_REDIS_DB = 9
@@ -75,6 +81,35 @@ class Procs:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def spark_env(stack: devstack.Stack, redis_url: str, checkpoints: Path) -> dict[str, str]:
+    """The environment of a Spark app run as its own process (``python -m dwell_spark``,
+    cwd ``spark/``): the stack's settings with Redis at ``redis_url``, its checkpoints in
+    ``checkpoints``, a free metrics port and `dwell.acks` read from its end."""
+    return stack.service_env() | {
+        "DWELL_REDIS_URL": redis_url, "PYSPARK_PYTHON": sys.executable,
+        "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
+        "DWELL_SPARK_CHECKPOINT_DIR": str(checkpoints),
+        "DWELL_SPARK_METRICS_PORT": str(free_port()),
+        "DWELL_ACKS_STARTING_OFFSETS": "latest", "DWELL_LOG_LEVEL": "info"}
+
+
+def send_ack_events(bootstrap: str, kind: str, topic: str, ids: list[str],
+                    ack_timeout_ms: int) -> None:
+    """One `dwell.acks` event of ``kind`` per message id, for subscription "s" of
+    ``topic``, as the SDK writes them; returns once Kafka has them all."""
+    p = kafka.Producer(bootstrap, linger_ms=20)
+    key = f"{topic}/s".encode()
+    try:
+        futures = [p.send(names.ACKS, orjson.dumps({
+            "event": kind, "topic": topic, "subscription": "s", "messageId": mid,
+            "redeliveryCount": 0, "ts": now_ms(), "ackTimeoutMs": ack_timeout_ms}), key)
+            for mid in ids]
+        for f in futures:
+            f.result(60)
+    finally:
+        p.close()
 
 
 def wait_healthy(procs: Procs, url: str, timeout: float = 60) -> None:

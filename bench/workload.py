@@ -47,6 +47,8 @@ PROCESS_SETTINGS = {
     "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_DRAIN_LEASE_MS": "5000",
     "DWELL_RESTAGE_LEAD_MS": "4000", "DWELL_RESTAGE_CHUNK_MS": "2000",
     "DWELL_RESTAGE_LEASE_MS": "3000", "DWELL_RESTAGE_INTERVAL_MS": "200",
+    # A loop stuck for this long fails the tracker's /healthz (each scenario checks it).
+    "DWELL_STALL_TIMEOUT_MS": "60000",
     "DWELL_LOG_LEVEL": "info",
 }
 

@@ -227,7 +227,11 @@ def _with_errors(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
+def create_app(title: str, description: str, ready: ReadyCheck,
+               stalled: Callable[[], list[str]] | None = None) -> FastAPI:
+    """A dwell service's app with its error handlers, `/readyz` (from ``ready``),
+    `/healthz` and `/metrics`. ``stalled`` names the process's loops that are stuck
+    (dwell.liveness); while it names any, `/healthz` answers 503 with them."""
     app = FastAPI(title=title, description=description, version="0.1.0")
     app.openapi = lambda: _with_errors(app)  # type: ignore[method-assign]
 
@@ -249,8 +253,12 @@ def create_app(title: str, description: str, ready: ReadyCheck) -> FastAPI:
         return error(500, internal_error(exc))
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> Response:
+        stuck = stalled() if stalled is not None else []
+        if stuck:
+            return Response(json.dumps({"status": "stalled", "stalled": stuck}),
+                            status_code=503, media_type="application/json")
+        return Response(b'{"status": "ok"}', media_type="application/json")
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> Response:

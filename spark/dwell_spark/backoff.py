@@ -434,8 +434,9 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
         collected = time.monotonic()
         # A micro-batch has been through the state function (the warm-up event, or the
         # first bounded batch of a backlog, which the warm-up event is behind).
-        warmed.set()
-        metrics.mark_ready("backoff")
+        if not warmed.is_set():
+            warmed.set()
+            metrics.mark_ready("backoff")
         rows = [r for r in rows if r.topic != WARM_UP_TOPIC]
 
         def write() -> None:

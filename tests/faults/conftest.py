@@ -68,6 +68,10 @@ class Run:
         self.rows.append(row)
         print("\n" + format_table([row]))
         assert not pub.other_errors, pub.other_errors[:5]
+        # No loop of the tracker stuck inside a call (dwell.liveness; its stack is then in
+        # the tracker's log).
+        health = httpx.get(f"http://127.0.0.1:{self.stack.ports['tracker']}/healthz", timeout=5)
+        assert health.status_code == 200, health.text
         return row
 
 

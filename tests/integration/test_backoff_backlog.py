@@ -10,19 +10,15 @@ a Redis database of its own, started twice on one checkpoint."""
 
 from __future__ import annotations
 
-import json
 import re
-import sys
-import time
 import uuid
 from pathlib import Path
 
-from procs import Procs, free_port, wait_line
+from procs import Procs, send_ack_events, spark_env, wait_line
 
 import devstack
 from conftest import wait_for
 from dwell import keys
-from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 
@@ -34,47 +30,26 @@ FAR_MS = 600_000  # an ack timeout nothing in the test reaches
 DECISIONS = re.compile(r"backoff: (\d+) decisions")
 
 
-def _delivered(bootstrap: str, topic: str, n: int) -> None:
-    """``n`` `delivered` events with an ack timeout, as the SDK sends them."""
-    p = kafka.Producer(bootstrap, linger_ms=20)
-    key = f"{topic}/s".encode()
-    now = int(time.time() * 1000)
-    try:
-        futures = [p.send(names.ACKS, json.dumps({
-            "event": "delivered", "topic": topic, "subscription": "s",
-            "messageId": f"{names.DELAYED}:0:{i}", "redeliveryCount": 0,
-            "ts": now, "ackTimeoutMs": FAR_MS}).encode(), key) for i in range(n)]
-        for f in futures:
-            f.result(60)
-    finally:
-        p.close()
-
-
 def test_a_backlog_is_read_in_bounded_batches_and_the_app_is_ready_after_the_first(
         stack: devstack.Stack, tmp_path: Path) -> None:
     redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
     r = redis_adapter.connect(redis_url)
     r.flushdb()
     first, again = Procs(tmp_path), Procs(tmp_path)
-    env = stack.service_env() | {
-        "DWELL_REDIS_URL": redis_url, "PYSPARK_PYTHON": sys.executable,
-        "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
-        "DWELL_SPARK_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-        "DWELL_ACKS_STARTING_OFFSETS": "latest",
-        "DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(PER_BATCH), "DWELL_LOG_LEVEL": "info"}
+    checkpoints = tmp_path / "checkpoints"
+    limit = {"DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(PER_BATCH)}
     topic = f"persistent://backlog{uuid.uuid4().hex[:8]}/ns/t"
     counts = keys.sub_counts(topic, "s")
     try:
         log = first.start("spark-1", ["-m", "dwell_spark"],
-                          env | {"DWELL_SPARK_METRICS_PORT": str(free_port())},
-                          cwd=ROOT / "spark")
+                          spark_env(stack, redis_url, checkpoints) | limit, cwd=ROOT / "spark")
         wait_line(first, log, "backoff ready", 600)
         first.stop_all()
 
-        _delivered(stack.kafka_bootstrap, topic, EVENTS)
+        send_ack_events(stack.kafka_bootstrap, "delivered", topic,
+                        [f"{names.DELAYED}:0:{i}" for i in range(EVENTS)], FAR_MS)
         log = again.start("spark-2", ["-m", "dwell_spark"],
-                          env | {"DWELL_SPARK_METRICS_PORT": str(free_port())},
-                          cwd=ROOT / "spark")
+                          spark_env(stack, redis_url, checkpoints) | limit, cwd=ROOT / "spark")
         wait_line(again, log, "backoff ready", 600)
         # Ready with most of the backlog still to decide (one batch of everything made
         # the app ready only once all of it was decided).

@@ -14,7 +14,7 @@ import pytest
 from pyroaring import BitMap64
 
 from conftest import wait_for
-from dwell import keys
+from dwell import keys, liveness
 from dwell.adapters.kafka import (
     Columns,
     Consumer,
@@ -204,8 +204,15 @@ def test_rebalance_between_two_ingest_loops_indexes_and_commits_everything(
     start()
     _wait(lambda: loops[0].indexed > 0, 30, "first loop indexing")
     start()  # joins the group mid-ingest: partitions move under load
+    beats = [hb for lp in loops for hb in (lp.polling, lp.writing)]
+
+    def indexed_all() -> bool:
+        # Through the rebalance (a revoke waits for the writer), every loop goes round.
+        assert liveness.stalled(beats, 5.0) == []
+        return sum(lp.indexed for lp in loops) >= 48_000
+
     try:
-        _wait(lambda: sum(lp.indexed for lp in loops) >= 48_000, 90, "48,000 records indexed")
+        _wait(indexed_all, 90, "48,000 records indexed")
         for t in topics:
             assert _indexed(r, t) == _expected(rows[t])
         ends = end_offsets(kafka_bootstrap, delayed_topic)
@@ -226,6 +233,7 @@ def test_rebalance_between_two_ingest_loops_indexes_and_commits_everything(
             t.join(30)
     assert all(lp.error is None for lp in loops)
     assert all(not t.is_alive() for t in threads)
+    assert all(hb.age() == 0.0 for hb in beats)  # stopped on purpose: resting, not stale
     # Nothing read twice: the revoked loop committed every batch it had handed over.
     assert sum(lp.indexed for lp in loops) == 48_000
 

@@ -8,6 +8,12 @@ nack into a redelivery through the subscription's retry topic, with the backoff 
 subscription registered at the tracker. The consumer commits a Kafka offset only once
 that record is settled (acked, or its delivered/nack event is durable on ``dwell.acks``
 and the backoff job owns its redelivery), so a crash re-reads rather than loses.
+
+While Kafka is away, nothing raises into the application (a Pulsar consumer's acks wait
+for its broker too): an event not written within ``EVENT_WAIT_S`` stays queued, in
+order, and is sent again until Kafka takes it; its record's offset is settled then. The
+events after it join the queue without waiting. A restart before that reads those
+records again, copies the SDK's duplicate filter cannot tell from a redelivery.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import cast
 
 import httpx
 
@@ -37,6 +46,9 @@ DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # How many (messageId, redeliveryCount) pairs the duplicate filter remembers.
 SEEN_LIMIT = 100_000
+# How long an acknowledgement (or a delivery with an ack timeout) waits for its dwell.acks
+# event while Kafka takes events; past it the event is queued (see the module's text).
+EVENT_WAIT_S = 30.0
 HEADER_PREFIX = "dwell-"
 
 
@@ -136,6 +148,7 @@ class Consumer:
             except kafka.KafkaUnavailable:
                 kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
         self._events = kafka.Producer(self._bootstrap, linger_ms=0)
+        self._unwritten: list[_Event] = []  # dwell.acks events Kafka has not taken yet
         self._consumer = kafka.Consumer(
             self._bootstrap, self.subscription, [self.ready_topic, self.retry_topic],
             auto_offset_reset=initial_position,
@@ -175,6 +188,8 @@ class Consumer:
             left = 1.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return None
+            if self._unwritten:
+                self._write_events(0)
             self._buffer = self._consumer.poll(500, min(left, 1.0))
 
     def _accept(self, rec: kafka.Record) -> Message | None:
@@ -201,17 +216,14 @@ class Consumer:
             # job owns this message's redelivery. Without an ack timeout a delivery
             # schedules nothing (dwell_spark.backoff.step), so it sends no event.
             self._emit("delivered", msg)
-            self._settle(msg)
         return msg
 
     # -- acknowledging
     def acknowledge(self, msg: Message) -> None:
         self._emit("ack", msg)
-        self._settle(msg)
 
     def negative_acknowledge(self, msg: Message) -> None:
         self._emit("nack", msg)
-        self._settle(msg)
 
     def _settle(self, msg: Message) -> None:
         self._offsets.settle((msg.record_topic, msg.partition), msg.offset)
@@ -225,17 +237,51 @@ class Consumer:
                         exc)
 
     def _emit(self, event: str, msg: Message) -> None:
+        """Write ``event`` of ``msg`` to dwell.acks, then settle its offset: offsets are
+        committed on the strength of the event. Behind events Kafka has not taken yet, it
+        joins their queue without waiting."""
         # Settings ride along so the backoff job needs no lookup per event
         # (ARCHITECTURE.md's dwell.acks row); the tracker's registration is the record.
         body = {"event": event, "topic": str(self.topic), "subscription": self.subscription,
                 "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
                 "ts": int(time.time() * 1000), **self._settings_json}
-        # Wait for the write: offsets are committed on the strength of this event.
-        self._events.send(names.ACKS, json.dumps(body).encode(), key=self._event_key,
-                          headers=self._event_headers).result(30)
+        self._unwritten.append(_Event(msg, json.dumps(body).encode()))
+        self._write_events(EVENT_WAIT_S if len(self._unwritten) == 1 else 0)
+
+    def _write_events(self, wait_s: float) -> None:
+        """Settle the queued events Kafka has taken, oldest first; send (again) the ones
+        not in flight, in their order; wait up to ``wait_s`` for the oldest."""
+        deadline = time.monotonic() + wait_s
+        while self._unwritten:
+            for ev in self._unwritten:
+                if ev.sent is None or (ev.sent.done() and ev.sent.exception() is not None):
+                    ev.sent = self._events.send(names.ACKS, ev.body, key=self._event_key,
+                                                headers=self._event_headers)
+            first = self._unwritten[0]
+            sent = cast("Future[tuple[int, int]]", first.sent)  # sent just above
+            try:
+                sent.result(max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                if wait_s > 0:
+                    log.warning("%d dwell.acks events not written yet (Kafka away?); kept, "
+                                "their offsets wait for them", len(self._unwritten))
+                return
+            except kafka.KafkaUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    if wait_s > 0:
+                        log.warning("dwell.acks event not written (%s); sent again later",
+                                    exc)
+                    return
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
+            self._unwritten.pop(0)
+            self._settle(first.msg)
 
     def close(self) -> None:
         try:
+            if self._unwritten:
+                # A last chance for the queued events: what stays unwritten is read again.
+                self._write_events(EVENT_WAIT_S)
             self._consumer.close()
         finally:
             self._events.close()
@@ -245,6 +291,15 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(slots=True)
+class _Event:
+    """A dwell.acks event of ``msg`` (its JSON ``body``), and its write once sent."""
+
+    msg: Message
+    body: bytes
+    sent: Future[tuple[int, int]] | None = None
 
 
 def properties_of(headers: Mapping[str, bytes]) -> dict[str, str]:

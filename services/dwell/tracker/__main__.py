@@ -1,100 +1,11 @@
-"""`python -m dwell.tracker`: the ingest consumer, the restage (re-filing of long,
-varied delays), the subscription registry's Redis check, the stats refresher and the HTTP
-API in one process."""
-
-from __future__ import annotations
-
-import threading
-
-from prometheus_client import REGISTRY
+"""`python -m dwell.tracker`: the tracker process (dwell.tracker.service)."""
 
 from dwell import memory
-from dwell.adapters.kafka import DWELL_TOPIC_DEFAULTS, ensure_topic
-from dwell.adapters.redis import connect
-from dwell.core import topics
-from dwell.core.positions import REFILED_FIELD_BASE
-from dwell.http import serve
-from dwell.tracker import metrics
-from dwell.tracker.app import build_app
-from dwell.tracker.ingest_loop import IngestLoop
-from dwell.tracker.recovery import LowmarkKeeper
-from dwell.tracker.registry import SubscriptionRegistry
-from dwell.tracker.restage import Restager
-from dwell.tracker.settings import TrackerSettings
-from dwell.tracker.stats import StatsRefresher
-
-
-def start_ingest(settings: TrackerSettings, topic: str, thread: str,
-                 field_base: int = 0) -> IngestLoop:
-    """An ingest loop of the delay log ``topic`` (created if missing) on a thread of its own;
-    its positions are indexed as ``settings.delayed_topic``'s, fields from ``field_base``."""
-    ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor)
-    loop = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap, topic,
-                      settings.tracker_group_id, source=settings.delayed_topic,
-                      field_base=field_base, batch_max=settings.ingest_batch_max,
-                      poll_timeout_ms=settings.ingest_poll_timeout_ms,
-                      compaction_interval_ms=settings.compaction_interval_ms,
-                      compaction_max_buckets=settings.compaction_max_buckets,
-                      compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes,
-                      redis_check_interval_ms=settings.redis_check_interval_ms)
-    threading.Thread(target=loop.run, name=thread, daemon=True).start()
-    return loop
-
-
-def main() -> None:
-    memory.use_system_allocator()
-    memory.configure()  # before the ingest's first fetch
-    settings = TrackerSettings()
-    r = connect(settings.redis_url)
-    loop = start_ingest(settings, settings.delayed_topic, "tracker-ingest")
-    # The restage's copies, indexed under the delay log's name with fields of their own.
-    refiled = start_ingest(settings, settings.refile_log, "tracker-ingest-refiled",
-                           field_base=REFILED_FIELD_BASE)
-    keeper = LowmarkKeeper(connect(settings.redis_url), settings.kafka_bootstrap,
-                           settings.tracker_group_id, delayed_topic=settings.delayed_topic,
-                           refiled_topic=settings.refile_log,
-                           interval_s=settings.lowmark_interval_ms / 1000)
-    threading.Thread(target=keeper.run, name="tracker-lowmark", daemon=True).start()
-    parts, config = DWELL_TOPIC_DEFAULTS[topics.SUBSCRIPTIONS]
-    ensure_topic(settings.kafka_bootstrap, topics.SUBSCRIPTIONS, parts,
-                 settings.kafka_replication_factor, config)
-    registry = SubscriptionRegistry(r, settings.kafka_bootstrap,
-                                    compression_type=settings.kafka_compression_type)
-    registry_stop = threading.Event()
-    threading.Thread(target=registry.run,
-                     args=(settings.redis_check_interval_ms / 1000, registry_stop),
-                     name="tracker-registry", daemon=True).start()
-    restager = None
-    if settings.restage_enabled:
-        restager = Restager(connect(settings.redis_url), settings.kafka_bootstrap,
-                            delayed_topic=settings.delayed_topic,
-                            refiled_topic=settings.refile_log,
-                            lead_ms=settings.restage_lead_ms,
-                            chunk_ms=settings.restage_chunk_ms,
-                            lease_ms=settings.restage_lease_ms,
-                            max_round_ms=settings.restage_max_round_ms,
-                            max_records=settings.restage_max_records,
-                            compression_type=settings.kafka_compression_type)
-        threading.Thread(target=restager.run, args=(settings.restage_interval_ms,),
-                         name="tracker-restage", daemon=True).start()
-    collector = StatsRefresher(connect(settings.redis_url), settings.cluster,
-                               strict=settings.delayed_delivery_deliver_at_time_strict,
-                               lookahead=settings.delayed_delivery_fixed_delay_detection_lookahead,
-                               interval_s=settings.stats_refresh_s)
-    REGISTRY.register(metrics.INDEX_STATS)
-    threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
-    try:
-        serve(build_app(settings, r, loop, refiled, restager, keeper, registry), settings)
-    finally:
-        registry_stop.set()
-        registry.close()
-        keeper.stop()
-        loop.stop()
-        refiled.stop()
-        collector.stop()
-        if restager is not None:
-            restager.stop()
-
 
 if __name__ == "__main__":
+    # First of all: the process runs again on glibc's allocator, and whatever it had
+    # imported by then is imported again.
+    memory.use_system_allocator()
+    from dwell.tracker.service import main
+
     main()

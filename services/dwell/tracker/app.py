@@ -12,7 +12,7 @@ from typing import Any
 import redis as redislib
 from fastapi import FastAPI, Request, Response
 
-from dwell import keys
+from dwell import keys, liveness
 from dwell.auth.guard import Guard
 from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
@@ -20,6 +20,7 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, create_app, errors
 from dwell.policy_feed import PolicyCache, PolicyFollower
+from dwell.tracker import metrics
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
@@ -97,7 +98,13 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
                               if not k.endswith(("Error", "Rebuilding")))
         return checks
 
-    app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready)
+    beats = [hb for loop in (ingest, refiled) if loop is not None
+             for hb in (loop.polling, loop.writing)]
+    for hb in beats:
+        metrics.LOOP_ROUND_AGE.labels(hb.name).set_function(hb.age)
+    stall_s = settings.stall_timeout_ms / 1000
+    app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready,
+                     lambda: liveness.stalled(beats, stall_s))
     strict = settings.delayed_delivery_deliver_at_time_strict
     lookahead = settings.delayed_delivery_fixed_delay_detection_lookahead
 

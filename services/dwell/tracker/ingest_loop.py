@@ -22,6 +22,7 @@ from pyroaring import BitMap64
 
 from dwell import keys, memory
 from dwell.adapters.kafka import Consumer, KafkaUnavailable
+from dwell.liveness import Heartbeat
 from dwell.tracker.ingest import HEADERS, Decoded, Ingest, decode, last_offsets
 from dwell.tracker.metrics import REBUILDS
 from dwell.tracker.recovery import committed_lowmarks, read_marks
@@ -86,6 +87,9 @@ class IngestLoop:
         self._done: dict[tuple[str, int], int] = {}  # written, not yet committed
         self._failure: BaseException | None = None
         self._idle = False  # the last poll returned nothing
+        # dwell.liveness: the polling thread's rounds, and the writer's.
+        self.polling = Heartbeat(f"{topic} ingest")
+        self.writing = Heartbeat(f"{topic} ingest writer")
 
     # -- polling thread
 
@@ -96,6 +100,7 @@ class IngestLoop:
         writer.start()
         try:
             while not self.stopping.is_set():
+                self.polling.beat()
                 self._check_writer()
                 self._commit_written()
                 self._check_redis()
@@ -110,11 +115,14 @@ class IngestLoop:
                         self.first_batch_at = time.perf_counter()
                     self._hand_over(batch)
         finally:
+            self.polling.beat()
             self._closing.set()
             writer.join()
             self._commit_written()
             self.running = False
             self.consumer.close()
+            if self.stopping.is_set():  # a loop ended by an error stays stale
+                self.polling.rest()
 
     def _poll(self) -> Decoded:
         """Up to batch_max records, read POLL_CHUNK at a time and decoded at once: the
@@ -143,6 +151,7 @@ class IngestLoop:
                     self._queued += 1
                 return
             except queue.Full:
+                self.polling.beat()
                 self._check_writer()
                 self._commit_written()
 
@@ -215,6 +224,7 @@ class IngestLoop:
                 self.error = str(exc)
                 if self.stopping.wait(0.5):
                     return True
+                self.polling.beat()
         behind: dict[int, int | None] = {}
         written: dict[int, int] = {}
         for p, h in zip(parts, have, strict=True):
@@ -245,6 +255,7 @@ class IngestLoop:
                 log.warning("rebuild of %s failed, retrying: %s", self.topic, exc)
                 if self.stopping.wait(0.5):
                     return True
+                self.polling.beat()
         self._unchecked.difference_update(f - base for f in behind)
         # The batch's other partitions are read again from its first record of each.
         first: dict[tuple[str, int], int] = {}
@@ -264,6 +275,7 @@ class IngestLoop:
         with self._lock:  # every batch handed over is in Redis (or the writer failed)
             while self._written < self._queued and self._failure is None:
                 self._lock.wait(self.poll_timeout)
+                self.polling.beat()
         self._check_writer()
         base = self.ingest.field_base
         lows = committed_lowmarks(self.bootstrap, self.group_id,
@@ -302,6 +314,7 @@ class IngestLoop:
                 if self.stopping.is_set():
                     break
                 self._lock.wait(self.poll_timeout)
+                self.polling.beat()
         self._commit_written()
         self._unchecked -= {tp.partition for tp in partitions if tp.topic == self.topic}
         if self._written == self._queued:
@@ -318,13 +331,16 @@ class IngestLoop:
         busy = False
         try:
             while True:
+                self.writing.beat()
                 try:
                     batch: Decoded | None = self._queue.get(timeout=self.poll_timeout)
                 except queue.Empty:
                     if self._closing.is_set():
+                        self.writing.rest()
                         return
                     batch = None
                 if batch is not None and not self._write(batch):
+                    self.writing.rest()
                     return
                 now = time.monotonic()
                 idle = batch is None and self._idle
@@ -359,6 +375,7 @@ class IngestLoop:
                 log.warning("Redis write failed, retrying the batch: %s", exc)
                 if self.stopping.wait(0.5):
                     return False
+                self.writing.beat()
         # Redis has the positions: only now may Kafka forget them.
         # A partition's records arrive in offset order: its last one in the batch is the
         # highest (were it not, committing less would only mean a harmless replay).

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -19,6 +19,9 @@ INVALID = Counter("dwell_tracker_invalid_records_total",
 FLUSH_SECONDS = Histogram("dwell_tracker_flush_seconds", "Redis write of one ingest batch",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 COMPACTED = Counter("dwell_tracker_compacted_buckets_total", "Buckets whose deltas were folded")
+LOOP_ROUND_AGE = Gauge("dwell_tracker_loop_round_age_seconds",
+                       "Seconds since a loop of the tracker last went round; past "
+                       "DWELL_STALL_TIMEOUT_MS its /healthz answers 503", ["loop"])
 REBUILDS = Counter("dwell_tracker_index_rebuilds_total",
                    "Delay-log partitions re-read because Redis lost index writes, by reason",
                    ["reason"])

@@ -49,6 +49,10 @@ class TrackerSettings(CommonSettings):
     # holds what it indexed, and how often the low watermarks are committed to Kafka.
     redis_check_interval_ms: int = Field(1000, ge=50)
     lowmark_interval_ms: int = Field(10_000, ge=100)
+    # A loop of the ingest that has not gone round for this long is stuck inside one call:
+    # /healthz answers 503 (Kubernetes restarts the process) and its stack is logged. Every
+    # call it makes has a shorter deadline of its own; a rebuild's reads take up to ~45 s.
+    stall_timeout_ms: int = Field(120_000, ge=1000)
 
     @model_validator(mode="after")
     def _restage_chunk_within_lead(self) -> TrackerSettings:

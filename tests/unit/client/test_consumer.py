@@ -3,12 +3,18 @@ so a crash re-reads what the application or the backoff job does not yet own."""
 
 from __future__ import annotations
 
+import json
+import time
+from concurrent.futures import Future
+
 import pytest
 
 from dwell.adapters.kafka import KafkaUnavailable
 from dwell.client import Consumer, ExponentialRedeliveryBackoff
+from dwell.client import consumer as consumer_module
 from dwell.client.consumer import Message, _Offsets, properties_of
 from dwell.core import backoff
+from dwell.core.topics import TopicName
 
 TP = ("acme.orders.new", 0)
 
@@ -81,3 +87,81 @@ def test_a_commit_refused_while_kafka_is_away_is_carried_by_the_next(
     assert "offsets not committed" in caplog.text
     c._settle(_message(11))
     assert commits.committed == [{TP: 12}]
+
+
+class _Events:
+    """The consumer's dwell.acks producer: each send's future is completed by the test,
+    as Kafka takes an event or refuses it (message timed out while it was away)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict[str, object], Future[tuple[int, int]]]] = []
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None,
+             headers: dict[str, str] | None = None) -> Future[tuple[int, int]]:
+        fut: Future[tuple[int, int]] = Future()
+        self.sent.append((json.loads(value), fut))
+        return fut
+
+    def kinds(self) -> list[tuple[str, str]]:
+        return [(str(b["event"]), str(b["messageId"])) for b, _ in self.sent]
+
+
+def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, _Commits]:
+    monkeypatch.setattr(consumer_module, "EVENT_WAIT_S", 0.2)
+    c = Consumer.__new__(Consumer)
+    c.topic = TopicName.parse("persistent://acme/orders/new")
+    c.subscription = "s"
+    c._settings_json = {}
+    c._event_key = b"persistent://acme/orders/new/s"
+    c._event_headers = None
+    c._offsets = _Offsets()
+    c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
+    c._events = events = _Events()  # type: ignore[assignment]
+    c._unwritten = []
+    for off in (10, 11, 12):
+        c._offsets.received(TP, off)
+    return c, events, commits
+
+
+def test_acks_while_kafka_is_away_wait_once_then_queue_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ack whose event Kafka does not take does not raise: it waits EVENT_WAIT_S once,
+    the acks after it queue without waiting, and nothing is committed until Kafka takes
+    the events; then the offsets are settled in order."""
+    c, events, commits = _away_consumer(monkeypatch)
+    started = time.monotonic()
+    c.acknowledge(_message(10))  # waits, then queues
+    waited = time.monotonic() - started
+    started = time.monotonic()
+    c.negative_acknowledge(_message(11))
+    c.acknowledge(_message(12))
+    assert waited >= 0.2 and time.monotonic() - started < 0.1
+    assert commits.committed == []
+    assert events.kinds() == [("ack", "m10"), ("nack", "m11"), ("ack", "m12")]
+    # Kafka takes the first two only: the third's offset still waits.
+    events.sent[0][1].set_result((0, 1))
+    events.sent[1][1].set_result((0, 2))
+    c._write_events(0)
+    assert commits.committed[-1] == {TP: 12}
+    events.sent[2][1].set_result((0, 3))
+    c._write_events(0)
+    assert commits.committed[-1] == {TP: 13}
+    assert c._unwritten == []
+
+
+def test_events_kafka_refused_are_sent_again_in_their_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c, events, commits = _away_consumer(monkeypatch)
+    c.acknowledge(_message(10))
+    c.acknowledge(_message(11))
+    for _, fut in events.sent:  # librdkafka's message timeout passed: both refused
+        fut.set_exception(KafkaUnavailable("dwell.acks: Local: Message timed out"))
+    c._write_events(0)
+    assert events.kinds()[2:] == [("ack", "m10"), ("ack", "m11")]  # again, in order
+    first_ts = events.sent[0][0]["ts"]
+    assert events.sent[2][0]["ts"] == first_ts  # the event's own time, not the resend's
+    assert commits.committed == []
+    events.sent[2][1].set_result((0, 5))
+    events.sent[3][1].set_result((0, 6))
+    c._write_events(0)
+    assert commits.committed[-1] == {TP: 12}
