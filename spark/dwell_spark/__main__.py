@@ -76,6 +76,7 @@ def main() -> int:
     ensure_dwell_topics(settings.kafka_bootstrap, settings.kafka_replication_factor)
     spark = session(settings)
     r = redis_adapter.connect(settings.redis_url)
+    metrics.set_stall_timeout(settings.batch_stall_timeout_ms / 1000)
     metrics.serve(settings.http_host, settings.spark_metrics_port, server_context(settings))
     memory.Releaser().start()
     log.info("metrics on %s://%s:%d/metrics", "https" if settings.tls_enabled else "http",

@@ -428,7 +428,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
               state: GroupState) -> Iterator[pd.DataFrame]:
         return step(key, batches, state, lookup, tick, grace)
 
-    def _batch(df: DataFrame, batch_id: int) -> None:
+    def _apply(df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         rows = df.collect()
         collected = time.monotonic()
@@ -457,6 +457,10 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
                      len(rows), min(leads) if leads else "-", batch_id,
                      (collected - started) * 1000, (time.monotonic() - collected) * 1000,
                      tries)
+
+    def _batch(df: DataFrame, batch_id: int) -> None:
+        with metrics.batch_running("backoff"):
+            _apply(df, batch_id)
 
     decisions = (events(spark, settings)
                  .groupBy("topic", "subscription", "messageId")

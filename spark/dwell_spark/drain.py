@@ -374,12 +374,14 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     metrics.expect_query("drain")
 
     def _batch(_df: DataFrame, batch_id: int) -> None:
-        try:
-            drainer.run_once()
-            metrics.batch_done("drain")
-        except Exception:
-            # Claims stay leased and come back after drain_lease_ms; keep the query alive.
-            log.exception("drain round failed; its claims come back after the lease")
+        with metrics.batch_running("drain"):
+            try:
+                drainer.run_once()
+                metrics.batch_done("drain")
+            except Exception:
+                # Claims stay leased and come back after drain_lease_ms; keep the query
+                # alive.
+                log.exception("drain round failed; its claims come back after the lease")
 
     # rate-micro-batch offers a row per trigger; plain `rate` advances in whole seconds,
     # so triggers between them find no input and the drain would run once a second.

@@ -193,11 +193,12 @@ def start(spark: SparkSession, settings: SparkSettings, system_topics: frozenset
     metrics.expect_query(QUERY)
 
     def _batch(df: DataFrame, batch_id: int) -> None:
-        rows = df.collect()
-        if rows:
-            write_invalid(rows, producer)
-            log.warning("dwell.acks: %d malformed events set aside on %s (first: %s)",
-                        len(rows), names.INVALID, rows[0].reason)
+        with metrics.batch_running(QUERY):
+            rows = df.collect()
+            if rows:
+                write_invalid(rows, producer)
+                log.warning("dwell.acks: %d malformed events set aside on %s (first: %s)",
+                            len(rows), names.INVALID, rows[0].reason)
         # Its first batch reads the backoff's warm-up event (backoff.warm_up) and pays for
         # this query's first plans, before any consumer's events depend on the cores.
         metrics.mark_ready(QUERY)

@@ -9,6 +9,7 @@ import ssl
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from dwell import memory
+from dwell import liveness, memory
 from dwell.tracker.metrics import MARKS_WRITTEN
 
 from .records import LATENESS_BOUNDS_MS, CopyStats
@@ -170,6 +171,40 @@ def mark_ready(name: str) -> None:
         log.info("%s ready", name)
 
 
+# dwell.liveness: the micro-batch each query runs now; one running for longer than
+# batch_stall_timeout_ms (set_stall_timeout) is stuck, and /healthz answers 503.
+_batches_running: dict[str, liveness.Heartbeat] = {}
+_stall_timeout_s = float("inf")
+BATCH_AGE = Gauge("dwell_spark_batch_running_seconds", "How long the micro-batch a query "
+                  "runs now has been running (0 between batches); past "
+                  "DWELL_BATCH_STALL_TIMEOUT_MS the app's /healthz answers 503", ["query"],
+                  registry=REGISTRY)
+
+
+def set_stall_timeout(seconds: float) -> None:
+    global _stall_timeout_s
+    _stall_timeout_s = seconds
+
+
+@contextmanager
+def batch_running(name: str) -> Iterator[None]:
+    """Around one micro-batch of query ``name``: while it runs longer than the stall
+    timeout, /healthz names it (and its thread's stack is logged once)."""
+    hb = _batches_running.get(name)
+    if hb is None:
+        hb = _batches_running[name] = liveness.Heartbeat(f"{name} micro-batch")
+        BATCH_AGE.labels(name).set_function(hb.age)
+    hb.beat()
+    try:
+        yield
+    finally:
+        hb.rest()
+
+
+def stalled() -> list[str]:
+    return liveness.stalled(list(_batches_running.values()), _stall_timeout_s)
+
+
 def ready() -> bool:
     with _batches_lock:
         return bool(_batches) and all(n >= READY_AFTER_BATCHES for n in _batches.values())
@@ -181,22 +216,26 @@ class _Handler(BaseHTTPRequestHandler):
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
         elif self.path == "/healthz":
             body, ctype = b'{"status": "ok"}', "application/json"
+            stuck = stalled()
+            if stuck:
+                self._answer(503, json.dumps({"status": "stalled", "stalled": stuck}).encode(),
+                             ctype)
+                return
         elif self.path == "/readyz":
             ok = ready()
             with _batches_lock:
                 body = json.dumps({"ready": ok, "batches": dict(_batches)}).encode()
             ctype = "application/json"
             if not ok:
-                self.send_response(503)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self._answer(503, body, ctype)
                 return
         else:
             self.send_error(404)
             return
-        self.send_response(200)
+        self._answer(200, body, ctype)
+
+    def _answer(self, status: int, body: bytes, ctype: str) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -96,7 +96,7 @@ def delivered_copies(bootstrap: str, due: list[Pending]) -> set[tuple[str, str, 
         if target not in existing:
             continue
         starts = kafka.offsets_at(bootstrap, target, ts)
-        for rec in kafka.read_from(bootstrap, target, starts):
+        for rec in kafka.iter_from(bootstrap, target, starts):
             mid, count = rec.header(headers.MESSAGE_ID), rec.header(headers.REDELIVERY_COUNT)
             if mid is not None and count is not None and count.isdigit():
                 out.add((target, mid, int(count)))

@@ -24,6 +24,10 @@ class SparkSettings(CommonSettings):
     # round still running then fails and its claims come back after the lease, so no
     # round keeps buckets longer than drain_max_round_ms + drain_lease_ms.
     drain_max_round_ms: int = Field(600_000, ge=1000)
+    # A micro-batch of any query still running after this long is stuck inside a call
+    # (the drain's own rounds end by drain_max_round_ms): /healthz answers 503, so that
+    # Kubernetes restarts the app, and the batch's stack is logged.
+    batch_stall_timeout_ms: int = Field(900_000, ge=1000)
     # Which copy runs a round (dwell_spark.drain.choose_path; bench/delivery.py compares
     # them): rounds up to drain_local_max_records records are copied on the driver, which
     # schedules no Spark job; larger ones are spread over Spark tasks, whose parallel

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from conftest import wait_for
+from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.index.topic import TopicIndex
@@ -177,3 +178,35 @@ def test_index_lost_after_a_rebalance_is_rebuilt(tracker, services, stack,
         assert _rebuilds(svc.url) + _rebuilds(second.url) > before
     finally:
         second.stop()
+
+
+def test_a_flush_with_nothing_pending_re_reads_nothing(tracker, kafka_bootstrap: str,
+                                                      unique: str) -> None:
+    """Everything indexed was delivered and the low watermarks reached the end: Redis
+    losing the index loses nothing pending. The tracker sets its ingested entries again
+    without reading dwell.delivered or the delay log, and counts no rebuild."""
+    svc, r, log, group = tracker
+    topic = f"persistent://{unique}/ns/v"
+    now = int(time.time() * 1000)
+    _publish(kafka_bootstrap, log, topic, [now - 5000] * 200)
+    wait_for(lambda: len(_positions(r, topic)) == 200, 30, "200 positions indexed")
+    assert len(_drain_due(r, kafka_bootstrap, log, topic, int(time.time() * 1000))) == 200
+    ends = kafka.end_offsets(kafka_bootstrap, log)
+    ingested = {int(f): int(o) for f, o in r.hgetall(keys.INGESTED).items()}
+    assert ingested and all(ingested[p] == ends[p] for p in ingested)
+
+    def lowmarks_at_the_end() -> bool:
+        got = committed_lowmarks(kafka_bootstrap, group, [(log, p) for p in ingested])
+        return all(got.get((log, p)) == ends[p] for p in ingested)
+
+    wait_for(lowmarks_at_the_end, 30, "low watermarks committed at the end")
+    before = _rebuilds(svc.url)
+    r.flushdb()
+    wait_for(lambda: {int(f): int(o) for f, o in r.hgetall(keys.INGESTED).items()}
+             == ingested, 30, "the ingested entries set again")
+    time.sleep(1)  # a few more of the tracker's checks (every 0.2 s here)
+    assert _rebuilds(svc.url) == before
+    assert _positions(r, topic) == set()
+    # The ingest goes on.
+    _publish(kafka_bootstrap, log, topic, [now + 200_000])
+    wait_for(lambda: len(_positions(r, topic)) == 1, 30, "a new record indexed")

@@ -277,6 +277,15 @@ class Ingest:
             REBUILT.labels("skipped_delivered").inc(skipped)
         return keep
 
+    def mark_ingested(self, reached: dict[int, int]) -> None:
+        """Set how far the ingest got (`dwell:trk:ingested`) for index fields whose entry
+        Redis lost while nothing below it is pending any more."""
+        args: list[int | str] = []
+        for f, o in reached.items():
+            args += [f, "", o]
+        self._scripts.run("ingested", [keys.INGESTED], args)
+        self.expect |= reached
+
     def begin_rebuild(self, field: int, end: int, delivered: BitMap64) -> None:
         self.skip_below[field] = end
         self.skip[field] = delivered

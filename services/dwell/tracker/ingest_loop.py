@@ -32,7 +32,8 @@ POLL_CHUNK: Final = 5000
 
 log = logging.getLogger("dwell.tracker.ingest_loop")
 
-# How long a rebuild may take to read dwell.delivered before it gives up and retries.
+# How long a rebuild's read of dwell.delivered may stop moving on before it gives up and
+# retries (a long read goes on while records come).
 REBUILD_READ_TIMEOUT_S = 30.0
 
 
@@ -270,7 +271,8 @@ class IngestLoop:
         """Re-read the partitions of ``behind`` (index field -> what Redis still holds of
         it, None: nothing) from their low watermark, skipping what `dwell.delivered` says
         was delivered, up to what this loop had written (``written``); after that the
-        ingest goes on as before."""
+        ingest goes on as before. A partition whose low watermark has reached
+        ``written`` has nothing to re-read: its ingested entry is only set again."""
         started = time.monotonic()
         with self._lock:  # every batch handed over is in Redis (or the writer failed)
             while self._written < self._queued and self._failure is None:
@@ -280,25 +282,39 @@ class IngestLoop:
         base = self.ingest.field_base
         lows = committed_lowmarks(self.bootstrap, self.group_id,
                                   [(self.topic, f - base) for f in behind])
-        delivered = read_marks(self.bootstrap, self.ingest.source, list(behind),
-                               timeout_s=REBUILD_READ_TIMEOUT_S)
-        seek: dict[tuple[str, int], int] = {}
+        starts: dict[int, int] = {}
         for f, held in behind.items():
             start = lows.get((self.topic, f - base), 0)
-            if held is not None:
-                start = max(start, held)
-            seek[(self.topic, f - base)] = start
+            starts[f] = start if held is None else max(start, held)
+        # Where the low watermark has reached what the group committed, nothing below it
+        # is pending: Redis lost only how far the ingest got, which is set again. Only
+        # the others are re-read (and only they need dwell.delivered, read whole).
+        reached = {f: start for f, start in starts.items() if start >= written[f]}
+        lost = [f for f in behind if f not in reached]
+        delivered = (read_marks(self.bootstrap, self.ingest.source, lost,
+                                timeout_s=REBUILD_READ_TIMEOUT_S, beat=self.polling.beat)
+                     if lost else {})
+        if reached:
+            self.ingest.mark_ingested(reached)
+        for f in lost:
             self.ingest.begin_rebuild(f, written[f], delivered.get(f, BitMap64()))
-            REBUILDS.labels("stale" if held is not None else "lost").inc()
-        self.consumer.seek(seek)
+            REBUILDS.labels("stale" if behind[f] is not None else "lost").inc()
+        self.consumer.seek({(self.topic, f - base): start for f, start in starts.items()})
         with self._lock:
-            for (_, p), start in seek.items():
-                self._written_pos[p + base] = start
+            for f, start in starts.items():
+                self._written_pos[f] = start
             self.rebuilding = set(self.ingest.skip_below)
-        log.warning("Redis lost index writes of %s: re-reading %s from the low watermarks "
-                    "(%d delivered positions to skip; set up in %.2fs)", self.topic,
-                    ", ".join(f"[{p}] {o}..{written[p + base]}" for (_, p), o in seek.items()),
-                    sum(len(delivered.get(f, ())) for f in behind), time.monotonic() - started)
+        if reached:
+            log.warning("Redis lacks how far the ingest of %s got (index fields %s), with "
+                        "nothing pending below the low watermarks: set again, nothing to "
+                        "re-read", self.topic, sorted(reached))
+        if lost:
+            log.warning("Redis lost index writes of %s: re-reading %s from the low "
+                        "watermarks (%d delivered positions to skip; set up in %.2fs)",
+                        self.topic, ", ".join(f"[{f - base}] {starts[f]}..{written[f]}"
+                                              for f in lost),
+                        sum(len(delivered.get(f, ())) for f in lost),
+                        time.monotonic() - started)
 
     def _on_assign(self, _consumer: object, partitions: list[Any]) -> None:
         """Rebalance (inside poll): the partitions this loop now owns are checked against

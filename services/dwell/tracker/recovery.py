@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import orjson
 import redis as redislib
@@ -76,12 +76,18 @@ def write_marks(producer: kafka.BulkProducer, marks: list[kafka.OutRecord],
 
 
 def read_marks(bootstrap: str, log_topic: str, fields: Iterable[int] | None = None,
-               timeout_s: float = 120.0) -> dict[int, BitMap64]:
+               timeout_s: float = 120.0,
+               beat: Callable[[], None] | None = None) -> dict[int, BitMap64]:
     """Every delivered position of delay log ``log_topic`` that `dwell.delivered` holds,
-    per index field (only ``fields`` when given)."""
+    per index field (only ``fields`` when given). The topic is read as it comes, folded
+    into one bitmap per field; ``timeout_s`` bounds a read that stops moving on, not a
+    long one (the topic keeps the delay logs' retention). ``beat`` is called as records
+    come (the caller's dwell.liveness heartbeat: a long read is not a stuck loop)."""
     wanted = None if fields is None else set(fields)
     out: dict[int, BitMap64] = {}
-    for r in kafka.read_all(bootstrap, names.DELIVERED, timeout_s):
+    for i, r in enumerate(kafka.iter_from(bootstrap, names.DELIVERED, {}, timeout_s)):
+        if beat is not None and i % 1000 == 0:
+            beat()
         try:
             body = orjson.loads(r.value or b"")
             if body["log"] != log_topic:

@@ -51,7 +51,8 @@ class TrackerSettings(CommonSettings):
     lowmark_interval_ms: int = Field(10_000, ge=100)
     # A loop of the ingest that has not gone round for this long is stuck inside one call:
     # /healthz answers 503 (Kubernetes restarts the process) and its stack is logged. Every
-    # call it makes has a shorter deadline of its own; a rebuild's reads take up to ~45 s.
+    # call it makes has a shorter deadline of its own; a rebuild's long read of
+    # dwell.delivered goes round as records come.
     stall_timeout_ms: int = Field(120_000, ge=1000)
 
     @model_validator(mode="after")

@@ -23,7 +23,7 @@ from .consumer import Columns, Consumer, next_offsets
 from .errors import KafkaUnavailable, TopicRefused
 from .producer import BulkProducer, Producer, TransactionalProducer
 from .record import Headers, OutRecord, Record
-from .scan import SCAN_CONFIG, read_all, read_from, read_offsets, read_spans
+from .scan import SCAN_CONFIG, iter_from, read_all, read_from, read_offsets, read_spans
 
 __all__ = [
     "DWELL_TOPIC_DEFAULTS",
@@ -51,6 +51,7 @@ __all__ = [
     "partition_counts",
     "partitions",
     "ping",
+    "iter_from",
     "read_all",
     "read_from",
     "read_offsets",

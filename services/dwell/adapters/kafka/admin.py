@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from dwell.core import topics as names
 
 from .config import connection
-from .consumer import Consumer, watermarks
+from .consumer import Consumer, close_within, watermarks
 from .errors import KafkaUnavailable, TopicRefused
 
 
@@ -153,7 +153,7 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, 
         return {p: watermarks(c, topic, p, timeout)[1]
                 for p in partitions(bootstrap, topic, timeout)}
     finally:
-        c.close()
+        close_within(c)
 
 
 def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) -> dict[int, int]:
@@ -170,7 +170,7 @@ def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) ->
         return {tp.partition: tp.offset if tp.offset >= 0
                 else watermarks(c, topic, tp.partition, timeout)[1] for tp in found}
     finally:
-        c.close()
+        close_within(c)
 
 
 def start_group_at_end(bootstrap: str, group_id: str, topics: Iterable[str]) -> None:

@@ -3,6 +3,8 @@ helpers and the offset scans share."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -15,8 +17,12 @@ from .config import connection
 from .errors import KafkaUnavailable
 from .record import Record, record_of
 
+log = logging.getLogger("dwell.adapters.kafka")
+
 # How long a commit is retried while the group coordinator is loading or moving.
 COMMIT_RETRY_S = 30.0
+# How long closing a consumer may take before the caller goes on without it (close_within).
+CLOSE_TIMEOUT_S = 30.0
 # Refusals that pass once the coordinator is ready (librdkafka does not flag all of them
 # retriable on a synchronous commit).
 RETRIABLE_COMMIT = frozenset({KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
@@ -211,8 +217,35 @@ class Consumer:
         broker now; KafkaUnavailable when it does not answer within `timeout`."""
         return {p: watermarks(self._c, topic, p, timeout)[1] for p in partitions}
 
-    def close(self) -> None:
-        self._c.close()
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Leave the group (a rebalance callback may run) and free the client, within
+        ``timeout_s`` (`close_within`)."""
+        close_within(self._c, timeout_s)
+
+
+def close_within(client: _Consumer, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Close a librdkafka consumer, waiting at most ``timeout_s``: librdkafka's close can
+    wait without end for a group coordinator it keeps looking for. A close that takes
+    longer is left to finish on a daemon thread (its client stays allocated until then),
+    and logged; an error it raises in time is raised here."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            client.close()
+        except BaseException as exc:  # handed to the caller below
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="kafka-consumer-close", daemon=True).start()
+    if not done.wait(timeout_s):
+        log.warning("closing a Kafka consumer took over %.0f s (its group coordinator out of "
+                    "reach?); left to finish in the background", timeout_s)
+        return
+    if failure:
+        raise failure[0]
 
 
 def next_offsets(records: Iterable[Record]) -> dict[tuple[str, int], int]:

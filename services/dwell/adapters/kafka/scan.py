@@ -1,6 +1,6 @@
 """Reading known offsets without a consumer group: whole topics up to their end
-(`read_from`, `read_all`) and chosen offset spans (`read_spans`, `read_offsets`), the one
-reader behind the drain's record copy and the tracker's restage."""
+(`iter_from`, `read_from`, `read_all`) and chosen offset spans (`read_spans`,
+`read_offsets`), the one reader behind the drain's record copy and the tracker's restage."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from confluent_kafka import Message, TopicPartition
 
 from .admin import partitions
 from .config import connection
-from .consumer import Consumer, watermarks
+from .consumer import Consumer, close_within, watermarks
 from .errors import KafkaUnavailable
 from .record import Record, record_of
 
@@ -35,11 +35,14 @@ READ_CHUNK = 10_000
 Span = tuple[int, int]  # first, last offset (inclusive)
 
 
-def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
-              timeout: float = 30.0) -> list[Record]:
+def iter_from(bootstrap: str, topic: str, starts: Mapping[int, int],
+              timeout: float = 30.0) -> Iterator[Record]:
     """Every committed record of a topic from `starts` (offset per partition; partitions
     not named start at the beginning) to the end offsets at the time of the call, read
-    with read_committed and without a group (tests check exactly-once outputs this way)."""
+    with read_committed and without a group, as they come: no more than one read's
+    records are held at a time. KafkaUnavailable once the read has not moved on for
+    ``timeout`` s; a read of any size goes on while records keep coming, and the time
+    the caller spends between records does not count."""
     c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader",
                    "enable.auto.commit": False, "isolation.level": "read_committed",
                    "fetch.wait.max.ms": 50})
@@ -51,23 +54,31 @@ def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
         begin = {p: max(starts.get(p, lo), lo) for p, (lo, _) in marks.items()}
         pending = {p for p, end in ends.items() if end > begin[p]}
         if not pending:
-            return []
+            return
         c.assign([TopicPartition(topic, p, begin[p]) for p in pending])
-        out: list[Record] = []
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
-                raise KafkaUnavailable(f"reading {topic} timed out")
-            for msg in c.consume(1000, 0.2):
-                if msg.error() is None and msg.offset() < ends[msg.partition()]:
-                    out.append(record_of(msg))
+                raise KafkaUnavailable(f"reading {topic}: nothing read for {timeout:.0f} s")
+            got = [record_of(msg) for msg in c.consume(1000, 0.2)
+                   if msg.error() is None and msg.offset() < ends[msg.partition()]]
+            left = len(pending)
             # Transaction markers leave gaps: compare the position with the end.
             for tp in c.position([TopicPartition(topic, p) for p in pending]):
                 if tp.offset >= ends[tp.partition]:
                     pending.discard(tp.partition)
-        return out
+            if got:
+                yield from got
+            if got or len(pending) < left:
+                deadline = time.monotonic() + timeout
     finally:
-        c.close()
+        close_within(c)
+
+
+def read_from(bootstrap: str, topic: str, starts: Mapping[int, int],
+              timeout: float = 30.0) -> list[Record]:
+    """`iter_from` as a list (tests check exactly-once outputs this way)."""
+    return list(iter_from(bootstrap, topic, starts, timeout))
 
 
 def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Record]:
