@@ -360,7 +360,7 @@ def main() -> None:
     path_used = native.implementations(AdmissionSettings().native)[-1]
     print(f"admission's publish path: {path_used}", flush=True)
     stack = devstack.Stack("test")
-    started = [n for n in ("redis", "kafka") if stack.start(n) is not None]
+    started = [n for n in ("redis", "kafka") if stack.start_empty(n) is not None]
     procs: list[subprocess.Popen[bytes]] = []
     log_dir = stack.state / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -460,6 +460,8 @@ def main() -> None:
         # Others may be using servers this run had to start: keep them when asked to.
         if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
             stack.down(started)
+            for name in started:
+                stack.discard(name)
 
     http = median([h for h, _ in rounds], key=lambda h: h["msgs_per_s"])
     raw = median([r for _, r in rounds], key=float)

@@ -82,7 +82,7 @@ def serve() -> None:
 
 def main() -> None:
     stack = bench.devstack.Stack("test")
-    started = [n for n in ("redis", "kafka") if stack.start(n) is not None]
+    started = [n for n in ("redis", "kafka") if stack.start_empty(n) is not None]
     log_dir = stack.state / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     ready = bench.names.TopicName.parse(TOPIC).kafka_topic
@@ -116,6 +116,8 @@ def main() -> None:
             proc.wait(timeout=20)
         if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
             stack.down(started)
+            for name in started:
+                stack.discard(name)
 
     http = bench.median([h for h, _ in rounds], key=lambda h: h["msgs_per_s"])
     raw = bench.median([r for _, r in rounds], key=float)

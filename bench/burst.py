@@ -119,6 +119,8 @@ def main() -> int:
         return 0 if delivered == len(ids) else 1
     finally:
         stack.down()
+        for name in ("redis", "kafka"):
+            stack.discard(name)
 
 
 if __name__ == "__main__":

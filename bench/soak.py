@@ -122,6 +122,8 @@ def main() -> int:
         return 0 if ok else 1
     finally:
         stack.down()
+        for name in ("redis", "kafka"):
+            stack.discard(name)
 
 
 if __name__ == "__main__":

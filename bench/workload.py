@@ -62,11 +62,11 @@ class FaultStack(devstack.Stack):
     DWELL = ("policy", "admission", "tracker", "spark")
 
     def start_all(self) -> None:
-        """Everything afresh: what runs is stopped, then Redis, Kafka (with dwell's
-        topics) and dwell's processes are started."""
+        """Everything afresh: what runs is stopped, then Redis and Kafka are started empty
+        (Kafka with dwell's topics), then dwell's processes."""
         self.down()
         for name in ("redis", "kafka"):
-            self.start(name)
+            self.start_empty(name)
         kafka.ensure_dwell_topics(self.kafka_bootstrap)
         for name in self.DWELL:
             self.start(name)

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import string
@@ -250,6 +251,33 @@ class Stack:
         self.stop(name)
         raise RuntimeError(f"{name} did not become healthy within {p.start_timeout:.0f}s\n"
                            + _tail(self.log_dir / f"{name}.log"))
+
+    def data_dir(self, name: str) -> Path | None:
+        """Where ``name`` keeps its data (Redis' append-only file, Kafka's log dir), if it
+        keeps any."""
+        if name == "redis":
+            return self.state / "redis"
+        if name == "kafka":
+            return self.state / ("kafka-secure" if self.secure else "kafka") / "data"
+        return None
+
+    def discard(self, name: str) -> None:
+        """Delete the data of ``name``, which must not be running. For the stacks of tests
+        and benchmarks only: their Kafka would otherwise keep every run's records, and a
+        benchmark writes gigabytes."""
+        if self.pid(name):
+            raise RuntimeError(f"{name} runs; stop it before discarding its data")
+        data = self.data_dir(name)
+        if data is not None:
+            shutil.rmtree(data, ignore_errors=True)
+
+    def start_empty(self, name: str) -> float | None:
+        """:meth:`start`, with no data left from an earlier run, unless ``name`` already runs
+        (then it is used as it is)."""
+        if self.pid(name):
+            return None
+        self.discard(name)
+        return self.start(name)
 
     def stop(self, name: str, timeout: float = 20.0) -> bool:
         pid = self.pid(name)

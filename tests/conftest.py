@@ -40,9 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[devstack.Stack]:
-    """Redis and Kafka for the whole session, started unless already running."""
+    """Redis and Kafka for the whole session, started empty unless already running."""
     s = devstack.Stack("test")
-    started = [name for name in ("redis", "kafka") if s.start(name) is not None]
+    started = [name for name in ("redis", "kafka") if s.start_empty(name) is not None]
     from dwell.adapters.kafka import ensure_dwell_topics
 
     ensure_dwell_topics(s.kafka_bootstrap)

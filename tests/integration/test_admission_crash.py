@@ -9,7 +9,6 @@ The second test stops a Kafka, so it runs its own private one (a runtime profile
 from __future__ import annotations
 
 import shutil
-import socket
 import time
 import uuid
 from collections import Counter
@@ -22,6 +21,7 @@ import orjson
 import pytest
 
 import devstack
+from conftest import free_port
 from dwell.adapters import kafka
 from dwell.core import topics as names
 
@@ -34,11 +34,6 @@ PER_REQUEST = 10
 PUBLISH_TIMEOUT_MS = 3000
 PACE_S = 8.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def feed(bootstrap: str, tenant: str, namespace: str, policy: dict[str, Any]) -> None:
