@@ -1,8 +1,9 @@
 """The soak: the whole local stack under a steady mixed-delay load for a long while, with
 a random dwell process killed (-9) every minute and one Redis FLUSHALL half-way. Prints
 what the fault suite prints (accepted, delivered, lost, early, duplicates at the Kafka
-level and through the SDK) and each process's RSS at the start, after the first minute
-(warm) and at the end.
+level and through the SDK) and each process's RSS: at the start (idle, before the load),
+warm (after a minute of load in the process's last life: a minute after the load began,
+or after its last restart) and at the end, once all was delivered.
 
     .venv/bin/python bench/soak.py                      # 10 min at 2,000 msg/s
     .venv/bin/python bench/soak.py --minutes 2 --rate 500
@@ -34,6 +35,12 @@ from dwell.adapters import redis as redis_adapter
 from dwell.core.topics import TopicName
 
 KILLABLE = FaultStack.DWELL
+WARM_S = 60.0  # load a process has had when its warm RSS is taken
+
+
+def _process(key: str) -> str:
+    """The process an RSS figure belongs to: `spark-jvm` is the Spark app's."""
+    return key.split("-")[0]
 
 
 def main() -> int:
@@ -71,12 +78,17 @@ def main() -> int:
         faults: list[str] = []
         rss_warm: dict[str, int] = {}
         restarted: set[str] = set()
+        born = dict.fromkeys(KILLABLE + ("redis", "kafka"), t0)  # start of each life
         while time.monotonic() < end:
             time.sleep(1)
             elapsed = time.monotonic() - t0
-            if not rss_warm and time.monotonic() >= next_kill - 2:
-                # Warm: a minute of load, before the first kill.
-                rss_warm = stack.rss_kib()
+            warm_now = {n for n, t in born.items() if time.monotonic() >= t + WARM_S}
+            if warm_now:
+                for key, kib in stack.rss_kib().items():
+                    if _process(key) in warm_now:
+                        rss_warm[key] = kib
+                for n in warm_now:
+                    del born[n]
             if not flushed and elapsed >= args.minutes * 30:
                 redis_adapter.connect(stack.redis_url).flushall()
                 faults.append(f"{elapsed:5.0f}s  redis FLUSHALL")
@@ -86,6 +98,9 @@ def main() -> int:
                 restarted.add(victim)
                 stack.kill9(victim)
                 stack.start(victim)
+                born[victim] = time.monotonic()
+                for key in [k for k in rss_warm if _process(k) == victim]:
+                    del rss_warm[key]  # its warm figure is taken again in the new life
                 faults.append(f"{elapsed:5.0f}s  kill -9 {victim} (back in "
                               f"{time.monotonic() - t0 - elapsed:.0f}s)")
                 next_kill += args.kill_every_s
@@ -111,11 +126,12 @@ def main() -> int:
         print("\nRSS (MiB)            start     warm      end   end/start  end/warm")
         for name in sorted(set(rss_start) | set(rss_end)):
             a, w, b = (x.get(name, 0) / 1024 for x in (rss_start, rss_warm, rss_end))
-            again = " (killed and restarted)" if name.split("-")[0] in restarted else ""
+            again = " (killed and restarted)" if _process(name) in restarted else ""
             print(f"  {name:<17} {a:7.0f}  {w:7.0f}  {b:7.0f}   {b / a if a else 0:9.2f} "
-                  f"{b / w if w else 0:9.2f}{again}")
-        print("warm: after the first minute of load, before the first kill; a JVM's RSS is "
-              "its heap's high-water mark (-Xmx), not what it uses")
+                  + (f"{b / w:9.2f}" if w else "        -") + again)
+        print(f"warm: after {WARM_S:.0f} s of load in the process's last life (-: restarted "
+              f"less than {WARM_S:.0f} s before the load ended); a JVM's RSS is its heap's "
+              "high-water mark (at most -Xmx), not what it uses")
         ok = (row.lost, row.early, row.sdk_duplicates) == (0, 0, 0)
         print(f"\nlost {row.lost}, early {row.early}, SDK duplicates {row.sdk_duplicates}: "
               + ("ok" if ok else "FAILED"))

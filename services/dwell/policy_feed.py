@@ -60,6 +60,8 @@ class PolicyCache:
         self.namespaces: set[str] = set()
         self.ns_policies: dict[str, DelayedDeliveryPolicies] = {}
         self.topic_policies: dict[str, DelayedDeliveryPolicies] = {}
+        # Topics whose record marks them as partitioned topics of one partition.
+        self.partitioned_one: set[str] = set()
         self.version = 0
         self.ready = threading.Event()
         self._resolved: dict[str, EffectivePolicy] = {}
@@ -140,6 +142,9 @@ class PolicyCache:
                 target.pop(name, None)
             else:
                 target[name] = DelayedDeliveryPolicies.model_validate(doc.get("policy") or {})
+            if kind == "topic":
+                self._set(self.partitioned_one, name, doc is not None and
+                          doc.get("partitioned") is True)
         else:
             raise ValueError(f"unknown scope kind {kind!r}")
         return version

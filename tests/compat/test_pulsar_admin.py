@@ -61,6 +61,7 @@ def scenario(t: str) -> list[Step]:
     reads a policy into its own DelayedDeliveryPolicies, which has no fixed delay (PIP-437
     came later): what it prints has three fields whatever the service sends."""
     ns, topic, parts = f"{t}/ns", f"persistent://{t}/ns/x", f"persistent://{t}/ns/p"
+    one = f"persistent://{t}/ns/one"
     t2 = t + "b"
     ns_dd = "/admin/v2/namespaces/{tenant}/{namespace}/delayedDelivery"
     topic_dd = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/delayedDelivery"
@@ -165,6 +166,22 @@ def scenario(t: str) -> list[Step]:
         Step(("namespaces", "delete", ns), "DELETE /admin/v2/namespaces/{tenant}/{namespace}",
              rc=1, err="Cannot delete non empty namespace"),
         Step(("topics", "delete-partitioned-topic", parts),
+             "DELETE /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"),
+        # One partition: a partitioned topic all the same (its ready topic cannot tell).
+        Step(("topics", "create-partitioned-topic", one, "-p", "1"),
+             "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"),
+        Step(("topics", "get-partitioned-topic-metadata", one),
+             "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions",
+             out_has={"partitions": 1}),
+        Step(("topics", "partitioned-stats", one),
+             "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitioned-stats",
+             out_has={"metadata": {"partitions": 1, "deleted": False}}),
+        Step(("topics", "list", ns), "GET /admin/v2/persistent/{tenant}/{namespace}, "
+             "GET /admin/v2/non-persistent/{tenant}/{namespace}", out=f"{one}-partition-0\n"),
+        Step(("topics", "list-partitioned-topics", ns),
+             "GET /admin/v2/persistent/{tenant}/{namespace}/partitioned, "
+             "GET /admin/v2/non-persistent/{tenant}/{namespace}/partitioned", out=f"{one}\n"),
+        Step(("topics", "delete-partitioned-topic", one),
              "DELETE /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"),
         Step(("topics", "list", ns), "GET /admin/v2/persistent/{tenant}/{namespace}, "
              "GET /admin/v2/non-persistent/{tenant}/{namespace}", out=""),

@@ -142,6 +142,30 @@ def test_a_partition_past_the_topics_count_or_of_a_plain_topic_is_404(
                                   "partitioned topic")
 
 
+def test_a_partitioned_topic_of_one_partition_publishes_at_once(
+        policy: httpx.Client, admission: httpx.Client, unique: str) -> None:
+    """`create-partitioned-topic -p 1`: its ready topic has one Kafka partition, as a
+    non-partitioned topic's has, yet `y-partition-0` is a partition of it, and a publish
+    right after the create is not refused (admission catches up with the policy feed,
+    which carries the topic's mark, before it answers 404)."""
+    tenant = f"pt{unique}"
+    make_namespace(policy, tenant, ns_policy={"active": True, "tickTime": 1000,
+                                              "maxDeliveryDelayInMillis": 60000})
+    y = TopicName.parse(f"persistent://{tenant}/ns/y")
+    deadline = time.monotonic() + 15
+    while publish(admission, f"persistent://{tenant}/ns/probe",
+                  {"payload": "p"}).status_code == 404:  # the namespace reaches admission
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    ok(policy.put(f"/admin/v2/persistent/{tenant}/ns/y/partitions", json=1))
+    r = ok(publish(admission, str(y.partition(0)), {"payload": "now"}))
+    topic, partition, _ = r.json()["messagePublishResults"][0]["messageId"].rsplit(":", 2)
+    assert (topic, int(partition)) == (y.kafka_topic, 0)
+    r = publish(admission, str(y.partition(1)), {"payload": "a"})
+    assert (r.status_code, r.json()["reason"]) == (
+        404, f"Illegal topic partition name {y.partition(1)} with max allowed 1 partitions")
+
+
 def test_the_kafka_ingress_publishes_to_the_partition(
         policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
         unique: str) -> None:

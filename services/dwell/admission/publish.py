@@ -76,8 +76,10 @@ class Publisher(Planner):
         use when `allow_auto_topic_creation` (Pulsar's `allowAutoTopicCreation`), else
         the publish is refused with 404 `Topic persistent://t/ns/x not found`. A partition
         `x-partition-N` is Kafka partition N of x's ready topic: 404 when x is not a
-        partitioned topic or has no partition N (Pulsar's wording). PublishError 409 when
-        Kafka refuses the name, KafkaUnavailable when it cannot answer.
+        partitioned topic or has no partition N (Pulsar's wording); a ready topic of one
+        Kafka partition is a partitioned topic's when the policy feed's record of the topic
+        says so (caught up with before a 404). PublishError 409 when Kafka refuses the
+        name, KafkaUnavailable when it cannot answer.
 
         Every request with messages needs it, delayed or rejected ones too: the drain
         will write them there, a name Kafka refuses must be refused now rather than when
@@ -97,7 +99,9 @@ class Publisher(Planner):
         if count == 0:
             self._ensure_exists(owner, topic)
             count = kafka.partition_count(self.settings.kafka_bootstrap, owner.kafka_topic)
-        if count <= 1:
+        if count == 1 and not self._partitioned_one(owner):
+            count = 0
+        if count == 0:
             raise PublishError(404, f"Topic {topic} not found: {owner} is not a partitioned "
                                     "topic")
         if index >= count:
@@ -105,6 +109,15 @@ class Publisher(Planner):
                                     f"{count} partitions")
         self._ready_topics.add(owner.kafka_topic)
         return self._partitions.put(topic, index)
+
+    def _partitioned_one(self, topic: TopicName) -> bool:
+        """Whether the policy feed marks `topic` as a partitioned topic of one partition,
+        asked again after a catch-up when the cache does not (it may have just been made)."""
+        name = str(topic)
+        if name in self.cache.partitioned_one:
+            return True
+        return (self.catch_up is not None and self._catch_up_blocking()
+                and name in self.cache.partitioned_one)
 
     def _ensure_exists(self, owner: TopicName, asked: TopicName) -> None:
         """Create `owner`'s ready topic unless it exists (the topic published to is

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import httpx
@@ -102,7 +103,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     guard = StoreGuard(store, feed, settings.kafka_bootstrap,
                        timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
-    catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor)
+    catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor, store)
     tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0,
                                 verify=http_verify(settings))
 
@@ -292,7 +293,12 @@ def build_app(settings: PolicySettings) -> FastAPI:
         for domain in (PERSISTENT, NON_PERSISTENT):
             if await catalog.in_namespace(domain, ns):
                 raise ApiError(409, NAMESPACE_NOT_EMPTY)
-        return await commit("namespace_delete", lambda: store.delete_namespace(ns))
+        # With no topic left, a topic record left is of a topic gone from Kafka by other
+        # means, or a partitioned create cut short: it goes with the namespace.
+        stale = [TopicName.parse(name) for name in await store.recorded_topics(ns)]
+        return await commit("namespace_delete",
+                            *[partial(store.drop_topic_policies, t) for t in stale],
+                            lambda: store.delete_namespace(ns))
 
     # -- namespace delayed-delivery policy
 
@@ -375,18 +381,16 @@ def build_app(settings: PolicySettings) -> FastAPI:
             # Pulsar creates a partition only of a partitioned topic that has it; here
             # every partition of an existing partitioned topic exists with it.
             parent = name.partitioned_topic
-            count = await catalog.partitions(parent)
+            count, partitioned = await catalog.layout(parent)
             suffix = f"Can't create topic {name} with \"{PARTITION_SUFFIX}\" followed by"
-            if count <= 1:
+            if not partitioned:
                 raise ApiError(412, f"{suffix} numeric value if there isn't a partitioned "
                                     f"topic {parent.local} created.")
             if index >= count:
                 raise ApiError(412, f"{suffix} a number smaller than number of partition of "
                                     f"partitioned topic {parent.local}")
             raise ApiError(409, "This topic already exists")
-        if not await catalog.create(name, 1):
-            raise ApiError(409, "This topic already exists")
-        return Response(status_code=NO_CONTENT)
+        return await create(name, 1)
 
     @app.put(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
              dependencies=[auth.require(Op.CREATE_TOPIC)],
@@ -398,10 +402,17 @@ def build_app(settings: PolicySettings) -> FastAPI:
         if PARTITION_SUFFIX in name.local:
             raise ApiError(412, "Partitioned Topic Name should not contain '-partition-'")
         await store.namespace_policy(name.namespace_name)
-        if partitions == 1:
-            # A ready topic with one partition reads as a non-partitioned topic.
-            raise ApiError(406, "Number of partitions should be more than 1: a partitioned "
-                                "topic of one partition is a non-partitioned topic here")
+        return await create(name, partitions, partitioned=True)
+
+    async def create(name: TopicName, partitions: int, partitioned: bool = False) -> Response:
+        """Create the topic's ready topic. Whether one Kafka partition is a partitioned
+        topic's is in the topic's record, written first: a create cut short leaves a mark
+        on no topic, which the next create of the name sets right."""
+        if await catalog.partitions(name):
+            raise ApiError(409, "This topic already exists")
+        one = partitioned and partitions == 1
+        if (await store.topic_policies(name))[1].partitioned != one:
+            await commit("topic_partitioned", lambda: store.mark_partitioned(name, one))
         if not await catalog.create(name, partitions):
             raise ApiError(409, "This topic already exists")
         return Response(status_code=NO_CONTENT)
@@ -410,14 +421,14 @@ def build_app(settings: PolicySettings) -> FastAPI:
              dependencies=[auth.require(Op.LOOKUP)],
              responses=errors(412))
     async def get_partitioned_metadata(tenant: str, namespace: str, topic: str) -> Response:
-        count = await catalog.partitions(topic_name(tenant, namespace, topic))
-        return _json({"partitions": count if count > 1 else 0})
+        count, partitioned = await catalog.layout(topic_name(tenant, namespace, topic))
+        return _json({"partitions": count if partitioned else 0})
 
     async def _delete(name: TopicName, partitioned: bool) -> Response:
         missing = ApiError(404, f"Partitioned Topic {name} not found" if partitioned
                            else topic_not_found(name))
-        count = await catalog.partitions(name)
-        if count == 0 or (partitioned and count == 1) or not await catalog.delete(name):
+        count, is_partitioned = await catalog.layout(name)
+        if count == 0 or (partitioned and not is_partitioned) or not await catalog.delete(name):
             raise missing
         return await commit("topic_policy_remove", lambda: store.drop_topic_policies(name))
 

@@ -54,8 +54,8 @@ def add_routes(app: FastAPI, catalog: TopicCatalog, tracker: httpx.AsyncClient, 
         """The delayed-delivery fields of Pulsar's TopicStats, from the tracker."""
         name = topic_name(tenant, namespace, topic)
         parent, index = name.partitioned_topic, name.partition_index
-        count = await catalog.partitions(parent)
-        if not (count == 1 and index < 0 or count > 1 and 0 <= index < count):
+        count, partitioned = await catalog.layout(parent)
+        if not (count and not partitioned and index < 0 or partitioned and 0 <= index < count):
             raise ApiError(404, f"Topic {name} not found")
         return _json(await tracker_stats(name, request))
 
@@ -69,8 +69,8 @@ def add_routes(app: FastAPI, catalog: TopicCatalog, tracker: httpx.AsyncClient, 
         delayed messages under the topic, not per partition, so the figures are the
         topic's and each partition reports none of its own."""
         name = topic_name(tenant, namespace, topic)
-        count = await catalog.partitions(name)
-        if name.partition_index >= 0 or count < 2:
+        count, partitioned = await catalog.layout(name)
+        if name.partition_index >= 0 or not partitioned:
             raise ApiError(404, f"Partitioned Topic {name} not found")
         stats = {**await tracker_stats(name, request),
                  "metadata": {"partitions": count, "deleted": False}, "partitions": {}}

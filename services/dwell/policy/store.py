@@ -127,21 +127,28 @@ def _policy(raw: bytes | None) -> DelayedDeliveryPolicies | None:
 
 
 class TopicPolicies(pydantic.BaseModel):
-    """A topic's two policies, as Pulsar keeps them: the local one (this cluster) and the
-    global one (`isGlobal`, replicated to every cluster in Pulsar)."""
+    """A topic's record: its two policies, as Pulsar keeps them, the local one (this
+    cluster) and the global one (`isGlobal`, replicated to every cluster in Pulsar); and
+    whether it is a partitioned topic of one partition (`partitioned`), which its ready
+    topic, with one Kafka partition as a non-partitioned topic's, cannot tell."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     local: DelayedDeliveryPolicies | None = None
     global_: DelayedDeliveryPolicies | None = pydantic.Field(None, alias="global")
+    partitioned: bool = False
 
     def level(self, is_global: bool) -> DelayedDeliveryPolicies | None:
         return self.global_ if is_global else self.local
 
     def with_level(self, is_global: bool,
                    policy: DelayedDeliveryPolicies | None) -> TopicPolicies:
-        local, global_ = (self.local, policy) if is_global else (policy, self.global_)
-        return TopicPolicies(local=local, **{"global": global_})
+        return self.model_copy(update={"global_" if is_global else "local": policy})
+
+    @property
+    def empty(self) -> bool:
+        """Nothing left to keep: the record is removed."""
+        return self.local is None and self.global_ is None and not self.partitioned
 
     def merged(self) -> DelayedDeliveryPolicies | None:
         """The topic level as admission resolves it: field by field the local value,
@@ -164,6 +171,8 @@ class TopicPolicies(pydantic.BaseModel):
             fields["local"] = self.local.model_dump(exclude_none=True)
         if self.global_ is not None:
             fields["global"] = self.global_.model_dump(exclude_none=True)
+        if self.partitioned:
+            fields["partitioned"] = True
         return fields
 
 
@@ -424,13 +433,40 @@ class PolicyStore:
     async def set_topic_policy(self, topic: TopicName, policy: DelayedDeliveryPolicies | None,
                                is_global: bool = False) -> list[Change]:
         """Set (or, with None, remove) the topic's local or global policy; the other one
-        stays. The record holds both, so the write is a compare-and-set on its version,
-        retried when another write came between the read and it."""
+        stays."""
+        return await self._update_topic(topic, lambda t: t.with_level(is_global, policy))
+
+    async def mark_partitioned(self, topic: TopicName, partitioned: bool) -> list[Change]:
+        """Record whether the topic is a partitioned topic of one partition (see
+        TopicPolicies); its policies stay."""
+        return await self._update_topic(
+            topic, lambda t: t.model_copy(update={"partitioned": partitioned}))
+
+    async def recorded_topics(self, ns: str) -> list[str]:
+        """The namespace's topics that have a record (a policy, or the mark below)."""
+        return sorted(m.decode() for m in
+                      await self.redis.smembers(keys.namespace_topic_policies(ns)))
+
+    async def partitioned_marks(self, ns: str) -> set[str]:
+        """The namespace's topics recorded as partitioned topics of one partition."""
+        names = await self.recorded_topics(ns)
+        if not names:
+            return set()
+        raws = await self.redis.mget([keys.topic_policy(n) for n in names])
+        return {n for n, raw in zip(names, raws, strict=True)
+                if _topic_record(raw)[1].partitioned}
+
+    async def _update_topic(self, topic: TopicName,
+                            change: Callable[[TopicPolicies], TopicPolicies]) -> list[Change]:
+        """Write the topic's record as `change` makes it from the current one (removed
+        when nothing is left in it). The record holds several things, so the write is a
+        compare-and-set on its version, retried when another write came between the
+        read and it."""
         ns, name, scope = topic.namespace_name, str(topic), topic_scope(topic)
         while True:
             version, current = _topic_record(await self.redis.get(keys.topic_policy(name)))
-            after = current.with_level(is_global, policy)
-            if after.local is None and after.global_ is None:
+            after = change(current)
+            if after.empty:
                 v = await self._write(
                     "remove", [keys.POLICY_VERSION, keys.namespace(ns), keys.topic_policy(name),
                                keys.topic_policy(name), keys.namespace_topic_policies(ns),

@@ -1,8 +1,10 @@
 """Pulsar topics as dwell has them: a topic exists when its Kafka ready topic does
-(dwell.core.topics maps the names). A ready topic with one Kafka partition is a
-non-partitioned Pulsar topic; one with N > 1 is a partitioned topic, whose partition
-`x-partition-i` is the ready topic's Kafka partition i. Kafka is the record: nothing about
-topics is kept anywhere else."""
+(dwell.core.topics maps the names). A ready topic with N > 1 Kafka partitions is a
+partitioned topic, whose partition `x-partition-i` is the ready topic's Kafka partition i.
+One with a single Kafka partition is a non-partitioned topic, unless the topic's record in
+the policy store (and on `dwell.policies`) marks it as a partitioned topic of one
+partition (`pulsar-admin topics create-partitioned-topic -p 1`). Kafka is the record of
+which topics exist and of their partitions; that mark is the only other thing kept."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import asyncio
 from dwell.adapters import kafka
 from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.http import ApiError
+from dwell.policy.store import PolicyStore
 
 
 def _unavailable(exc: Exception) -> ApiError:
@@ -18,9 +21,10 @@ def _unavailable(exc: Exception) -> ApiError:
 
 
 class TopicCatalog:
-    def __init__(self, bootstrap: str, replication: int) -> None:
+    def __init__(self, bootstrap: str, replication: int, store: PolicyStore) -> None:
         self.bootstrap = bootstrap
         self.replication = replication
+        self.store = store
 
     async def _counts(self) -> dict[str, int]:
         try:
@@ -32,29 +36,39 @@ class TopicCatalog:
         """The number of Kafka partitions of the topic's ready topic; 0 when it has none."""
         return (await self._counts()).get(topic.kafka_topic, 0)
 
-    async def in_namespace(self, domain: str, ns: str) -> dict[TopicName, int]:
-        """The namespace's topics of one domain, with their partition counts."""
+    async def layout(self, topic: TopicName) -> tuple[int, bool]:
+        """(partitions, partitioned): the number of Kafka partitions of the topic's ready
+        topic (0 when it has none), and whether it is a partitioned topic."""
+        count = await self.partitions(topic)
+        if count != 1:
+            return count, count > 1
+        return 1, (await self.store.topic_policies(topic))[1].partitioned
+
+    async def in_namespace(self, domain: str, ns: str) -> dict[TopicName, tuple[int, bool]]:
+        """The namespace's topics of one domain, with their `layout`s."""
+        counts = await self._counts()
+        marked = await self.store.partitioned_marks(ns)
         found = {}
-        for name, count in (await self._counts()).items():
+        for name, count in counts.items():
             try:
                 topic = TopicName.from_kafka(name)
             except InvalidTopicName:
                 continue  # dwell's own topics, and names that map to no Pulsar topic
             if topic.domain == domain and topic.namespace_name == ns:
-                found[topic] = count
+                found[topic] = (count, count > 1 or str(topic) in marked)
         return found
 
     async def listing(self, domain: str, ns: str) -> list[str]:
         """Pulsar's topic list: non-partitioned topics and the partitions of the others."""
         names = []
-        for topic, count in (await self.in_namespace(domain, ns)).items():
-            names += [str(topic)] if count == 1 else [str(topic.partition(i))
-                                                      for i in range(count)]
+        for topic, (count, partitioned) in (await self.in_namespace(domain, ns)).items():
+            names += ([str(topic.partition(i)) for i in range(count)] if partitioned
+                      else [str(topic)])
         return sorted(names)
 
     async def partitioned(self, domain: str, ns: str) -> list[str]:
-        return sorted(str(topic) for topic, count in
-                      (await self.in_namespace(domain, ns)).items() if count > 1)
+        return sorted(str(topic) for topic, (_, partitioned) in
+                      (await self.in_namespace(domain, ns)).items() if partitioned)
 
     async def create(self, topic: TopicName, partitions: int) -> bool:
         """Create the ready topic; False when it exists already."""

@@ -56,3 +56,19 @@ def test_version_is_the_highest_applied_and_malformed_records_are_skipped() -> N
     assert c.effective(TOPIC).tick_time_ms == 1000
     c.apply("namespace:acme/orders", rec(1, "namespace:acme/orders"), {})
     assert c.version == 2
+
+
+def test_a_topic_record_marks_a_partitioned_topic_of_one_partition() -> None:
+    c = filled()
+    scope = f"topic:{TOPIC}"
+    c.apply(scope, rec(3, scope, policy=None, partitioned=True), {})
+    assert str(TOPIC) in c.partitioned_one
+    assert c.effective(TOPIC) == EffectivePolicy(True, 1000, 9000, 0)  # no policy of its own
+    c.apply(scope, rec(4, scope, policy={"tickTime": 5}, local={"tickTime": 5},
+                       partitioned=True), {})
+    assert str(TOPIC) in c.partitioned_one and c.effective(TOPIC).tick_time_ms == 5
+    c.apply(scope, rec(5, scope, policy={"tickTime": 5}, local={"tickTime": 5}), {})
+    assert str(TOPIC) not in c.partitioned_one
+    c.apply(scope, rec(6, scope, policy=None, partitioned=True), {})
+    c.apply(scope, None, {"dwell-version": b"7"})
+    assert str(TOPIC) not in c.partitioned_one

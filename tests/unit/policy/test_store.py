@@ -7,10 +7,13 @@ import pydantic
 import pytest
 
 from dwell import keys
+from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import TopicName
 from dwell.policy.store import (
     TenantInfo,
+    TopicPolicies,
     _tail,
+    _topic_record,
     namespace_policy_scope,
     namespace_scope,
     scope_key,
@@ -48,3 +51,19 @@ def test_tenant_info_is_strict() -> None:
     for bad in ('{"adminRoles": "a"}', '{"other": []}', '{"allowedClusters": [1]}'):
         with pytest.raises(pydantic.ValidationError):
             TenantInfo.model_validate_json(bad)
+
+
+def test_a_topic_record_keeps_its_levels_and_its_partitioned_mark_apart() -> None:
+    local = DelayedDeliveryPolicies(tickTime=5)
+    marked = TopicPolicies(partitioned=True)
+    assert not marked.empty and TopicPolicies().empty
+    both = marked.with_level(False, local)
+    assert both.partitioned and both.local == local
+    fields = both.record_fields()
+    assert fields["partitioned"] is True and fields["local"] == {"tickTime": 5}
+    record = orjson.dumps({"version": 3, "scope": "topic:persistent://t/ns/x", **fields})
+    assert _topic_record(record) == (3, both)
+    # Removing the last policy keeps the record while the mark is there.
+    assert not both.with_level(False, None).empty
+    assert both.model_copy(update={"partitioned": False}).with_level(False, None).empty
+    assert "partitioned" not in TopicPolicies(local=local).record_fields()
