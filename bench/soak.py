@@ -127,8 +127,9 @@ def main() -> int:
         for name in sorted(set(rss_start) | set(rss_end)):
             a, w, b = (x.get(name, 0) / 1024 for x in (rss_start, rss_warm, rss_end))
             again = " (killed and restarted)" if _process(name) in restarted else ""
-            print(f"  {name:<17} {a:7.0f}  {w:7.0f}  {b:7.0f}   {b / a if a else 0:9.2f} "
-                  + (f"{b / w:9.2f}" if w else "        -") + again)
+            warm = (f"{w:7.0f}", f"{b / w:9.2f}") if w else (f"{'-':>7}", f"{'-':>9}")
+            print(f"  {name:<17} {a:7.0f}  {warm[0]}  {b:7.0f}   {b / a if a else 0:9.2f} "
+                  f"{warm[1]}{again}")
         print(f"warm: after {WARM_S:.0f} s of load in the process's last life (-: restarted "
               f"less than {WARM_S:.0f} s before the load ended); a JVM's RSS is its heap's "
               "high-water mark (at most -Xmx), not what it uses")

@@ -4,7 +4,9 @@ processes against them. Nothing here mocks a server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,6 +123,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def private_stack(name: str) -> Iterator[devstack.Stack]:
+    """A stack of a test's own, for a test that stops its servers: free ports, state in
+    `.dwell/<name>-<random>`; what it runs is stopped and its state removed at the end,
+    whatever happens."""
+    profile = f"{name}-{uuid.uuid4().hex[:8]}"
+    devstack.PROFILES[profile] = {n: free_port() for n in (
+        "redis", "kafka", "kafka_controller", "policy", "admission", "tracker")}
+    stack = devstack.Stack(profile)
+    assert stack.state.name == profile  # the one directory removed at the end
+    try:
+        yield stack
+    finally:
+        try:
+            stack.down(["redis", "kafka"])
+        finally:
+            del devstack.PROFILES[profile]
+            shutil.rmtree(stack.state, ignore_errors=True)
 
 
 @dataclass

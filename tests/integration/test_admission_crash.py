@@ -8,7 +8,6 @@ The second test stops a Kafka, so it runs its own private one (a runtime profile
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from collections import Counter
@@ -21,7 +20,7 @@ import orjson
 import pytest
 
 import devstack
-from conftest import free_port
+from conftest import private_stack
 from dwell.adapters import kafka
 from dwell.core import topics as names
 
@@ -199,22 +198,10 @@ def test_kill_9_mid_ingress_gives_one_result_and_one_record_per_message(
 def private_kafka() -> Iterator[devstack.Stack]:
     """A Kafka of this test's own (free ports, state in `.dwell/<its profile>`), stopped
     and its state removed at the end whatever happens."""
-    profile = f"admission-503-{uuid.uuid4().hex[:8]}"
-    devstack.PROFILES[profile] = {"redis": free_port(), "kafka": free_port(),
-                                  "kafka_controller": free_port(), "policy": free_port(),
-                                  "admission": free_port(), "tracker": free_port()}
-    stack = devstack.Stack(profile)
-    assert stack.state.name == profile  # the one directory the finalizer removes
-    try:
+    with private_stack("admission-503") as stack:
         stack.start("kafka")
         kafka.ensure_dwell_topics(stack.kafka_bootstrap)
         yield stack
-    finally:
-        try:
-            stack.stop("kafka")
-        finally:
-            del devstack.PROFILES[profile]
-            shutil.rmtree(stack.state, ignore_errors=True)
 
 
 def test_kafka_down_is_503_with_retry_after_and_nothing_accepted(

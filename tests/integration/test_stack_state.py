@@ -5,40 +5,27 @@ in a fault scenario needs. Against a real Redis of this test's own."""
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from collections.abc import Iterator
 
 import pytest
 import redis
 
 import devstack
-from conftest import free_port
+from conftest import private_stack
 
 
 @pytest.fixture()
-def private_stack() -> Iterator[devstack.Stack]:
-    profile = f"state-{uuid.uuid4().hex[:8]}"
-    devstack.PROFILES[profile] = {"redis": free_port(), "kafka": free_port(),
-                                  "kafka_controller": free_port()}
-    stack = devstack.Stack(profile)
-    assert stack.state.name == profile  # the one directory the finalizer removes
-    try:
-        yield stack
-    finally:
-        try:
-            stack.stop("redis")
-        finally:
-            del devstack.PROFILES[profile]
-            shutil.rmtree(stack.state, ignore_errors=True)
+def own() -> Iterator[devstack.Stack]:
+    with private_stack("state") as s:
+        yield s
 
 
-def _client(stack: devstack.Stack) -> redis.Redis:
-    return redis.Redis.from_url(stack.redis_url)
+def _client(s: devstack.Stack) -> redis.Redis:
+    return redis.Redis.from_url(s.redis_url)
 
 
-def test_start_keeps_data_start_empty_discards_it(private_stack: devstack.Stack) -> None:
-    s = private_stack
+def test_start_keeps_data_start_empty_discards_it(own: devstack.Stack) -> None:
+    s = own
     assert s.start_empty("redis") is not None
     _client(s).set("left-by-an-earlier-run", "1")
     s.stop("redis")  # a clean shutdown writes the append-only file out
@@ -56,8 +43,8 @@ def test_start_keeps_data_start_empty_discards_it(private_stack: devstack.Stack)
     assert data is not None and data.is_dir()
 
 
-def test_discard_refuses_a_running_server(private_stack: devstack.Stack) -> None:
-    s = private_stack
+def test_discard_refuses_a_running_server(own: devstack.Stack) -> None:
+    s = own
     s.start("redis")
     with pytest.raises(RuntimeError, match="redis runs"):
         s.discard("redis")
