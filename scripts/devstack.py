@@ -272,7 +272,7 @@ class Stack:
             shutil.rmtree(data, ignore_errors=True)
 
     def start_empty(self, name: str) -> float | None:
-        """:meth:`start`, with no data left from an earlier run, unless ``name`` already runs
+        """:meth:`start`, with no data left from a previous run, unless ``name`` already runs
         (then it is used as it is)."""
         if self.pid(name):
             return None

@@ -1,7 +1,7 @@
-"""The disposable stacks of tests and benchmarks keep no data from one run to the next:
-`Stack.start_empty` starts a server without what an earlier run left (their Kafka once
-kept tens of gigabytes of benchmark records), while `Stack.start` keeps it, as a restart
-in a fault scenario needs. Against a real Redis of this test's own."""
+"""The disposable stacks of tests and benchmarks keep no data from one run to the next
+(a benchmark writes gigabytes to Kafka): `Stack.start_empty` starts a server without what
+a previous run left, while `Stack.start` keeps it, as a restart in a fault scenario needs.
+Against a real Redis of this test's own."""
 
 from __future__ import annotations
 
