@@ -117,3 +117,22 @@ def test_store_rolled_back_is_caught_up(policy, unique: str) -> None:
             "tickTime": 250}
         metrics = http.get("/metrics").text
         assert 'dwell_policy_store_rebuilds_total{reason="stale"}' in metrics
+
+
+def test_a_partitioned_topic_of_one_partition_stays_one_after_a_flush(policy, unique: str
+                                                                      ) -> None:
+    """The mark that makes a one-partition ready topic a partitioned topic lives in the
+    topic's record: rebuilt from `dwell.policies` with the rest."""
+    svc, r = policy
+    base = f"/admin/v2/persistent/{unique}/a"
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        assert http.put(f"/admin/v2/tenants/{unique}", json={}).status_code == 204
+        assert http.put(f"/admin/v2/namespaces/{unique}/a").status_code == 204
+        assert http.put(f"{base}/one/partitions", json=1).status_code == 204
+        paths = [f"{base}/one/partitions", f"{base}/partitioned", base]
+        before = _answers(http, paths)
+        assert before == [(200, {"partitions": 1}), (200, [f"persistent://{unique}/a/one"]),
+                          (200, [f"persistent://{unique}/a/one-partition-0"])]
+        r.flushdb()
+        assert _answers(http, paths) == before
+        assert http.delete(f"{base}/one/partitions").status_code == 204

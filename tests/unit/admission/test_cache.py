@@ -72,3 +72,11 @@ def test_a_topic_record_marks_a_partitioned_topic_of_one_partition() -> None:
     c.apply(scope, rec(6, scope, policy=None, partitioned=True), {})
     c.apply(scope, None, {"dwell-version": b"7"})
     assert str(TOPIC) not in c.partitioned_one
+
+
+def test_only_a_true_partitioned_field_is_a_mark() -> None:
+    c = filled()
+    scope = f"topic:{TOPIC}"
+    for value in ("yes", 1, None, [True]):
+        c.apply(scope, rec(3, scope, policy=None, partitioned=value), {})
+        assert str(TOPIC) not in c.partitioned_one, value
