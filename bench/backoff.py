@@ -16,7 +16,7 @@ Prints events/s of each phase and its ratio to the baseline, and the backoff's o
 per-batch timings from the app's log ("events and state", then writing: the index check and
 applying the decisions).
 
-    .venv/bin/python bench/backoff.py [--events 20000] [--state-partitions 1]
+    .venv/bin/python bench/backoff.py [--events 20000] [--state-partitions 1] [--state-shards 64]
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=20000, help="messages (events per phase)")
     ap.add_argument("--state-partitions", type=int, default=1,
                     help="the app's state_partitions (shuffle partitions of the state)")
+    ap.add_argument("--state-shards", type=int, default=64,
+                    help="the app's backoff_state_shards (shards of a subscription's state)")
     ap.add_argument("--timeout-s", type=float, default=600)
     args = ap.parse_args()
     st = devstack.Stack("test")
@@ -78,10 +80,11 @@ def main() -> None:
     try:
         log = procs.start("spark", ["-m", "dwell_spark"], spark_env(
             st, redis_url, tmp / "checkpoints") | {
-            "DWELL_STATE_PARTITIONS": str(args.state_partitions)}, cwd=ROOT / "spark")
+            "DWELL_STATE_PARTITIONS": str(args.state_partitions),
+            "DWELL_BACKOFF_STATE_SHARDS": str(args.state_shards)}, cwd=ROOT / "spark")
         wait_line(procs, log, "backoff ready", 600)
         print(f"Spark app ready ({load_avg()}); {args.events:,} messages, state_partitions "
-              f"{args.state_partitions}", flush=True)
+              f"{args.state_partitions}, state shards {args.state_shards}", flush=True)
         topic = f"persistent://bench{uuid.uuid4().hex[:8]}/ns/backoff"
         counts = keys.sub_counts(topic, "s")
         ids = [f"{names.DELAYED}:0:{i}" for i in range(args.events)]

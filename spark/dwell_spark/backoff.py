@@ -1,6 +1,7 @@
 """The backoff job: reads consumers' events on dwell.acks (Spark's Kafka source) and keeps
-one state per (topic, subscription, messageId). The redelivery index does the timing, not
-Spark: when the job reads a `delivered` event with an ack timeout, or a `nack`, it writes
+a state per shard of each (topic, subscription) (dwell_spark.state), with every pending
+redelivery of the shard's messages. The redelivery index does the timing, not Spark: when
+the job reads a `delivered` event with an ack timeout, or a `nack`, it writes
 the future redelivery into the subscription's redelivery index at its absolute due time,
 computed by dwell.core.backoff from the event's own timestamps (PIP-130 / PIP-106); the
 drain claims it once its bucket has passed (never early). An `ack` (or a later event that
@@ -40,7 +41,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 import redis as redislib
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -66,6 +67,7 @@ from . import invalid, metrics, recovery
 from .drain import TopicCache, write_ranges
 from .records import Range
 from .settings import SparkSettings
+from .state import CHECKPOINT, STATE_SCHEMA, StateEntry, decode_pending, encode_pending
 
 log = logging.getLogger("dwell.spark.backoff")
 # Backoff objects stay JSON text (Spark keeps a nested object's raw text for a string field).
@@ -78,16 +80,6 @@ EVENT_SCHEMA = StructType([
     StructField("ts", LongType()),
     *(StructField(name, LongType() if name in subs.INTEGER_FIELDS else StringType())
       for name in subs.FIELDS),
-])
-# The pending redelivery (or dead letter) of one message: due at ``dueAt`` in the index
-# bucket ``bucket`` (field and offset follow from the messageId), as redelivery
-# ``redeliveryCount``, stored as the redelivery index stores it (-(count + 1): a dead
-# letter), so that the state alone can put the entry back into a lost index
-# (dwell_spark.recovery). The state's timer only drops it once an ack can no longer matter.
-STATE_SCHEMA = StructType([
-    StructField("dueAt", LongType()),
-    StructField("bucket", LongType()),
-    StructField("redeliveryCount", LongType()),
 ])
 OUTPUT_SCHEMA = StructType([
     StructField("topic", StringType()),
@@ -184,81 +176,91 @@ def decisions_frame(out: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=OUTPUT_COLUMNS, copy=False)
 
 
-def step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
+def pending_of(state: GroupState) -> dict[str, StateEntry]:
+    """A shard's state as messageId -> its pending entry."""
+    return decode_pending(state.get[0]) if state.exists else {}
+
+
+def step(key: tuple[str, str, int], batches: Iterator[pd.DataFrame],
          state: GroupState, lookup: Lookup | None = None,
          tick_ms: int = DEFAULT_TICK_MS,
          grace_ms: int = DEFAULT_STATE_GRACE_MS) -> Iterator[pd.DataFrame]:
-    """applyInPandasWithState function for one (topic, subscription, messageId): the
+    """applyInPandasWithState function for one shard of a (topic, subscription): the
     index writes (``schedule`` / ``cancel``), dead letters and acks its events call for,
-    in event order. ``lookup(topic, sub)`` supplies the settings of events that carry
-    none; ``tick_ms`` is the redelivery index's bucket width; ``grace_ms`` how long a
-    scheduled redelivery's state outlives its due time (backoff_state_grace_ms)."""
-    topic, sub, mid = key
+    each message's in event order. ``lookup(topic, sub)`` supplies the settings of events
+    that carry none; ``tick_ms`` is the redelivery index's bucket width; ``grace_ms`` how
+    long a scheduled redelivery's entry outlives its due time (backoff_state_grace_ms).
+    Spark calls Python once per group and batch, so a shard holds many messages: its
+    cost is per batch, not per message."""
+    topic, sub, _ = key
     out: list[tuple] = []
+    pending = pending_of(state)
+    events = [] if state.hasTimedOut else group_events(batches)
+    if lookup is not None and any(_opt_int(ev[subs.ACK_TIMEOUT_MS]) is None
+                                  for ev in events):
+        events = fill_settings(events, lookup(topic, sub))
+    for ev in events:
+        decide(topic, sub, ev, pending, out, tick_ms)
+    # An entry is kept for acks that may still cancel it, then dropped (at the shard's
+    # first micro-batch after that: batches run only when events come).
+    now = int(time.time() * 1000)
+    live = {mid: p for mid, p in pending.items() if p[0] + grace_ms > now}
+    if live:
+        state.update((encode_pending(live),))
+        state.setTimeoutDuration(max(1, min(p[0] for p in live.values()) + grace_ms - now))
+    elif state.exists:
+        state.remove()
+    yield decisions_frame(out)
+
+
+def decide(topic: str, sub: str, ev: Event, pending: dict[str, StateEntry], out: list[tuple],
+           tick_ms: int) -> None:
+    """One event's decisions, appended to ``out``; ``pending`` (messageId -> entry) is
+    updated in place."""
+    mid = ev["messageId"]
+    cur = pending.get(mid)
 
     def emit(action: str, at: int, bucket: int | None, count: int) -> None:
         out.append((topic, sub, mid, action, at, bucket, count))
 
-    if state.hasTimedOut:
-        state.remove()
-    else:
-        cur = tuple(state.get) if state.exists else None
-        events = group_events(batches)
-        if lookup is not None and any(_opt_int(ev[subs.ACK_TIMEOUT_MS]) is None
-                                      for ev in events):
-            events = fill_settings(events, lookup(topic, sub))
-
-        def cancel() -> None:
-            # Whatever is pending is superseded (a newer delivery, a nack, an ack).
-            if cur is not None:
-                emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
-
-        def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> tuple | None:
-            bucket = bucket_start(at, tick_ms)
-            if max_r is not None and count >= max_r:
-                if dead_now:
-                    emit(DLQ, at, None, count)
-                    return None
-                emit(DEAD, at, bucket, count)
-                return (at, bucket, -count - 1)
-            emit(SCHEDULE, at, bucket, count + 1)
-            return (at, bucket, count + 1)
-
-        for ev in events:
-            # Plain Kafka consumers may leave out the count of a first delivery.
-            count = _opt_int(ev["redeliveryCount"]) or 0
-            kind = ev["event"]
-            if kind == "delivered":
-                ack_timeout = _opt_int(ev[subs.ACK_TIMEOUT_MS]) or 0
-                # Without an ack timeout a delivery schedules nothing and leaves what is
-                # pending alone (a repeat of a nacked copy must not cancel its nack);
-                # with one, the new delivery restarts the clock.
-                if ack_timeout > 0:
-                    cancel()
-                    at = ack_timeout_redelivery_at(int(ev["ts"]), ack_timeout,
-                                                   _backoff(ev[subs.ACK_TIMEOUT_BACKOFF]),
-                                                   count)
-                    cur = schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]),
-                                   dead_now=False)
-            elif kind == "ack":
-                cancel()
-                cur = None
-                emit(ACK, int(ev["ts"]), None, count)
-            elif kind == "nack":
-                cancel()
-                at = nack_redelivery_at(int(ev["ts"]), _backoff(ev[subs.NACK_BACKOFF]),
-                                        count)
-                cur = schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]),
-                               dead_now=True)
+    def cancel() -> None:
+        # Whatever is pending is superseded (a newer delivery, a nack, an ack).
         if cur is not None:
-            state.update(cur)
-            # Kept for acks that may still cancel the entry, then dropped (at the first
-            # micro-batch after that: batches run only when events come).
-            until = int(cur[0]) + grace_ms
-            state.setTimeoutDuration(max(1, until - int(time.time() * 1000)))
-        elif state.exists:
-            state.remove()
-    yield decisions_frame(out)
+            emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
+            del pending[mid]
+
+    def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> None:
+        bucket = bucket_start(at, tick_ms)
+        if max_r is not None and count >= max_r:
+            if dead_now:
+                emit(DLQ, at, None, count)
+                return
+            emit(DEAD, at, bucket, count)
+            pending[mid] = (at, bucket, -count - 1)
+            return
+        emit(SCHEDULE, at, bucket, count + 1)
+        pending[mid] = (at, bucket, count + 1)
+
+    # Plain Kafka consumers may leave out the count of a first delivery.
+    count = _opt_int(ev["redeliveryCount"]) or 0
+    kind = ev["event"]
+    if kind == "delivered":
+        ack_timeout = _opt_int(ev[subs.ACK_TIMEOUT_MS]) or 0
+        # Without an ack timeout a delivery schedules nothing and leaves what is pending
+        # alone (a repeat of a nacked copy must not cancel its nack); with one, the new
+        # delivery restarts the clock.
+        if ack_timeout > 0:
+            cancel()
+            at = ack_timeout_redelivery_at(int(ev["ts"]), ack_timeout,
+                                           _backoff(ev[subs.ACK_TIMEOUT_BACKOFF]), count)
+            schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]), dead_now=False)
+    elif kind == "ack":
+        cancel()
+        emit(ACK, int(ev["ts"]), None, count)
+    elif kind == "nack":
+        cancel()
+        at = nack_redelivery_at(int(ev["ts"]), _backoff(ev[subs.NACK_BACKOFF]), count)
+        schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]), dead_now=True)
 
 
 # An index entry: (sourceKafkaTopic, partition, offset, bucket).
@@ -341,14 +343,21 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
     raw = (invalid.checked_acks(spark, settings, SYSTEM_TOPICS)
            .where(F.col("bad.kind").isNull()))
     # A delivery without an ack timeout schedules nothing and changes no state (step):
-    # it is dropped before the state function, whose cost is per message. (The SDK sends
-    # none; a plain Kafka consumer that leaves ackTimeoutMs out gets the registered one.)
+    # it is dropped before the state function, which would read and write its shard. (The
+    # SDK sends none; a plain Kafka consumer that leaves ackTimeoutMs out gets the
+    # registered one.)
     no_clock = (F.col("event") == F.lit("delivered")) & (F.col(subs.ACK_TIMEOUT_MS) == 0)
     return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
             .select("e.*")
             .where(F.col("topic").isNotNull() & F.col("subscription").isNotNull()
                    & F.col("messageId").isNotNull() & F.col("ts").isNotNull()
                    & ~F.coalesce(no_clock, F.lit(False))))
+
+
+def shard_of(message_id: Column, shards: int) -> Column:
+    """The state shard of a messageId: a stable hash, so each message's events meet in one
+    shard (the count is fixed once a checkpoint exists)."""
+    return F.pmod(F.xxhash64(message_id), F.lit(shards))
 
 
 # The app's own event on dwell.acks at start (an ack of nothing): the query says "backoff
@@ -424,7 +433,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
                             compression_type=settings.kafka_compression_type)
     keeper = recovery.IndexKeeper(spark, settings, redis, lambda: send_warm_up(nudger))
 
-    def _step(key: tuple[str, str, str], batches: Iterator[pd.DataFrame],
+    def _step(key: tuple[str, str, int], batches: Iterator[pd.DataFrame],
               state: GroupState) -> Iterator[pd.DataFrame]:
         return step(key, batches, state, lookup, tick, grace)
 
@@ -463,14 +472,15 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
             _apply(df, batch_id)
 
     decisions = (events(spark, settings)
-                 .groupBy("topic", "subscription", "messageId")
+                 .withColumn("shard", shard_of(F.col("messageId"), settings.backoff_state_shards))
+                 .groupBy("topic", "subscription", "shard")
                  .applyInPandasWithState(_step, OUTPUT_SCHEMA, STATE_SCHEMA, "Update",
                                          GroupStateTimeout.ProcessingTimeTimeout))
     query = (decisions.writeStream.queryName("dwell-backoff")
              .outputMode("update")
              .foreachBatch(_batch)
              .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
-             .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/backoff")
+             .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/{CHECKPOINT}")
              .start())
     threading.Thread(target=warm_up, args=(settings.kafka_bootstrap, warmed,
                                            settings.kafka_compression_type),

@@ -41,6 +41,7 @@ from dwell.index.redelivery import SubscriptionIndex
 
 from . import metrics
 from .settings import SparkSettings
+from .state import CHECKPOINT, decode_pending
 
 log = logging.getLogger("dwell.spark.recovery")
 # How often the nudge that makes an idle query run a micro-batch is sent again while Redis
@@ -72,14 +73,14 @@ class Pending:
 
 def read_state(spark: SparkSession, checkpoint: str, batch_id: int) -> list[Pending]:
     """Every pending entry of the backoff state after micro-batch ``batch_id``."""
+    # One row per shard, its messages in one JSON text (dwell_spark.backoff.STATE_SCHEMA).
     df = (spark.read.format("statestore").option("batchId", batch_id).load(checkpoint)
           .selectExpr("key.topic AS topic", "key.subscription AS subscription",
-                      "key.messageId AS messageId", "value.groupState.dueAt AS dueAt",
-                      "value.groupState.bucket AS bucket",
-                      "value.groupState.redeliveryCount AS stored")
-          .where("dueAt IS NOT NULL"))
-    return [Pending(r.topic, r.subscription, r.messageId, int(r.dueAt), int(r.bucket),
-                    int(r.stored)) for r in df.toLocalIterator()]
+                      "value.groupState.pending AS pending")
+          .where("pending IS NOT NULL"))
+    return [Pending(r.topic, r.subscription, mid, int(due), int(bucket), int(stored))
+            for r in df.toLocalIterator()
+            for mid, (due, bucket, stored) in decode_pending(r.pending).items()]
 
 
 def delivered_copies(bootstrap: str, due: list[Pending]) -> set[tuple[str, str, int]]:
@@ -138,7 +139,7 @@ class IndexKeeper:
         self.spark = spark
         self.settings = settings
         self.redis = redis
-        self.checkpoint = f"{settings.spark_checkpoint_dir}/backoff"
+        self.checkpoint = f"{settings.spark_checkpoint_dir}/{CHECKPOINT}"
         # The last batch whose decisions this process wrote: a marker below it is a rollback.
         self.applied = -1
         # Makes the backoff query run a micro-batch (it sends the warm-up event).

@@ -77,10 +77,15 @@ class SparkSettings(CommonSettings):
     redis_check_interval_ms: int = Field(1000, ge=50)
     # Shuffle partitions of the backoff state (fixed once a checkpoint exists). Each is
     # one state task per micro-batch, ~200 ms on local[2] even when idle: one is enough
-    # until the events outgrow a core, ~300 events/s (bench/backoff.py; 4 on 2 cores:
-    # ~500/s). Set it to the executors' cores before the first start if subscriptions
-    # with an ack timeout take more than that.
+    # until the events outgrow a core. Set it to the executors' cores before the first
+    # start to spread the state over them.
     state_partitions: int = Field(1, ge=1)
+    # Shards of each subscription's backoff state (fixed once a checkpoint exists): a
+    # message's events meet in the shard its messageId hashes to. Spark calls Python once
+    # per shard with events in a micro-batch, and a shard's state is written whole each
+    # time, so more shards cost more per batch under load and fewer make each write
+    # bigger (bench/backoff.py).
+    backoff_state_shards: int = Field(64, ge=1, le=65536)
 
     # Partitions of retry / DLQ topics the job creates on first use.
     topic_partitions: int = Field(4, ge=1)

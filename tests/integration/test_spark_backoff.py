@@ -27,12 +27,13 @@ from dwell_spark.backoff import (
     DEAD,
     EVENT_SCHEMA,
     SCHEDULE,
-    STATE_SCHEMA,
     RegistryLookup,
     Scheduler,
+    pending_of,
     step,
 )
 from dwell_spark.settings import SparkSettings
+from dwell_spark.state import STATE_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,11 +62,12 @@ def test_registry_lookup_reads_and_caches(redis_url: str, unique: str) -> None:
           "messageId": "dwell.delayed:0:1", "ts": now}
     [row] = run_step(topic, ev, state, lookup)
     assert (row.action, row.at, row.redeliveryCount) == (SCHEDULE, now + 3000, 1)
-    assert state.get == (now + 3000, row.bucket, 1)
+    assert pending_of(state) == {ev["messageId"]: (now + 3000, row.bucket, 1)}
     assert row.bucket == (now + 3000) - (now + 3000) % TICK_MS
 
 
 def new_state(now: int, value: tuple | None = None) -> GroupState:
+    """A backoff shard's state (``value``: a STATE_SCHEMA row)."""
     return GroupState(value, now, -1, GroupStateTimeout.ProcessingTimeTimeout, False, False,
                       value is not None, False, False, -1, b"", STATE_SCHEMA)
 
@@ -73,7 +75,7 @@ def new_state(now: int, value: tuple | None = None) -> GroupState:
 def run_step(topic: str, ev: dict, state: GroupState, lookup=None) -> list:
     cols = [f.name for f in EVENT_SCHEMA.fields]
     frame = pd.DataFrame([{c: ev.get(c) for c in cols}], columns=cols)
-    out = pd.concat(list(step((topic, ev["subscription"], ev["messageId"]), iter([frame]),
+    out = pd.concat(list(step((topic, ev["subscription"], 0), iter([frame]),
                               state, lookup, TICK_MS)))
     return list(out.itertuples(index=False))
 

@@ -7,6 +7,7 @@ or retries on one, since a retry would read the same bytes again."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -137,6 +138,26 @@ def _text(doc: Mapping[str, Any], name: str) -> str:
     return v
 
 
+# A consumer's events repeat a few topics and subscriptions: each is checked once per
+# process (parsing a topic name is the largest part of the check).
+@functools.lru_cache(maxsize=4096)
+def _topic_problem(topic: str) -> str | None:
+    try:
+        TopicName.parse(topic)
+    except InvalidTopicName as exc:
+        return str(exc)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _subscription_problem(sub: str) -> str | None:
+    try:
+        validate_subscription(sub)
+    except InvalidTopicName as exc:
+        return str(exc)
+    return None
+
+
 def check_ack_event(value: bytes | None, max_bytes: int,
                     system_topics: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The dwell.acks event in ``value``, checked as its readers use it: `event` one of
@@ -150,15 +171,10 @@ def check_ack_event(value: bytes | None, max_bytes: int,
     if event not in EVENTS:
         raise Malformed(EVENT_KIND, f"event: {event[:100]!r} is not one of {', '.join(EVENTS)}")
     topic = _text(doc, "topic")
-    if topic not in system_topics:
-        try:
-            TopicName.parse(topic)
-        except InvalidTopicName as exc:
-            raise Malformed(FIELD, f"topic: {exc}") from None
-    try:
-        validate_subscription(_text(doc, "subscription"))
-    except InvalidTopicName as exc:
-        raise Malformed(FIELD, f"subscription: {exc}") from None
+    if topic not in system_topics and (problem := _topic_problem(topic)):
+        raise Malformed(FIELD, f"topic: {problem}")
+    if problem := _subscription_problem(_text(doc, "subscription")):
+        raise Malformed(FIELD, f"subscription: {problem}")
     try:
         parse_message_id(_text(doc, "messageId"))
     except ValueError as exc:
