@@ -41,6 +41,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 import redis as redislib
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
@@ -67,7 +68,14 @@ from . import invalid, metrics, recovery
 from .drain import TopicCache, write_ranges
 from .records import Range
 from .settings import SparkSettings
-from .state import CHECKPOINT, STATE_SCHEMA, StateEntry, decode_pending, encode_pending
+from .state import (
+    CHECKPOINT,
+    SHARDS_FILE,
+    STATE_SCHEMA,
+    StateEntry,
+    decode_pending,
+    encode_pending,
+)
 
 log = logging.getLogger("dwell.spark.backoff")
 # Backoff objects stay JSON text (Spark keeps a nested object's raw text for a string field).
@@ -422,7 +430,30 @@ def write_retrying(write: Callable[[], None], timeout_s: float, batch_id: int,
         tries += 1
 
 
+def fixed_shards(spark: SparkSession, checkpoint: str, wanted: int) -> int:
+    """The shard count the backoff's checkpoint was made with, recorded in it (SHARDS_FILE)
+    before its first batch; ``wanted`` (backoff_state_shards) on a new checkpoint. With
+    another count, a message's later events would meet in another shard than its pending
+    entry, and an ack would no longer cancel it: so the checkpoint's count wins, as Spark
+    keeps a checkpoint's shuffle partitions."""
+    path = f"{checkpoint}/{SHARDS_FILE}"
+    try:
+        made = [int(row.value) for row in spark.read.text(path).collect()]
+    except AnalysisException:  # no record yet: a new checkpoint
+        made = []
+    if made:
+        if made[0] != wanted:
+            log.warning("backoff: %d state shards, the checkpoint's (%s); backoff_state_shards "
+                        "(%d) applies only to a new checkpoint", made[0], checkpoint, wanted)
+        return made[0]
+    (spark.createDataFrame([(str(wanted),)], "value string").coalesce(1)
+     .write.mode("overwrite").text(path))
+    return wanted
+
+
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
+    checkpoint = f"{settings.spark_checkpoint_dir}/{CHECKPOINT}"
+    shards = fixed_shards(spark, checkpoint, settings.backoff_state_shards)
     scheduler = Scheduler(spark, settings, redis)
     warmed = threading.Event()
     metrics.expect_query("backoff")
@@ -472,7 +503,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
             _apply(df, batch_id)
 
     decisions = (events(spark, settings)
-                 .withColumn("shard", shard_of(F.col("messageId"), settings.backoff_state_shards))
+                 .withColumn("shard", shard_of(F.col("messageId"), shards))
                  .groupBy("topic", "subscription", "shard")
                  .applyInPandasWithState(_step, OUTPUT_SCHEMA, STATE_SCHEMA, "Update",
                                          GroupStateTimeout.ProcessingTimeTimeout))
@@ -480,7 +511,7 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
              .outputMode("update")
              .foreachBatch(_batch)
              .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
-             .option("checkpointLocation", f"{settings.spark_checkpoint_dir}/{CHECKPOINT}")
+             .option("checkpointLocation", checkpoint)
              .start())
     threading.Thread(target=warm_up, args=(settings.kafka_bootstrap, warmed,
                                            settings.kafka_compression_type),

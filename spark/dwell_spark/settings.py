@@ -80,8 +80,9 @@ class SparkSettings(CommonSettings):
     # until the events outgrow a core. Set it to the executors' cores before the first
     # start to spread the state over them.
     state_partitions: int = Field(1, ge=1)
-    # Shards of each subscription's backoff state (fixed once a checkpoint exists): a
-    # message's events meet in the shard its messageId hashes to. Spark calls Python once
+    # Shards of each subscription's backoff state: a message's events meet in the shard its
+    # messageId hashes to. Fixed once a checkpoint exists: an app started on one keeps the
+    # count it records (and logs a warning when this differs). Spark calls Python once
     # per shard with events in a micro-batch, and a shard's state is written whole each
     # time, so more shards cost more per batch under load and fewer make each write
     # bigger (bench/backoff.py).

@@ -13,6 +13,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 # Where the backoff query checkpoints, under spark_checkpoint_dir. (Its state was once one
 # per message, under "backoff"; that layout cannot be read as this one.)
 CHECKPOINT: Final = "backoff-shards"
+# In that checkpoint: the shard count it was made with (dwell_spark.backoff.fixed_shards).
+SHARDS_FILE: Final = "dwell-state-shards"
 # Per message: due at ``dueAt`` in the index bucket ``bucket`` (field and offset follow
 # from the messageId), as redelivery ``redeliveryCount``, stored as the redelivery index
 # stores it (-(count + 1): a dead letter), so that the state alone can put the entry back
