@@ -198,8 +198,8 @@ def step(key: tuple[str, str, int], batches: Iterator[pd.DataFrame],
     each message's in event order. ``lookup(topic, sub)`` supplies the settings of events
     that carry none; ``tick_ms`` is the redelivery index's bucket width; ``grace_ms`` how
     long a scheduled redelivery's entry outlives its due time (backoff_state_grace_ms).
-    Spark calls Python once per group and batch, so a shard holds many messages: its
-    cost is per batch, not per message."""
+    Spark calls Python once per group and batch: a shard holds many messages, so that
+    call is made once per shard with events, not once per message."""
     topic, sub, _ = key
     out: list[tuple] = []
     pending = pending_of(state)

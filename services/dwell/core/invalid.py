@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from dwell import headers as hdr
@@ -138,21 +138,13 @@ def _text(doc: Mapping[str, Any], name: str) -> str:
     return v
 
 
-# A consumer's events repeat a few topics and subscriptions: each is checked once per
+# A consumer's events repeat a few topics and subscriptions: each name is checked once per
 # process (parsing a topic name is the largest part of the check).
-@functools.lru_cache(maxsize=4096)
-def _topic_problem(topic: str) -> str | None:
+@functools.lru_cache(maxsize=8192)
+def _name_problem(check: Callable[[str], object], name: str) -> str | None:
+    """Why ``check`` refuses ``name``, or None."""
     try:
-        TopicName.parse(topic)
-    except InvalidTopicName as exc:
-        return str(exc)
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _subscription_problem(sub: str) -> str | None:
-    try:
-        validate_subscription(sub)
+        check(name)
     except InvalidTopicName as exc:
         return str(exc)
     return None
@@ -171,9 +163,9 @@ def check_ack_event(value: bytes | None, max_bytes: int,
     if event not in EVENTS:
         raise Malformed(EVENT_KIND, f"event: {event[:100]!r} is not one of {', '.join(EVENTS)}")
     topic = _text(doc, "topic")
-    if topic not in system_topics and (problem := _topic_problem(topic)):
+    if topic not in system_topics and (problem := _name_problem(TopicName.parse, topic)):
         raise Malformed(FIELD, f"topic: {problem}")
-    if problem := _subscription_problem(_text(doc, "subscription")):
+    if problem := _name_problem(validate_subscription, _text(doc, "subscription")):
         raise Malformed(FIELD, f"subscription: {problem}")
     try:
         parse_message_id(_text(doc, "messageId"))
