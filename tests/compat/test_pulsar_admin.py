@@ -158,6 +158,17 @@ def scenario(t: str) -> list[Step]:
              rc=1, err="Namespace does not exist"),
         Step(("topicPolicies", "set-delayed-delivery", f"{parts}-partition-0", "-e", "-t", "1s"),
              f"POST {topic_dd}", rc=1, err="Not allowed to set/get topic policy for a partition"),
+        # Each delete refuses the other's kind of topic (409), and a partition's name (412).
+        Step(("topics", "delete", parts), topic_base,
+             out=f"Failed to delete topic: {parts}. Exception: org.apache.pulsar.client.admin."
+                 f"PulsarAdminException$ConflictException: {parts} is a partitioned topic, "
+                 "instead of calling delete topic, please call delete-partitioned-topic.\n"),
+        Step(("topics", "delete-partitioned-topic", topic), f"{topic_base}/partitions",
+             rc=1, err=f"{topic} is a non-partitioned topic. Instead of calling "
+                       "delete-partitioned-topic please call delete."),
+        Step(("topics", "delete-partitioned-topic", f"{parts}-partition-0"),
+             f"{topic_base}/partitions",
+             rc=1, err="Partitioned Topic Name should not contain '-partition-'"),
         Step(("topics", "delete", topic), topic_base),
         # pulsar-admin reports a failed delete on stdout and exits 0
         Step(("topics", "delete", topic), topic_base,

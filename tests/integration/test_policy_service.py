@@ -314,8 +314,18 @@ def test_topics_are_kafka_ready_topics(http: httpx.Client, unique: str,
             ("GET", f"{base}/p-partition-0/delayedDelivery", None, 412,
              "Not allowed to set/get topic policy for a partition"),
             ("DELETE", f"{base}/nope", None, 404, f"Topic persistent://{ns}/nope not found"),
-            ("DELETE", f"{base}/x/partitions", None, 404,
-             f"Partitioned Topic persistent://{ns}/x not found")):
+            ("DELETE", f"{base}/nope/partitions", None, 404,
+             f"Topic persistent://{ns}/nope not found."),
+            # Each delete refuses the other's kind of topic, and a partition's name.
+            ("DELETE", f"{base}/x/partitions", None, 409, f"persistent://{ns}/x is a "
+             "non-partitioned topic. Instead of calling delete-partitioned-topic please call "
+             "delete."),
+            ("DELETE", f"{base}/p", None, 409, f"persistent://{ns}/p is a partitioned topic, "
+             "instead of calling delete topic, please call delete-partitioned-topic."),
+            ("DELETE", f"{base}/p-partition-0/partitions", None, 412,
+             "Partitioned Topic Name should not contain '-partition-'"),
+            ("DELETE", f"{base}/p-partition-0", None, 404,
+             f"Topic persistent://{ns}/p-partition-0 not found")):
         resp = http.request(method, url, json=body)
         assert (resp.status_code, _reason(resp)) == (status, reason), url
     for body in ("three", "1.5", "true", "{nope"):
@@ -330,6 +340,7 @@ def test_topics_are_kafka_ready_topics(http: httpx.Client, unique: str,
     for method, url in (("PUT", f"{base}/r-partition-0"), ("PUT", f"{base}/r"),
                         ("PUT", f"{base}/r/partitions")):
         assert http.request(method, url, json=1).status_code == 409, url
+    assert http.delete(f"{base}/r").status_code == 409
     assert http.delete(f"{base}/r/partitions").status_code == 204
     # Deleted with its mark: the name made again as a non-partitioned topic is a plain one,
     # and so it is after a create cut short between its mark and its Kafka topic.

@@ -425,24 +425,33 @@ def build_app(settings: PolicySettings) -> FastAPI:
         return _json({"partitions": count if partitioned else 0})
 
     async def _delete(name: TopicName, partitioned: bool) -> Response:
-        missing = ApiError(404, f"Partitioned Topic {name} not found" if partitioned
-                           else topic_not_found(name))
+        """Pulsar's two deletes, each refusing the other's kind of topic with 409
+        (PersistentTopics.deleteTopic and deletePartitionedTopic)."""
         count, is_partitioned = await catalog.layout(name)
-        if count == 0 or (partitioned and not is_partitioned) or not await catalog.delete(name):
-            raise missing
+        if count and is_partitioned != partitioned:
+            raise ApiError(409, f"{name} is a partitioned topic, instead of calling delete "
+                                "topic, please call delete-partitioned-topic." if is_partitioned
+                           else f"{name} is a non-partitioned topic. Instead of calling "
+                                "delete-partitioned-topic please call delete.")
+        if count == 0 or not await catalog.delete(name):
+            raise ApiError(404, f"{topic_not_found(name)}." if partitioned
+                           else topic_not_found(name))
         return await commit("topic_policy_remove", lambda: store.drop_topic_policies(name))
 
     @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"],
                 dependencies=[auth.require(Op.DELETE_TOPIC)],
-                responses=errors(404, 412))
+                responses=errors(404, 409, 412))
     async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
         return await _delete(topic_name(tenant, namespace, topic), partitioned=False)
 
     @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
                 dependencies=[auth.require(Op.DELETE_TOPIC)],
-                responses=errors(404, 412))
+                responses=errors(404, 409, 412))
     async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
-        return await _delete(topic_name(tenant, namespace, topic), partitioned=True)
+        name = topic_name(tenant, namespace, topic)
+        if name.partition_index >= 0:
+            raise ApiError(412, "Partitioned Topic Name should not contain '-partition-'")
+        return await _delete(name, partitioned=True)
 
     # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
     # apart as Pulsar keeps them; the topic runs with local over global, field by field.
