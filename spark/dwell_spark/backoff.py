@@ -70,6 +70,7 @@ from .records import Range
 from .settings import SparkSettings
 from .state import (
     CHECKPOINT,
+    OLD_CHECKPOINT,
     SHARDS_FILE,
     STATE_SCHEMA,
     StateEntry,
@@ -451,8 +452,25 @@ def fixed_shards(spark: SparkSession, checkpoint: str, wanted: int) -> int:
     return wanted
 
 
+def drop_old_checkpoint(spark: SparkSession, root: str) -> bool:
+    """Delete the checkpoint an earlier version kept one state per message in
+    (OLD_CHECKPOINT under ``root``), if there is one; whether there was. Nothing reads it
+    any more (its events are read again from `acks_starting_offsets`), and left alone it
+    would keep its state's disk for good. Through Hadoop's FileSystem, as Spark reaches
+    the checkpoint: a local directory, HDFS or an object store alike."""
+    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(f"{root}/{OLD_CHECKPOINT}")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return False
+    fs.delete(path, True)
+    log.warning("backoff: deleted %s/%s, the checkpoint of an earlier version whose state "
+                "this one cannot read", root, OLD_CHECKPOINT)
+    return True
+
+
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     checkpoint = f"{settings.spark_checkpoint_dir}/{CHECKPOINT}"
+    drop_old_checkpoint(spark, settings.spark_checkpoint_dir)
     shards = fixed_shards(spark, checkpoint, settings.backoff_state_shards)
     scheduler = Scheduler(spark, settings, redis)
     warmed = threading.Event()

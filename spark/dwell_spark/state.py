@@ -10,9 +10,11 @@ from typing import Final
 import orjson
 from pyspark.sql.types import StringType, StructField, StructType
 
-# Where the backoff query checkpoints, under spark_checkpoint_dir. (Its state was once one
-# per message, under "backoff"; that layout cannot be read as this one.)
+# Where the backoff query checkpoints, under spark_checkpoint_dir.
 CHECKPOINT: Final = "backoff-shards"
+# Where it checkpointed when its state was one per message: a layout this one cannot read,
+# so an app that finds that directory deletes it (dwell_spark.backoff.drop_old_checkpoint).
+OLD_CHECKPOINT: Final = "backoff"
 # In that checkpoint: the shard count it was made with (dwell_spark.backoff.fixed_shards).
 SHARDS_FILE: Final = "dwell-state-shards"
 # Per message: due at ``dueAt`` in the index bucket ``bucket`` (field and offset follow

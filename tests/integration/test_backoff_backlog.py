@@ -7,7 +7,9 @@ large one (a Spark restart in the soak stayed unready for 251 s).
 
 The app runs as its own process (`python -m dwell_spark`) on the test profile's Kafka and
 a Redis database of its own, started twice on one checkpoint; the second time with
-another backoff_state_shards, which the checkpoint's own count overrides."""
+another backoff_state_shards, which the checkpoint's own count overrides. The first start
+also deletes the checkpoint an earlier version left (one state per message, under
+`backoff`)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell_spark.settings import SparkSettings
+from dwell_spark.state import CHECKPOINT, OLD_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 10
@@ -43,11 +46,20 @@ def test_a_backlog_is_read_in_bounded_batches_and_the_app_is_ready_after_the_fir
     limit = {"DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(PER_BATCH)}
     topic = f"persistent://backlog{uuid.uuid4().hex[:8]}/ns/t"
     counts = keys.sub_counts(topic, "s")
+    old = checkpoints / OLD_CHECKPOINT
+    (old / "state" / "0" / "0").mkdir(parents=True)
+    (old / "state" / "0" / "0" / "1.delta").write_bytes(b"\0" * 4096)
+    (old / "offsets").mkdir()
+    (old / "offsets" / "0").write_text("v1\n")
     try:
         log = first.start("spark-1", ["-m", "dwell_spark"],
                           spark_env(stack, redis_url, checkpoints) | limit, cwd=ROOT / "spark")
         wait_line(first, log, "backoff ready", 600)
         first.stop_all()
+        assert not old.exists()
+        assert (f"backoff: deleted {checkpoints}/{OLD_CHECKPOINT}, the checkpoint of an "
+                "earlier version" in log.read_text(errors="replace"))
+        assert (checkpoints / CHECKPOINT).is_dir()
 
         send_ack_events(stack.kafka_bootstrap, "delivered", topic,
                         [f"{names.DELAYED}:0:{i}" for i in range(EVENTS)], FAR_MS)
