@@ -3,7 +3,8 @@ a random dwell process killed (-9) every minute and one Redis FLUSHALL half-way.
 what the fault suite prints (accepted, delivered, lost, early, duplicates at the Kafka
 level and through the SDK) and each process's RSS: at the start (idle, before the load),
 warm (after a minute of load in the process's last life: a minute after the load began,
-or after its last restart) and at the end, once all was delivered.
+or after its last restart) and at the end, once all was delivered; and each process's RSS
+every minute of its last life, which shows whether it levels off or keeps growing.
 
     .venv/bin/python bench/soak.py                      # 10 min at 2,000 msg/s
     .venv/bin/python bench/soak.py --minutes 2 --rate 500
@@ -36,6 +37,7 @@ from dwell.core.topics import TopicName
 
 KILLABLE = FaultStack.DWELL
 WARM_S = 60.0  # load a process has had when its warm RSS is taken
+SERIES_S = 60.0  # how often the RSS of each process's last life is sampled
 
 
 def _process(key: str) -> str:
@@ -77,6 +79,9 @@ def main() -> int:
         next_kill = t0 + args.kill_every_s
         faults: list[str] = []
         rss_warm: dict[str, int] = {}
+        # RSS samples of each process's last life, every SERIES_S of load.
+        series: dict[str, list[int]] = {}
+        next_sample = t0 + SERIES_S
         restarted: set[str] = set()
         born = dict.fromkeys(KILLABLE + ("redis", "kafka"), t0)  # start of each life
         while time.monotonic() < end:
@@ -89,6 +94,10 @@ def main() -> int:
                         rss_warm[key] = kib
                 for n in warm_now:
                     del born[n]
+            if time.monotonic() >= next_sample:
+                for key, kib in stack.rss_kib().items():
+                    series.setdefault(key, []).append(kib)
+                next_sample += SERIES_S
             if not flushed and elapsed >= args.minutes * 30:
                 redis_adapter.connect(stack.redis_url).flushall()
                 faults.append(f"{elapsed:5.0f}s  redis FLUSHALL")
@@ -101,6 +110,8 @@ def main() -> int:
                 born[victim] = time.monotonic()
                 for key in [k for k in rss_warm if _process(k) == victim]:
                     del rss_warm[key]  # its warm figure is taken again in the new life
+                for key in [k for k in series if _process(k) == victim]:
+                    del series[key]
                 faults.append(f"{elapsed:5.0f}s  kill -9 {victim} (back in "
                               f"{time.monotonic() - t0 - elapsed:.0f}s)")
                 next_kill += args.kill_every_s
@@ -133,6 +144,9 @@ def main() -> int:
         print(f"warm: after {WARM_S:.0f} s of load in the process's last life (-: restarted "
               f"less than {WARM_S:.0f} s before the load ended); a JVM's RSS is its heap's "
               "high-water mark (at most -Xmx), not what it uses")
+        print(f"\nRSS (MiB) every {SERIES_S:.0f} s of load in the process's last life")
+        for name in sorted(series):
+            print(f"  {name:<17} " + " ".join(f"{kib / 1024:5.0f}" for kib in series[name]))
         ok = (row.lost, row.early, row.sdk_duplicates) == (0, 0, 0)
         print(f"\nlost {row.lost}, early {row.early}, SDK duplicates {row.sdk_duplicates}: "
               + ("ok" if ok else "FAILED"))
