@@ -452,20 +452,18 @@ def fixed_shards(spark: SparkSession, checkpoint: str, wanted: int) -> int:
     return wanted
 
 
-def drop_old_checkpoint(spark: SparkSession, root: str) -> bool:
+def drop_old_checkpoint(spark: SparkSession, root: str) -> None:
     """Delete the checkpoint an earlier version kept one state per message in
-    (OLD_CHECKPOINT under ``root``), if there is one; whether there was. Nothing reads it
+    (OLD_CHECKPOINT under ``root``), if there is one. Nothing reads it
     any more (its events are read again from `acks_starting_offsets`), and left alone it
     would keep its state's disk for good. Through Hadoop's FileSystem, as Spark reaches
     the checkpoint: a local directory, HDFS or an object store alike."""
     path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(f"{root}/{OLD_CHECKPOINT}")
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(path):
-        return False
-    fs.delete(path, True)
-    log.warning("backoff: deleted %s/%s, the checkpoint of an earlier version whose state "
-                "this one cannot read", root, OLD_CHECKPOINT)
-    return True
+    if fs.exists(path):
+        fs.delete(path, True)
+        log.warning("backoff: deleted %s/%s, the checkpoint of an earlier version whose "
+                    "state this one cannot read", root, OLD_CHECKPOINT)
 
 
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
