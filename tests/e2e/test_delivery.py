@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.client import ExponentialRedeliveryBackoff, NotAllowedError, Producer
 from dwell.core import topics as names
@@ -376,6 +377,40 @@ def test_max_delay_rejection_is_typed(e2e: Stack, unique: str) -> None:
     with Producer(topic, admission_url=e2e.admission) as p, \
             pytest.raises(NotAllowedError, match="Exceeds max allowed delivery delay"):
         p.send(b"x", deliver_after=120000)
+
+
+def test_a_redelivery_behind_its_ack_is_dropped(e2e: Stack, unique: str) -> None:
+    """The backoff job read a delivered event in one micro-batch and its ack in the next,
+    so the redelivery it scheduled from the first reaches the retry topic after the ack
+    (the copies here are what the drain writes then). The consumer that acked drops that
+    copy and settles it; the copy of a message it did not ack still arrives."""
+    topic = make_topic(e2e, unique)
+    c = consumer(e2e, topic, "behind", ack_timeout_ms=60_000)
+    p = kafka.Producer(e2e.bootstrap)
+    try:
+        with Producer(topic, admission_url=e2e.admission) as prod:
+            prod.send(b"acked")
+            prod.send(b"kept")
+        got = {r.msg.value: r.msg for r in (receive_one(c, 30), receive_one(c, 30))}
+        c.acknowledge(got[b"acked"])
+        retry = retry_topic(TopicName.parse(topic), "behind")
+        for m in (got[b"acked"], got[b"kept"]):
+            p.send(retry, m.value, key=m.key, headers={
+                hdr.MESSAGE_ID: m.message_id, hdr.REDELIVERY_COUNT: "1"}).result(10)
+        again = receive_one(c, 30).msg
+        assert (again.value, again.message_id, again.redelivery_count) == \
+            (b"kept", got[b"kept"].message_id, 1)
+        assert c.receive(2.0) is None, "the acked message came back"
+        c.acknowledge(again)
+    finally:
+        p.close()
+        c.close()
+    # Both copies were settled: a consumer of the subscription starts after them.
+    c2 = consumer(e2e, topic, "behind", ack_timeout_ms=60_000)
+    try:
+        assert c2.receive(3.0) is None
+    finally:
+        c2.close()
 
 
 def test_ack_timeout_redeliveries_follow_pip130_schedule(runs) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TypeVar, cast
 
 import httpx
 
@@ -44,16 +44,26 @@ log = logging.getLogger("dwell.client.consumer")
 
 DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-# How many (messageId, redeliveryCount) pairs the duplicate filter remembers.
+# How many (messageId, redeliveryCount) pairs the duplicate filter remembers, and how many
+# acknowledged messageIds.
 SEEN_LIMIT = 100_000
 # How long an acknowledgement (or a delivery with an ack timeout) waits for its dwell.acks
 # event while Kafka takes events; past it the event is queued (see the module's text).
 EVENT_WAIT_S = 30.0
 HEADER_PREFIX = "dwell-"
 
+_K = TypeVar("_K", str, tuple[str, int])
+
 
 class SubscribeError(Exception):
     """The tracker refused the subscription settings or could not be reached."""
+
+
+def _remember(seen: OrderedDict[_K, None], key: _K) -> None:
+    """Add ``key`` to a filter that keeps the last SEEN_LIMIT keys."""
+    seen[key] = None
+    if len(seen) > SEEN_LIMIT:
+        seen.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +166,7 @@ class Consumer:
         self._buffer: list[kafka.Record] = []
         self._offsets = _Offsets()
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._acked: OrderedDict[str, None] = OrderedDict()
         self._event_key = f"{self.topic}/{self.subscription}".encode()
 
     # -- subscription registration (tracker)
@@ -199,13 +210,16 @@ class Consumer:
         count = _int_header(rec, hdr.REDELIVERY_COUNT) or 0
         self._offsets.received(tp, rec.offset)
         dedupe = (message_id, count)
-        if dedupe in self._seen:
-            # A drain that crashed between writing and completing re-emits a bucket.
+        if dedupe in self._seen or message_id in self._acked:
+            # A drain that crashed between writing and completing re-emits a bucket; a
+            # redelivery the backoff job scheduled before it read this consumer's ack (the
+            # ack came within its ack timeout, but in its next micro-batch) comes after
+            # the ack. An acknowledged message is not given to the application again: a
+            # Pulsar consumer too ignores "a message as it was already being acked earlier
+            # by same consumer" (ConsumerImpl.messageReceived).
             self._offsets.settle(tp, rec.offset)
             return None
-        self._seen[dedupe] = None
-        if len(self._seen) > SEEN_LIMIT:
-            self._seen.popitem(last=False)
+        _remember(self._seen, dedupe)
         key = rec.key.decode() if rec.key is not None else None
         msg = Message(rec.value, key, properties_of(rec.headers), message_id, count,
                       _int_header(rec, hdr.DELIVER_AT), _int_header(rec, hdr.PUBLISH_TIME),
@@ -220,6 +234,7 @@ class Consumer:
 
     # -- acknowledging
     def acknowledge(self, msg: Message) -> None:
+        _remember(self._acked, msg.message_id)
         self._emit("ack", msg)
 
     def negative_acknowledge(self, msg: Message) -> None:

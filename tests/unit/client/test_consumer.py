@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from dwell.adapters.kafka import KafkaUnavailable
 from dwell.client import Consumer, ExponentialRedeliveryBackoff
 from dwell.client import consumer as consumer_module
-from dwell.client.consumer import Message, _Offsets, properties_of
+from dwell.client.consumer import Message, _Offsets, _remember, properties_of
 from dwell.core import backoff
 from dwell.core.topics import TopicName
 
@@ -118,6 +119,7 @@ def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, 
     c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
     c._events = events = _Events()  # type: ignore[assignment]
     c._unwritten = []
+    c._acked = OrderedDict()
     for off in (10, 11, 12):
         c._offsets.received(TP, off)
     return c, events, commits
@@ -165,3 +167,13 @@ def test_events_kafka_refused_are_sent_again_in_their_order(
     events.sent[3][1].set_result((0, 6))
     c._write_events(0)
     assert commits.committed[-1] == {TP: 12}
+
+
+def test_the_filters_keep_the_last_seen_limit_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The duplicate filter and the acknowledged ids forget the oldest key past
+    SEEN_LIMIT, and a key seen again is not counted twice."""
+    monkeypatch.setattr(consumer_module, "SEEN_LIMIT", 2)
+    seen: OrderedDict[str, None] = OrderedDict()
+    for key in ("a", "b", "b", "c"):
+        _remember(seen, key)
+    assert list(seen) == ["b", "c"]
