@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Tests under these folders run against the real servers: they carry the `integration`
 # marker, so `pytest -m "not integration"` is the loop that needs no server.
-SERVER_SUITES = ("integration", "e2e", "faults", "compat", "secure", "kube")
+SERVER_SUITES = ("integration", "e2e", "faults", "compat", "secure", "kube", "hostile")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
