@@ -13,6 +13,12 @@ MIN_NACK_DELAY_MS: Final = 100
 MIN_ACK_TIMEOUT_MS: Final = 1000
 # Pulsar's ConsumerBuilder says "should be greater than 1000 ms", yet accepts 1000 and 0.
 ACK_TIMEOUT_ERROR: Final = "Ack timeout should be 0 (off) or at least 1000 ms"
+# Upper bounds Pulsar leaves to Java's int and long: a delay or ack timeout of a century
+# and a multiplier of 1000 are past any real consumer's, and keep every due time an event
+# can produce (its ts, plus an ack timeout, plus a backoff delay) far inside a signed
+# 64-bit millisecond count, which Arrow and Redis scores need.
+MAX_DELAY_MS: Final = 100 * 365 * 86_400_000
+MAX_MULTIPLIER: Final = 1000.0
 
 _JSON_FIELDS: Final = {
     "minDelayMs": "min_delay_ms",
@@ -35,10 +41,14 @@ class ExponentialRedeliveryBackoff:
             raise ValueError("min delay time must be >= 0")
         if self.max_delay_ms < self.min_delay_ms:
             raise ValueError("maxDelayMs must be >= minDelayMs")
+        if self.max_delay_ms > MAX_DELAY_MS:
+            raise ValueError(f"maxDelayMs must be at most {MAX_DELAY_MS} (100 years)")
         if not self.multiplier > 1:  # also catches NaN
             raise ValueError("multiplier must be > 1")
         if math.isinf(self.multiplier):
             raise ValueError("multiplier must be finite")
+        if self.multiplier > MAX_MULTIPLIER:
+            raise ValueError(f"multiplier must be at most {MAX_MULTIPLIER:g}")
 
     @staticmethod
     def builder() -> ExponentialRedeliveryBackoffBuilder:
@@ -123,9 +133,11 @@ def next_delay(count: int, backoff: ExponentialRedeliveryBackoff) -> int:
 
 
 def validate_ack_timeout_ms(ms: int) -> int:
-    """Return ``ms`` if it is 0 (ack timeout off) or at least 1000 ms."""
+    """Return ``ms`` if it is 0 (ack timeout off) or from 1000 ms to MAX_DELAY_MS."""
     if ms != 0 and ms < MIN_ACK_TIMEOUT_MS:
         raise ValueError(ACK_TIMEOUT_ERROR)
+    if ms > MAX_DELAY_MS:
+        raise ValueError(f"Ack timeout should be at most {MAX_DELAY_MS} ms (100 years)")
     return ms
 
 

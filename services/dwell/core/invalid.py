@@ -14,9 +14,17 @@ from typing import Any, Final
 
 from dwell import headers as hdr
 from dwell.core import subscriptions as subs
-from dwell.core.policy import MAX_LONG
+from dwell.core.backoff import MAX_DELAY_MS
 from dwell.core.positions import parse_message_id
-from dwell.core.topics import INVALID, InvalidTopicName, TopicName, validate_subscription
+from dwell.core.topics import (
+    DELAYED,
+    INVALID,
+    REFILED,
+    InvalidTopicName,
+    TopicName,
+    retry_topic,
+    validate_subscription,
+)
 
 # The kinds of malformed record (the `dwell-invalid-kind` header and the metrics' label).
 NOT_JSON: Final = "not_json"  # the value is not JSON (or not UTF-8, or empty)
@@ -27,8 +35,11 @@ EVENT_KIND: Final = "event_kind"  # a dwell.acks event that is not delivered, ac
 OVERSIZED: Final = "oversized"  # bigger than the reader's limit
 UNAUTHENTICATED: Final = "unauthenticated"  # no valid token where one is required
 UNAUTHORIZED: Final = "unauthorized"  # the token's role lacks the permission
+# Its reader failed on it although it passed the checks: set aside so that it cannot fail
+# the reader again (on every restart).
+FAILED: Final = "failed"
 KINDS: Final = (NOT_JSON, WRONG_TYPE, FIELD, HEADER, EVENT_KIND, OVERSIZED, UNAUTHENTICATED,
-                UNAUTHORIZED)
+                UNAUTHORIZED, FAILED)
 
 # The dwell.acks event kinds (ARCHITECTURE.md, "Kafka topics").
 DELIVERED: Final = "delivered"
@@ -38,6 +49,17 @@ EVENTS: Final = (DELIVERED, ACK, NACK)
 # Longest reason carried in a header: enough to name the field and what was wrong.
 MAX_REASON_CHARS: Final = 1000
 BEARER: Final = "Bearer "
+# An event's `ts`: epoch milliseconds up to the end of year 9999, so that no due time
+# computed from it overflows a signed 64-bit count (dwell.core.backoff.MAX_DELAY_MS).
+MAX_TS_MS: Final = 253_402_300_799_999
+# The upper bound of each integer field of an event.
+_MAXIMA: Final = {"ts": (MAX_TS_MS, "9999-12-31T23:59:59.999Z"),
+                  "redeliveryCount": (subs.MAX_REDELIVERY_COUNT, None),
+                  subs.ACK_TIMEOUT_MS: (MAX_DELAY_MS, "100 years"),
+                  subs.MAX_REDELIVER_COUNT: (subs.MAX_REDELIVERY_COUNT, None)}
+# The delay logs: any topic's messages, told apart by their `dwell-topic` header, which
+# the drain checks before it copies one (dwell_spark.records).
+_DELAY_LOGS: Final = frozenset({DELAYED, REFILED})
 
 # (topic, value, key, headers, timestamp): dwell.adapters.kafka's OutRecord.
 InvalidRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]], None]
@@ -119,14 +141,25 @@ def _json_type(v: Any) -> str:
     return "an object"
 
 
-def _long(doc: Mapping[str, Any], name: str, *, required: bool) -> None:
+def _bounded(doc: Mapping[str, Any], name: str, *, required: bool) -> None:
     v = doc.get(name)
     if v is None:
         if required:
             raise Malformed(FIELD, f"{name}: missing")
         return
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LONG:
-        raise Malformed(FIELD, f"{name}: must be an integer from 0 to {MAX_LONG}")
+    top, meaning = _MAXIMA[name]
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+        bound = f"{top} ({meaning})" if meaning else str(top)
+        raise Malformed(FIELD, f"{name}: must be an integer from 0 to {bound}")
+
+
+def message_topics(topic: str, subscription: str) -> frozenset[str]:
+    """The Kafka topics whose records an event of ``topic`` and ``subscription`` may name:
+    the topic's ready topic (a partition's: its partitioned topic's), the subscription's
+    retry topic and the delay logs. ValueError when the names are not valid."""
+    name = TopicName.parse(topic)
+    return frozenset({name.kafka_topic, name.partitioned_topic.kafka_topic,
+                      retry_topic(name, subscription), *_DELAY_LOGS})
 
 
 def _text(doc: Mapping[str, Any], name: str) -> str:
@@ -150,30 +183,47 @@ def _name_problem(check: Callable[[str], object], name: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8192)
+def _own_topics(topic: str, subscription: str) -> frozenset[str]:
+    return message_topics(topic, subscription)
+
+
 def check_ack_event(value: bytes | None, max_bytes: int,
                     system_topics: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The dwell.acks event in ``value``, checked as its readers use it: `event` one of
     EVENTS, `topic` a Pulsar topic (or one of ``system_topics``, a reader's own), a
-    `subscription`, a `messageId` `<kafkaTopic>:<partition>:<offset>`, `ts` and an
-    optional `redeliveryCount` non-negative longs, and the subscription settings, when
-    present, valid. Malformed with the first problem otherwise."""
+    `subscription`, a `messageId` `<kafkaTopic>:<partition>:<offset>` of one of the
+    topic's Kafka topics (:func:`message_topics`; a system topic's: a delay log), `ts`
+    (epoch ms up to MAX_TS_MS) and an optional `redeliveryCount` within their bounds, and
+    the subscription settings, when present, valid. Malformed with the first problem
+    otherwise."""
     check_size(value, max_bytes, "acks_max_event_bytes")
     doc = json_object(value)
     event = _text(doc, "event")
     if event not in EVENTS:
         raise Malformed(EVENT_KIND, f"event: {event[:100]!r} is not one of {', '.join(EVENTS)}")
     topic = _text(doc, "topic")
-    if topic not in system_topics and (problem := _name_problem(TopicName.parse, topic)):
+    system = topic in system_topics
+    if not system and (problem := _name_problem(TopicName.parse, topic)):
         raise Malformed(FIELD, f"topic: {problem}")
-    if problem := _name_problem(validate_subscription, _text(doc, "subscription")):
+    sub = _text(doc, "subscription")
+    if problem := _name_problem(validate_subscription, sub):
         raise Malformed(FIELD, f"subscription: {problem}")
     try:
-        parse_message_id(_text(doc, "messageId"))
+        kafka_topic, _, _ = parse_message_id(_text(doc, "messageId"))
     except ValueError as exc:
         raise Malformed(FIELD, f"messageId: {exc}") from None
-    _long(doc, "ts", required=True)
-    for name in ("redeliveryCount", *subs.INTEGER_FIELDS):
-        _long(doc, name, required=False)
+    # The drain copies the record a messageId names into the subscription's retry or
+    # dead-letter topic: naming another topic's record would copy it out.
+    try:
+        own = _DELAY_LOGS if system else _own_topics(topic, sub)
+    except ValueError as exc:  # a retry topic's name too long for Kafka
+        raise Malformed(FIELD, f"subscription: {exc}") from None
+    if kafka_topic not in own:
+        raise Malformed(FIELD, f"messageId: {kafka_topic[:100]!r} is not a Kafka topic of "
+                               f"{topic!r} (its ready or retry topic, or a delay log)")
+    for name in ("ts", "redeliveryCount", *subs.INTEGER_FIELDS):
+        _bounded(doc, name, required=name == "ts")
     settings = {k: doc[k] for k in subs.FIELDS if doc.get(k) is not None}
     if settings:
         try:

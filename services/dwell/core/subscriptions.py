@@ -21,6 +21,9 @@ INTEGER_FIELDS: Final = (ACK_TIMEOUT_MS, MAX_REDELIVER_COUNT)
 BACKOFF_FIELDS: Final = (ACK_TIMEOUT_BACKOFF, NACK_BACKOFF)
 # Pulsar's ConsumerBuilderImpl.deadLetterPolicy check.
 MAX_REDELIVER_ERROR: Final = "MaxRedeliverCount must be > 0."
+# Pulsar's redelivery counts (DeadLetterPolicy.maxRedeliverCount, a message's
+# redeliveryCount) are Java ints.
+MAX_REDELIVERY_COUNT: Final = 2**31 - 1
 
 
 def _is_int(v: Any) -> bool:
@@ -53,8 +56,11 @@ class SubscriptionSettings:
             validate_ack_timeout_ms(self.ack_timeout_ms)
         except ValueError as exc:
             raise ValueError(f"ackTimeoutMs: {exc}") from None
-        if self.max_redeliver_count is not None and self.max_redeliver_count <= 0:
+        mrc = self.max_redeliver_count
+        if mrc is not None and mrc <= 0:
             raise ValueError(f"maxRedeliverCount: {MAX_REDELIVER_ERROR}")
+        if mrc is not None and mrc > MAX_REDELIVERY_COUNT:
+            raise ValueError(f"maxRedeliverCount: must be at most {MAX_REDELIVERY_COUNT}")
 
     @classmethod
     def from_json(cls, body: Any) -> SubscriptionSettings:

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from dwell.core.backoff import (
     DEFAULT_NACK_DELAY_MS,
+    MAX_DELAY_MS,
     MIN_NACK_DELAY_MS,
     ExponentialRedeliveryBackoff,
     ack_timeout_redelivery_at,
@@ -37,7 +38,7 @@ def test_defaults() -> None:
         (B(2000, 6000000, 5), 4, 1250000),
         (B(0, 600000, 2), 5, 0),
         (B(1000, 1000, 2), 3, 1000),
-        (B(1000, 10**30, 1.5), 3, 3375),
+        (B(1000, MAX_DELAY_MS, 1.5), 3, 3375),
     ],
 )
 def test_next_table(backoff: B, count: int, delay: int) -> None:
@@ -54,6 +55,9 @@ def test_next_table(backoff: B, count: int, delay: int) -> None:
         ((1000, 2000, 0.5), "multiplier must be > 1"),
         ((1000, 2000, math.nan), "multiplier must be > 1"),
         ((1000, 2000, math.inf), "multiplier must be finite"),
+        # Past Pulsar's checks: bounds that keep every due time inside a signed 64-bit count.
+        ((1000, MAX_DELAY_MS + 1, 2.0), f"maxDelayMs must be at most {MAX_DELAY_MS} (100 years)"),
+        ((1000, 2000, 1000.5), "multiplier must be at most 1000"),
     ],
 )
 def test_validation_uses_pulsar_messages(args: tuple[int, int, float], message: str) -> None:

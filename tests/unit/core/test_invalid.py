@@ -64,8 +64,73 @@ def test_good_events_pass(doc: dict) -> None:
 
 
 def test_a_reader_own_topics_pass() -> None:
-    doc = GOOD | {"topic": "persistent://dwell/system/x"}
+    doc = GOOD | {"topic": "persistent://dwell/system/x", "messageId": "dwell.delayed:0:0"}
     assert invalid.check_ack_event(enc(doc), 1024, frozenset({doc["topic"]})) == doc
+
+
+@pytest.mark.parametrize("message_id", [
+    "t.ns.x:0:5", "t.ns.x-s-RETRY:1:2", "dwell.delayed:0:1", "dwell.delayed.refiled:3:4"])
+def test_a_message_id_of_the_events_own_topics_passes(message_id: str) -> None:
+    doc = GOOD | {"messageId": message_id}
+    assert invalid.check_ack_event(enc(doc), 1024) == doc
+
+
+def test_a_partitions_events_name_its_partitioned_topics_ready_topic() -> None:
+    doc = GOOD | {"topic": "persistent://t/ns/x-partition-1", "messageId": "t.ns.x:1:5"}
+    assert invalid.check_ack_event(enc(doc), 1024) == doc
+
+
+@pytest.mark.parametrize(("topic", "message_id"), [
+    ("persistent://t/ns/x", "t.ns.y:0:5"),  # another topic of the namespace
+    ("persistent://t/ns/x", "u.ns.x:0:5"),  # another tenant's
+    ("persistent://t/ns/x", "t.ns.x-s-DLQ:0:5"),  # dead letters are not redelivered
+    ("persistent://t/ns/x", "t.ns.x-other-RETRY:0:5"),  # another subscription's
+    ("persistent://t/ns/x", f"{names.PUBLISH}:0:5"),  # publish requests and their tokens
+    ("persistent://t/ns/x", f"{names.ACKS}:0:5"),
+    ("persistent://t/ns/x", f"{names.POLICIES}:0:5"),
+    ("persistent://t/ns/x", "__consumer_offsets:0:5"),
+    ("persistent://t/ns/x-partition-1", "t.ns.y:1:5"),
+    ("persistent://dwell/system/x", "t.ns.x:0:5"),  # a system topic: the delay logs only
+])
+def test_a_message_id_of_another_kafka_topic_is_refused(topic: str, message_id: str) -> None:
+    with pytest.raises(invalid.Malformed) as exc:
+        invalid.check_ack_event(enc(GOOD | {"topic": topic, "messageId": message_id}), 1024,
+                                frozenset({"persistent://dwell/system/x"}))
+    assert exc.value.kind == invalid.FIELD
+    assert exc.value.reason.startswith(f"messageId: {message_id.rsplit(':', 2)[0]!r} is not "
+                                       f"a Kafka topic of {topic!r}"), exc.value.reason
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("ts", invalid.MAX_TS_MS + 1,
+     f"ts: must be an integer from 0 to {invalid.MAX_TS_MS} (9999-12-31T23:59:59.999Z)"),
+    ("ts", 2**63 - 1, "(9999-12-31T23:59:59.999Z)"),
+    ("redeliveryCount", 2**31, f"redeliveryCount: must be an integer from 0 to {2**31 - 1}"),
+    ("maxRedeliverCount", 2**31, f"maxRedeliverCount: must be an integer from 0 to {2**31 - 1}"),
+    ("ackTimeoutMs", 2**62, "ackTimeoutMs: must be an integer from 0 to 3153600000000 (100 "),
+    ("ackTimeoutRedeliveryBackoff", {"maxDelayMs": 2**62},
+     "ackTimeoutRedeliveryBackoff: maxDelayMs must be at most 3153600000000"),
+    ("negativeAckRedeliveryBackoff", {"multiplier": 1e308},
+     "negativeAckRedeliveryBackoff: multiplier must be at most 1000"),
+])
+def test_numbers_are_bounded_so_no_due_time_overflows(field: str, value: object,
+                                                      words: str) -> None:
+    system = "persistent://dwell/system/x"
+    for doc in (GOOD, GOOD | {"topic": system, "messageId": "dwell.delayed:0:0"}):
+        with pytest.raises(invalid.Malformed) as exc:
+            invalid.check_ack_event(enc(doc | {field: value}), 1024, frozenset({system}))
+        assert exc.value.kind == invalid.FIELD and words in exc.value.reason, exc.value.reason
+
+
+def test_the_largest_numbers_allowed_leave_room_in_a_signed_64_bit_due_time() -> None:
+    from dwell.core.backoff import MAX_DELAY_MS
+    doc = GOOD | {"ts": invalid.MAX_TS_MS, "ackTimeoutMs": MAX_DELAY_MS,
+                  "ackTimeoutRedeliveryBackoff": {"minDelayMs": MAX_DELAY_MS,
+                                                  "maxDelayMs": MAX_DELAY_MS,
+                                                  "multiplier": 1000},
+                  "redeliveryCount": 2**31 - 1, "maxRedeliverCount": 2**31 - 1}
+    assert invalid.check_ack_event(enc(doc), 1024) == doc
+    assert invalid.MAX_TS_MS + 2 * MAX_DELAY_MS < 2**63 - 1
 
 
 @pytest.mark.parametrize(("values", "words"), [

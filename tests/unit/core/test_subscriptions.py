@@ -29,6 +29,13 @@ def validate(body):
     ({"maxRedeliverCount": -1}, "maxRedeliverCount: MaxRedeliverCount must be > 0."),
     ({"maxRedeliverCount": 1.5}, "maxRedeliverCount: must be an integer"),
     ({"ackTimeout": 1}, "ackTimeout: unknown field"),
+    # Upper bounds: no due time computed from them overflows a signed 64-bit count.
+    ({"ackTimeoutMs": 2**63 - 1}, "ackTimeoutMs: Ack timeout should be at most 3153600000000"),
+    ({"ackTimeoutRedeliveryBackoff": {"maxDelayMs": 2**62}},
+     "ackTimeoutRedeliveryBackoff: maxDelayMs must be at most 3153600000000 (100 years)"),
+    ({"negativeAckRedeliveryBackoff": {"multiplier": 1001}},
+     "negativeAckRedeliveryBackoff: multiplier must be at most 1000"),
+    ({"maxRedeliverCount": 2**31}, f"maxRedeliverCount: must be at most {2**31 - 1}"),
 ])
 def test_rejections_name_the_field(body, reason):
     with pytest.raises(ValueError) as exc:
