@@ -129,6 +129,12 @@ def copy(spark: SparkSession, settings: SparkSettings, topics: TopicCache,
             lambda it: [copy_ranges(bootstrap, [r for g in it for r in g], codec)]).collect()
         stats = functools.reduce(CopyStats.add, parts, CopyStats())
     metrics.record(stats)
+    if stats.foreign:
+        # Once per copy, however many: an event can name any record in Kafka.
+        first = ", ".join(mid for _, mid in stats.foreign[:3])
+        log.warning("%d redeliveries not copied: the record their messageId names is not "
+                    "one of their topic's (first: %s); their entries are dropped",
+                    len(stats.foreign), first)
     return stats
 
 
@@ -171,6 +177,7 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket,
     consecutive offsets with one target. ``claim``: as for topic_ranges."""
     topic = TopicName.parse(index.topic)
     retry, dlq = retry_topic(topic, index.subscription), dlq_topic(topic, index.subscription)
+    own = index.topic.encode()
     out = []
     for field, offsets in bucket.positions.items():
         source, _, part = str(field).rpartition(":")
@@ -181,7 +188,8 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket,
         for (_, dead), run in groupby(entries, key=lambda e: (e[1][0] - e[0], e[1][1] < 0)):
             counts = {o: (-c - 1 if dead else max(1, c)) for _, (o, c) in run}
             out.append(Range(dlq if dead else retry, source, int(part), min(counts),
-                             max(counts), index.subscription, counts, claim=claim))
+                             max(counts), index.subscription, counts, claim=claim,
+                             topic=own))
     return out
 
 
@@ -319,8 +327,12 @@ class Drainer:
         keeper.check()  # a group that starts after the round's maximum time fails at once
         ranges = [r for c in claims for r in c.ranges]
         path = path or choose_path(self.settings, ranges)
-        written = copy(self.spark, self.settings, self.topics, ranges, path,
-                       self.copier, keeper.check).written
+        stats = copy(self.spark, self.settings, self.topics, ranges, path, self.copier,
+                     keeper.check)
+        written = stats.written
+        foreign: dict[int, list[str]] = {}
+        for claim, mid in stats.foreign:
+            foreign.setdefault(claim, []).append(mid)
         # A claim lost meanwhile is another drainer's now: it writes the marks and
         # completes.
         lost = keeper.lost
@@ -335,9 +347,12 @@ class Drainer:
                 # the SDK drops the repeats.
                 metrics.LEASES_LOST.inc()
                 log.warning("claim on bucket %s lost before completion", c.bucket.bucket_start)
-            elif c.dead_letters:
-                # No event follows a dead letter (a redelivery's count stays until its ack).
-                c.index.forget(*c.dead_letters)
+            else:
+                # No event follows a dead letter (a redelivery's count stays until its ack);
+                # nor a record of another topic, which is never copied.
+                gone = (*c.dead_letters, *foreign.get(c.number, ()))
+                if gone:
+                    c.index.forget(*gone)
         log.info("drained %d records from %d buckets in %.0f ms (%s; copy %.0f, complete "
                  "%.0f ms)", written, len(claims), (time.monotonic() - started) * 1000, path,
                  (copied - started) * 1000, (time.monotonic() - copied) * 1000)

@@ -60,6 +60,9 @@ INVALID_RECORDS = Counter("dwell_invalid_records_total", "Malformed records set 
                           "(dwell.core.invalid.KINDS)", ["source", "kind"], registry=REGISTRY)
 DLQ = Counter("dwell_dlq_messages_total", "Messages written to dead-letter topics",
               registry=REGISTRY)
+FOREIGN_RECORDS = Counter("dwell_drain_foreign_records_total", "Redeliveries and dead "
+                          "letters not copied: their messageId named a record of another "
+                          "topic", registry=REGISTRY)
 
 
 class _LastBatch(Collector):
@@ -135,6 +138,7 @@ def record(stats: CopyStats) -> None:
     for count, n in stats.redeliveries.items():
         REDELIVERIES.labels(count=str(count)).inc(n)
     DLQ.inc(stats.dead_letters)
+    FOREIGN_RECORDS.inc(len(stats.foreign))
 
 
 # Micro-batches each query has run in this process. The first ones of a session take

@@ -7,6 +7,7 @@ more than the copy itself."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import time
 import uuid
@@ -21,6 +22,7 @@ from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id
+from dwell.core.topics import TopicName
 
 # Headers a copy sets itself, replacing any the source record carries.
 _ORIGIN = hdr.ORIGIN
@@ -30,10 +32,12 @@ _SUBSCRIPTION = hdr.SUBSCRIPTION
 _DELIVER_AT = hdr.DELIVER_AT
 _PARTITION = hdr.PARTITION
 # Headers not copied: those that only make sense on dwell.delayed (the copy carries the
-# key itself, and is written to the partition dwell-partition names) and those the copy
-# sets. A ready-topic record's dwell-origin (where it came
-# from out of dwell.delayed) stays; a redelivery's count and subscription are re-set.
-_DROP_READY = frozenset((hdr.KEY, hdr.TICK_TIME, _PARTITION, _MESSAGE_ID))
+# key itself, and is written to the partition dwell-partition names), those the copy
+# sets, and a client's credentials (dwell-authorization), which no record dwell writes
+# may carry to another reader, whatever wrote the record copied. A ready-topic record's
+# dwell-origin (where it came from out of dwell.delayed) stays; a redelivery's count and
+# subscription are re-set.
+_DROP_READY = frozenset((hdr.KEY, hdr.TICK_TIME, _PARTITION, _MESSAGE_ID, hdr.AUTHORIZATION))
 _DROP_DELAYED = _DROP_READY | {_ORIGIN}
 _REDELIVERY = frozenset((_COUNT, _SUBSCRIPTION))
 READ_TIMEOUT_S = 30.0
@@ -55,6 +59,11 @@ class Range:
     ``counts`` (offset → redelivery count) and ``subscription`` are set for redeliveries.
     ``claim`` numbers the claimed bucket the range copies within its drain round (-1:
     none), so that a copy can stop writing a bucket whose lease was lost.
+
+    ``topic`` (UTF-8 bytes of a Pulsar topic) is set for redeliveries and dead letters:
+    the event's topic, which each record read must carry as its `dwell-topic` (or a
+    partition of it, or its partitioned topic); a record of another topic is not copied
+    (CopyStats.foreign), since a messageId can name any record in Kafka.
     """
 
     target: str
@@ -66,6 +75,7 @@ class Range:
     counts: dict[int, int] = field(default_factory=dict)
     offsets: BitMap64 | None = None
     claim: int = -1
+    topic: bytes | None = None
 
     @property
     def size(self) -> int:
@@ -88,9 +98,13 @@ class CopyStats:
     lateness_sum_ms: float = 0.0
     redeliveries: Counter = field(default_factory=Counter)
     dead_letters: int = 0
+    # (claim, messageId) of the records a redelivery range named that were not copied:
+    # another topic's (Range.topic).
+    foreign: list[tuple[int, str]] = field(default_factory=list)
 
     def add(self, other: CopyStats) -> CopyStats:
         self.written += other.written
+        self.foreign += other.foreign
         self.lateness_counts = [a + b for a, b in
                                 zip(self.lateness_counts, other.lateness_counts, strict=True)]
         self.lateness_sum_ms += other.lateness_sum_ms
@@ -126,6 +140,32 @@ def is_dead_letter(rng: Range) -> bool:
     """A range the backoff job sends to a subscription's DLQ (dwell.core.topics.dlq_topic
     names end in -DLQ; retry topics in -RETRY)."""
     return rng.subscription is not None and rng.target.endswith("-DLQ")
+
+
+@functools.lru_cache(maxsize=4096)
+def same_topic(carried: bytes | None, expected: bytes) -> bool:
+    """Whether a record whose `dwell-topic` is ``carried`` is one of topic ``expected``:
+    the same topic, or either a partition `x-partition-N` of the other's partitioned
+    topic (a partition's messages share the ready topic of x)."""
+    if carried == expected:
+        return True
+    if not carried:
+        return False
+    try:
+        a = TopicName.parse(carried.decode()).partitioned_topic
+        b = TopicName.parse(expected.decode()).partitioned_topic
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return a == b
+
+
+def _topic_header(msg) -> bytes | None:
+    """The record's `dwell-topic` (the last, as for every header lookup of a copy)."""
+    found = None
+    for name, value in msg.headers() or ():
+        if name == hdr.TOPIC:
+            found = value
+    return found
 
 
 def spans(ranges: Iterable[Range], max_gap: int = MAX_GAP) -> list[list[Range]]:
@@ -328,6 +368,11 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
         while j < len(group) and group[j].first <= off:
             rng = group[j]
             if off <= rng.last and (rng.offsets is None or off in rng.offsets):
+                if rng.topic is not None and not same_topic(_topic_header(msg), rng.topic):
+                    stats.foreign.append((rng.claim, format_message_id(
+                        rng.source, rng.partition, off)))
+                    j += 1
+                    continue
                 out.append(output_record(rng, msg, deliver_at, partitions))
                 if rng.subscription is None:
                     pass

@@ -43,7 +43,7 @@ from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import REFILED_FIELD_BASE, field_partition, format_message_id
-from dwell.headers import MESSAGE_ID, ORIGIN
+from dwell.headers import AUTHORIZATION, MESSAGE_ID, ORIGIN
 from dwell.index.buckets import ClaimedBucket
 from dwell.index.leases import LeaseKeeper
 from dwell.index.topic import TopicIndex
@@ -305,7 +305,9 @@ class Restager:
         out: list[kafka.OutRecord] = []
         for i in np.lexsort((off_arr, f_arr, rows_bucket)).tolist():
             msg, f, off = msgs[i], fields[i], int(off_arr[i])
-            hs = [(k, b"" if v is None else v) for k, v in msg.headers() or []]
+            # A client's credentials never ride on a copy (dwell_spark.records).
+            hs = [(k, b"" if v is None else v) for k, v in msg.headers() or []
+                  if k != AUTHORIZATION]
             names_seen = {h[0] for h in hs}
             # An original (a copy carries both already).
             if MESSAGE_ID not in names_seen:

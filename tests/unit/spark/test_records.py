@@ -12,6 +12,7 @@ from dwell_spark.records import (
     CopyStats,
     Range,
     output_record,
+    same_topic,
     spans,
 )
 
@@ -139,3 +140,24 @@ def test_spans_partition_ranges_into_disjoint_groups(spec: list[tuple[int, int]]
     assert sorted(id(r) for g in groups for r in g) == sorted(id(r) for r in ranges)
     bounds = [(min(r.first for r in g), max(r.last for r in g)) for g in groups]
     assert all(hi < lo for (_, hi), (lo, _) in zip(bounds, bounds[1:], strict=False))
+
+
+def test_no_copy_carries_a_clients_token() -> None:
+    token = ("dwell-authorization", b"Bearer secret")
+    for rng in (Range("persistent.t.ns.x", names.DELAYED, 3, 10, 20),
+                Range("persistent.t.ns.x", names.REFILED, 3, 10, 20),
+                Range("t.ns.x-s-RETRY", "t.ns.x", 0, 10, 20, "s", {12: 2}),
+                Range("t.ns.x-s-DLQ", names.DELAYED, 0, 10, 20, "s", {12: 2})):
+        _, _, _, headers, _ = output_record(
+            rng, Message(12, b"k", b"v", [token, *DELAYED_HEADERS, token]), [])
+        assert "dwell-authorization" not in dict(headers), rng
+
+
+def test_a_record_is_of_a_topic_its_partitions_or_its_partitioned_topic() -> None:
+    x = b"persistent://t/ns/x"
+    assert same_topic(x, x)
+    assert same_topic(b"persistent://t/ns/x-partition-2", x)
+    assert same_topic(x, b"persistent://t/ns/x-partition-2")
+    for carried in (b"persistent://t/ns/y", b"persistent://u/ns/x", b"", None, b"\xff",
+                    b"persistent://t/ns/x-partition-", b"non-persistent://t/ns/x"):
+        assert not same_topic(carried, x), carried
