@@ -50,6 +50,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.cache import ExpiringCache
+from dwell.core import invalid as invalid_core
 from dwell.core import subscriptions as subs
 from dwell.core import topics as names
 from dwell.core.backoff import (
@@ -98,8 +99,19 @@ OUTPUT_SCHEMA = StructType([
     StructField("at", LongType()),
     StructField("bucket", LongType()),  # schedule, dead, cancel: the index bucket
     StructField("redeliveryCount", LongType()),
+    # set aside: why, and the event as the state function read it (JSON)
+    StructField("reason", StringType()),
+    StructField("event", StringType()),
 ])
 SCHEDULE, DEAD, CANCEL, DLQ, ACK = "schedule", "dead", "cancel", "dlq", "ack"
+# An event the state function failed on: it goes to dwell.invalid (its `at` and `bucket`
+# carry the event's offset and partition on dwell.acks), and the batch goes on.
+SET_ASIDE = "set_aside"
+# Where an event was read on dwell.acks: the columns the state function gets beside
+# EVENT_SCHEMA's.
+SOURCE_COLUMNS: Final = ("partition", "offset")
+# What every decision row of a signed 64-bit column must fit in (Arrow's int64).
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 # The settings' defaults, for step() and RegistryLookup built without them (tests).
 # start() hands the configured values to the state function and the lookup, which
 # carry them to the executors' Python workers (those do not see the driver's DWELL_*
@@ -127,6 +139,12 @@ def _opt_int(v: Any) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
 
+def _position(v: Any) -> int:
+    """A source partition or offset, -1 when unknown."""
+    found = _opt_int(v)
+    return -1 if found is None else found
+
+
 # Per Python worker (workers are reused across batches): the registry reads.
 _registered: ExpiringCache[tuple[str, str, str], SubscriptionSettings | None] = ExpiringCache()
 
@@ -146,7 +164,7 @@ class RegistryLookup:
 
 
 Event = dict[str, Any]
-EVENT_COLUMNS: Final = tuple(f.name for f in EVENT_SCHEMA.fields)
+EVENT_COLUMNS: Final = (*(f.name for f in EVENT_SCHEMA.fields), *SOURCE_COLUMNS)
 OUTPUT_COLUMNS: Final = pd.Index([f.name for f in OUTPUT_SCHEMA.fields])
 
 
@@ -156,7 +174,8 @@ def group_events(batches: Iterator[pd.DataFrame]) -> list[Event]:
     operation costs more than the decision itself."""
     rows: list[Event] = []
     for frame in batches:
-        columns = [frame[c].tolist() for c in EVENT_COLUMNS]
+        columns = [frame[c].tolist() if c in frame else [None] * len(frame)
+                   for c in EVENT_COLUMNS]
         rows.extend(dict(zip(EVENT_COLUMNS, values, strict=True))
                     for values in zip(*columns, strict=True))
     rows.sort(key=lambda r: r["ts"])
@@ -209,7 +228,7 @@ def step(key: tuple[str, str, int], batches: Iterator[pd.DataFrame],
                                   for ev in events):
         events = fill_settings(events, lookup(topic, sub))
     for ev in events:
-        decide(topic, sub, ev, pending, out, tick_ms)
+        decide_or_set_aside(topic, sub, ev, pending, out, tick_ms)
     # An entry is kept for acks that may still cancel it, then dropped (at the shard's
     # first micro-batch after that: batches run only when events come).
     now = int(time.time() * 1000)
@@ -222,6 +241,35 @@ def step(key: tuple[str, str, int], batches: Iterator[pd.DataFrame],
     yield decisions_frame(out)
 
 
+def decide_or_set_aside(topic: str, sub: str, ev: Event, pending: dict[str, StateEntry],
+                        out: list[tuple], tick_ms: int) -> None:
+    """:func:`decide`, or, when it fails on the event (or a decision would not fit the
+    output's 64-bit columns), its SET_ASIDE row and nothing else: an event that passed
+    the checks yet fails would otherwise fail its micro-batch on every restart, and
+    with it every topic's redeliveries."""
+    n = len(out)
+    mid = ev["messageId"]
+    before = pending.get(mid)
+    try:
+        decide(topic, sub, ev, pending, out, tick_ms)
+        for row in out[n:]:
+            for v in row[4:7]:
+                if v is not None and not _LONG_MIN <= v <= _LONG_MAX:
+                    raise OverflowError(f"decision {row[3]} for {mid}: {v} does not fit a "
+                                        "signed 64-bit integer")
+    except Exception as exc:
+        del out[n:]
+        if before is None:
+            pending.pop(mid, None)
+        else:
+            pending[mid] = before
+        source = {k: ev.pop(k, None) for k in SOURCE_COLUMNS}
+        text = json.dumps({k: v for k, v in ev.items() if v is not None}, default=str)
+        out.append((topic, sub, mid, SET_ASIDE, _opt_int(source["offset"]),
+                    _opt_int(source["partition"]), None,
+                    f"{type(exc).__name__}: {exc}"[:invalid_core.MAX_REASON_CHARS], text))
+
+
 def decide(topic: str, sub: str, ev: Event, pending: dict[str, StateEntry], out: list[tuple],
            tick_ms: int) -> None:
     """One event's decisions, appended to ``out``; ``pending`` (messageId -> entry) is
@@ -230,7 +278,7 @@ def decide(topic: str, sub: str, ev: Event, pending: dict[str, StateEntry], out:
     cur = pending.get(mid)
 
     def emit(action: str, at: int, bucket: int | None, count: int) -> None:
-        out.append((topic, sub, mid, action, at, bucket, count))
+        out.append((topic, sub, mid, action, at, bucket, count, None, None))
 
     def cancel() -> None:
         # Whatever is pending is superseded (a newer delivery, a nack, an ack).
@@ -300,6 +348,27 @@ class Scheduler:
         self.settings = settings
         self.redis = redis
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
+        self._producer: kafka.Producer | None = None
+
+    def set_aside(self, rows: list[Any]) -> None:
+        """Put the SET_ASIDE rows' events on dwell.invalid (kind `failed`) and count them;
+        the first one's reason is logged, once per batch."""
+        if self._producer is None:
+            self._producer = kafka.Producer(
+                self.settings.kafka_bootstrap, linger_ms=0,
+                compression_type=self.settings.kafka_compression_type)
+        futures = []
+        for row in rows:
+            topic, value, key, headers, _ = invalid_core.invalid_record(
+                names.ACKS, _position(row.bucket), _position(row.at),
+                f"{row.topic}/{row.subscription}".encode(), (row.event or "").encode(),
+                invalid_core.FAILED, row.reason or "")
+            futures.append(self._producer.send(topic, value, key, dict(headers)))
+        for f in futures:
+            f.result(30)
+        metrics.INVALID_RECORDS.labels(names.ACKS, invalid_core.FAILED).inc(len(rows))
+        log.warning("backoff: %d events the state function failed on set aside on %s "
+                    "(first: %s)", len(rows), names.INVALID, rows[0].reason)
 
     def apply(self, rows: list[Any]) -> None:
         subs_changes: dict[tuple[str, str], _Changes] = {}
@@ -326,7 +395,8 @@ class Scheduler:
             else:
                 target = dlq_topic(TopicName.parse(row.topic), row.subscription)
                 dead.append(Range(target, source, partition, offset, offset, row.subscription,
-                                  {offset: int(row.redeliveryCount)}))
+                                  {offset: int(row.redeliveryCount)},
+                                  topic=row.topic.encode()))
                 ch.counts[row.messageId] = None
         # Cancels before anything else (a cancelled entry the drain claims meanwhile is
         # redelivered, as in Pulsar); dead letters written before their counts go; counts
@@ -356,8 +426,9 @@ def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
     # SDK sends none; a plain Kafka consumer that leaves ackTimeoutMs out gets the
     # registered one.)
     no_clock = (F.col("event") == F.lit("delivered")) & (F.col(subs.ACK_TIMEOUT_MS) == 0)
-    return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
-            .select("e.*")
+    return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"),
+                       *SOURCE_COLUMNS)
+            .select("e.*", *SOURCE_COLUMNS)
             .where(F.col("topic").isNotNull() & F.col("subscription").isNotNull()
                    & F.col("messageId").isNotNull() & F.col("ts").isNotNull()
                    & ~F.coalesce(no_clock, F.lit(False))))
@@ -493,9 +564,12 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
         if not warmed.is_set():
             warmed.set()
             metrics.mark_ready("backoff")
-        rows = [r for r in rows if r.topic != WARM_UP_TOPIC]
+        aside = [r for r in rows if r.action == SET_ASIDE]
+        rows = [r for r in rows if r.action != SET_ASIDE and r.topic != WARM_UP_TOPIC]
 
         def write() -> None:
+            if aside:
+                scheduler.set_aside(aside)
             # Before this batch's decisions: Redis must hold those of the batches before it.
             keeper.before(batch_id)
             if rows:

@@ -23,8 +23,10 @@ from dwell_spark.backoff import (
     DEAD,
     DEFAULT_STATE_GRACE_MS,
     DLQ,
+    EVENT_COLUMNS,
     EVENT_SCHEMA,
     SCHEDULE,
+    SET_ASIDE,
     fill_settings,
     group_events,
     pending_of,
@@ -59,7 +61,7 @@ def run_rows(state: GroupState, frame: pd.DataFrame | None = None, lookup=None,
     """The decisions as (messageId, action, at, bucket, count)."""
     batches = iter([] if frame is None else [frame])
     out = pd.concat(list(step(KEY, batches, state, lookup, TICK, grace_ms)))
-    return [tuple(None if pd.isna(v) else v for v in r)[2:]
+    return [tuple(None if pd.isna(v) else v for v in r)[2:7]
             for r in out.itertuples(index=False)]
 
 
@@ -254,3 +256,31 @@ def test_the_state_text_keeps_any_message_id() -> None:
     assert decode_pending(encode_pending(pending)) == pending
     s = group_state(pending)
     assert pending_of(s) == pending
+
+
+def test_an_event_the_state_function_fails_on_is_set_aside_and_the_shard_goes_on() -> None:
+    """Past the event check (a check an older version lacked, a value it missed): a nack
+    whose due time does not fit a signed 64-bit integer failed the whole micro-batch,
+    and the query on every restart. It becomes a SET_ASIDE row; the shard's other
+    events are decided as ever."""
+    ts = recent()
+    huge = sdk_event("nack", 2**63 - 1, mid="dwell.delayed:0:1",
+                     negativeAckRedeliveryBackoff=RAW) | {"partition": 2, "offset": 41}
+    broken = sdk_event("nack", ts, mid="dwell.delayed:0:2",
+                       negativeAckRedeliveryBackoff="{not json") | {"partition": 2,
+                                                                    "offset": 42}
+    good = sdk_event("nack", ts, mid="dwell.delayed:0:3", negativeAckRedeliveryBackoff=RAW)
+    state = group_state()
+    frame = pd.DataFrame([huge, broken, good], columns=[*EVENT_COLUMNS])
+    out = pd.concat(list(step(KEY, iter([frame]), state, None, TICK)))
+    rows = {r.messageId: r for r in out.itertuples(index=False)}
+    assert rows["dwell.delayed:0:3"].action == SCHEDULE
+    assert rows["dwell.delayed:0:3"].at == ts + 1000
+    for mid, offset, words in [("dwell.delayed:0:1", 41, "does not fit a signed 64-bit"),
+                               ("dwell.delayed:0:2", 42, "JSONDecodeError")]:
+        row = rows[mid]
+        assert (row.action, row.bucket, row.at) == (SET_ASIDE, 2, offset)
+        assert words in row.reason, row.reason
+        assert json.loads(row.event)["messageId"] == mid
+    # Nothing of the set-aside events stays pending.
+    assert set(pending_of(state)) == {"dwell.delayed:0:3"}
