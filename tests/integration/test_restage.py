@@ -74,7 +74,9 @@ def _publish(bootstrap: str, delayed_topic: str, topic: str,
     p = Producer(bootstrap, linger_ms=20)
     futs = [p.send(delayed_topic, b"payload-%d" % i, topic,
                    {"dwell-deliver-at": str(d), "dwell-tick-time": str(TICK),
-                    "dwell-topic": topic, "dwell-key": f"k{i}", "colour": "red"})
+                    "dwell-topic": topic, "dwell-key": f"k{i}", "colour": "red",
+                    # a client's token, which no copy may carry
+                    "dwell-authorization": "Bearer token-of-a-client"})
             for i, d in enumerate(deliver_ats)]
     p.flush()
     p.close()
@@ -263,6 +265,7 @@ def test_a_chunk_refiled_again_keeps_the_originals_ids(
     indexed = [(f - REFILED_FIELD_BASE, o) for fields in got.values()
                for f, offs in fields.items() for o in offs]
     assert len(copies) == 2 * len(rows) and all(f >= 0 for f, _ in indexed)
+    assert all(rec.header("dwell-authorization") is None for rec in copies.values())
     # The index points at the second copies; each names its original.
     originals = {(p, o) for p, o, _ in rows}
     named = set()
