@@ -35,7 +35,7 @@ CHART_OWNED = frozenset({
     *TlsSettings.model_fields, *KafkaSecurity.model_fields, *RedisSecurity.model_fields,
     # from the `auth:` values, the keys from its existingSecret
     "authentication_enabled", "authorization_enabled", "super_user_roles",
-    "token_secret_key", "token_public_key",
+    "token_secret_key", "token_public_key", "kafka_token_secret_key",
 })
 NONEMPTY = {"type": "string", "minLength": 1}
 COMPONENT_SETTINGS = {"policy": PolicySettings, "admission": AdmissionSettings,
@@ -200,6 +200,7 @@ def schema() -> dict[str, Any]:
                 "existingSecret": STR,
                 "secretKeyKey": STR,
                 "publicKeyKey": STR,
+                "kafkaTokenSecretKeyKey": STR,
                 "testToken": obj({"existingSecret": STR, "key": NONEMPTY}),
             }),
             "metrics": obj({

@@ -145,7 +145,8 @@ def main() -> int:
     backoff = ExponentialRedeliveryBackoff.builder().min_delay_ms(1000).max_delay_ms(
         4000).multiplier(2).build()
     with Consumer(topic, "demo-app", negative_ack_redelivery_backoff=backoff,
-                  initial_position="earliest", token=token) as consumer, \
+                  initial_position="earliest", token=token,
+                  policy_url=policy_url) as consumer, \
             Producer(topic, token=token) as producer:
         sent = publish(producer)
         ok = await_arrivals(consumer, sent)

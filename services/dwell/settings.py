@@ -46,6 +46,10 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     super_user_roles: str = ""  # comma list
     token_secret_key: SecretStr = SecretStr("")
     token_public_key: str = ""
+    # Kafka tokens (dwell.auth.tokens): the HMAC key they are signed with, in the same
+    # forms (DWELL_TOKEN_SECRET_KEY when empty; required with a public key), and their life.
+    kafka_token_secret_key: SecretStr = SecretStr("")
+    kafka_token_ttl_ms: int = Field(600_000, ge=1000, le=3_600_000)
 
     @model_validator(mode="after")
     def _refuse_insecure_production(self) -> CommonSettings:

@@ -76,7 +76,7 @@ def run(delay_ms: int, timeout_s: float, token: str | None = None) -> int:
     topic = f"persistent://{TENANT}/{NAMESPACE}/smoke-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + timeout_s
     tick_ms = ensure_namespace(policy_url, token)
-    with Consumer(topic, "smoke", token=token) as consumer, \
+    with Consumer(topic, "smoke", token=token, policy_url=policy_url) as consumer, \
             Producer(topic, producer_name="dwell-smoke", token=token) as producer:
         sent = _now_ms()
         message_id = publish(producer, delay_ms, deadline)

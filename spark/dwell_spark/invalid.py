@@ -4,8 +4,10 @@ the job uses it. Good events go on to the backoff query; malformed ones go to
 stop or crash-loop the backoff query (a bad messageId or backoff would fail its
 micro-batch, and the batch would fail again on every restart).
 
-With authentication on (DWELL_AUTHENTICATION_ENABLED), an event must also carry a valid
-token in `dwell-authorization`, and with authorization on, its role must hold `consume`
+With authentication on (DWELL_AUTHENTICATION_ENABLED), an event must also carry, in
+`dwell-authorization`, a Kafka token (dwell.auth.tokens) that was valid when the broker
+wrote the event (dwell.acks has message.timestamp.type=LogAppendTime); a long-lived token
+is refused. With authorization on, its role must hold `consume`
 on the event's namespace (or be a super-user or the tenant's admin), as read from the
 policy store in Redis (cached per Python worker for backoff_registry_ttl_ms); events that
 fail go to `dwell.invalid` as `unauthenticated` / `unauthorized`. The app's own events
@@ -31,8 +33,8 @@ from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
-from dwell.auth.keys import verification_key
-from dwell.auth.tokens import InvalidToken, TokenVerifier
+from dwell.auth.keys import kafka_token_key
+from dwell.auth.tokens import InvalidToken, KafkaTokenVerifier
 from dwell.cache import ExpiringCache
 from dwell.core import invalid
 from dwell.core import topics as names
@@ -50,11 +52,13 @@ CHECK_SCHEMA: Final = StructType([StructField("kind", StringType()),
 QUERY: Final = "acks-invalid"
 # kafka.fetch.max.wait.ms of the side query, as the backoff query's.
 FETCH_MAX_WAIT_MS: Final = 10
+# The Kafka source's timestampType of a timestamp the broker set.
+LOG_APPEND_TIME: Final = 1
 
 
 # Per Python worker (workers are reused across batches): token verifiers by key, and the
 # grants read.
-_verifiers: dict[tuple[str, str], TokenVerifier] = {}
+_verifiers: dict[tuple[str, str, str], KafkaTokenVerifier] = {}
 _grants: ExpiringCache[tuple[str, str, str], Grants] = ExpiringCache()
 _lock = threading.Lock()
 
@@ -65,6 +69,7 @@ class AckAuth:
     (UNAUTHENTICATED / UNAUTHORIZED) for an event the role may not send. Pickles as
     its settings, so it ships to the executors."""
 
+    kafka_secret_key: str
     secret_key: str
     public_key: str
     authorization: bool
@@ -76,17 +81,19 @@ class AckAuth:
     def of(cls, settings: SparkSettings) -> AckAuth | None:
         if not settings.authentication_enabled:
             return None
-        return cls(settings.token_secret_key.get_secret_value(), settings.token_public_key,
+        auth = cls(settings.kafka_token_secret_key.get_secret_value(),
+                   settings.token_secret_key.get_secret_value(), settings.token_public_key,
                    settings.authorization_enabled, settings.super_users(),
                    settings.redis_url, settings.backoff_registry_ttl_ms)
+        auth._verifier()  # a missing or bad key stops the app at start, with its reason
+        return auth
 
-    def _verifier(self) -> TokenVerifier:
-        key = (self.secret_key, self.public_key)
+    def _verifier(self) -> KafkaTokenVerifier:
+        key = (self.kafka_secret_key, self.secret_key, self.public_key)
         with _lock:
             found = _verifiers.get(key)
             if found is None:
-                found = _verifiers[key] = TokenVerifier(
-                    verification_key(self.secret_key, self.public_key))
+                found = _verifiers[key] = KafkaTokenVerifier(kafka_token_key(*key))
         return found
 
     def _grants(self, tenant: str, namespace: str) -> Grants:
@@ -97,13 +104,21 @@ class AckAuth:
             return Grants.of(admins, namespace_auth(orjson.loads(ns_raw)) if ns_raw else None)
         return _grants.get((self.redis_url, tenant, namespace), self.ttl_ms, load)
 
-    def check(self, token: str | None, topic: str) -> None:
+    def check(self, token: str | None, topic: str, record_ms: int,
+              log_append_time: bool) -> None:
+        """``record_ms``: the event's record timestamp, which ``log_append_time`` says the
+        broker set (a producer-set one would let an expired token be replayed)."""
         if token is None:
             raise invalid.Malformed(invalid.UNAUTHENTICATED,
                                     f"header {hdr.AUTHORIZATION}: missing; authentication "
-                                    "is on")
+                                    "is on (Bearer <Kafka token>, from POST "
+                                    "/admin/v2/kafka-tokens)")
+        if not log_append_time:
+            raise invalid.Malformed(invalid.UNAUTHENTICATED,
+                                    f"{names.ACKS} records need broker timestamps "
+                                    "(message.timestamp.type=LogAppendTime)")
         try:
-            role = self._verifier().role(token)
+            role = self._verifier().role_at(token, record_ms)
         except InvalidToken as exc:
             raise invalid.Malformed(invalid.UNAUTHENTICATED, f"token: {exc}") from None
         if not self.authorization:
@@ -118,19 +133,25 @@ class AckAuth:
 
 
 def check_events(values: pd.Series, auths: pd.Series, max_bytes: int,
-                 system_topics: frozenset[str], auth: AckAuth | None = None) -> pd.DataFrame:
+                 system_topics: frozenset[str], auth: AckAuth | None = None,
+                 timestamps: pd.Series | None = None,
+                 timestamp_types: pd.Series | None = None) -> pd.DataFrame:
     """(kind, reason) of each event, both None for a good one: ``values`` are the raw
-    record values, ``auths`` each record's `dwell-authorization` header values; ``auth``
-    who may send them (None: authentication off)."""
+    record values, ``auths`` each record's `dwell-authorization` header values,
+    ``timestamps`` their record timestamps in ms and ``timestamp_types`` Kafka's type of
+    each (1: LogAppendTime); ``auth`` who may send them (None: authentication off)."""
     kinds: list[str | None] = []
     reasons: list[str | None] = []
-    for value, header in zip(values, auths, strict=True):
+    n = len(values)
+    stamps = timestamps if timestamps is not None else pd.Series([0] * n)
+    types = timestamp_types if timestamp_types is not None else pd.Series([0] * n)
+    for value, header, ts, ts_type in zip(values, auths, stamps, types, strict=True):
         try:
             invalid.check_size(value, max_bytes, "acks_max_event_bytes")
             token = invalid.authorization([] if header is None else list(header))
             doc = invalid.check_ack_event(value, max_bytes, system_topics)
             if auth is not None and doc["topic"] not in system_topics:
-                auth.check(token, doc["topic"])
+                auth.check(token, doc["topic"], int(ts), int(ts_type) == LOG_APPEND_TIME)
         except invalid.Malformed as exc:
             kinds.append(exc.kind)
             reasons.append(exc.reason[:invalid.MAX_REASON_CHARS])
@@ -142,8 +163,10 @@ def check_events(values: pd.Series, auths: pd.Series, max_bytes: int,
 
 def _checker(max_bytes: int, system_topics: frozenset[str], auth: AckAuth | None) -> Any:
     @F.pandas_udf(CHECK_SCHEMA)  # type: ignore[call-overload]
-    def check(values: pd.Series, auths: pd.Series) -> pd.DataFrame:
-        return check_events(values, auths, max_bytes, system_topics, auth)
+    def check(values: pd.Series, auths: pd.Series, timestamps: pd.Series,
+              timestamp_types: pd.Series) -> pd.DataFrame:
+        return check_events(values, auths, max_bytes, system_topics, auth, timestamps,
+                            timestamp_types)
     return check
 
 
@@ -168,8 +191,17 @@ def checked_acks(spark: SparkSession, settings: SparkSettings,
            .option("includeHeaders", "true")
            .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
            .load())
+    return with_checks(raw, settings, system_topics)
+
+
+def with_checks(raw: DataFrame, settings: SparkSettings,
+                system_topics: frozenset[str]) -> DataFrame:
+    """dwell.acks records as the Kafka source reads them (headers included), each with
+    `bad` (kind, reason: null when good)."""
     check = _checker(settings.acks_max_event_bytes, system_topics, AckAuth.of(settings))
-    return raw.withColumn("bad", check(F.col("value"), _auth_values()))
+    return raw.withColumn("bad", check(F.col("value"), _auth_values(),
+                                       F.unix_millis(F.col("timestamp")),
+                                       F.col("timestampType")))
 
 
 def write_invalid(rows: list[Any], producer: kafka.Producer) -> None:

@@ -357,6 +357,7 @@ def test_auth_reads_its_key_from_the_mounted_secret(helm: str, args: list[str], 
         assert env["DWELL_AUTHENTICATION_ENABLED"] == env["DWELL_AUTHORIZATION_ENABLED"] == "true"
         assert env["DWELL_SUPER_USER_ROLES"] == "admin,ops"
         assert env[setting] == path
+        assert env["DWELL_KAFKA_TOKEN_SECRET_KEY"] == "file:///etc/dwell/auth/kafka-token.key"
         assert {"name": "token-keys", "mountPath": "/etc/dwell/auth", "readOnly": True} in (
             spec["containers"][0]["volumeMounts"])
         (volume,) = [v for v in spec["volumes"] if v["name"] == "token-keys"]
@@ -369,6 +370,19 @@ def test_auth_reads_its_key_from_the_mounted_secret(helm: str, args: list[str], 
         pod["containers"][0]["volumeMounts"])
     (volume,) = [v for v in pod["volumes"] if v["name"] == "token-keys"]
     assert volume["secret"]["secretName"] == "dwell-token-keys"
+
+
+def test_a_public_key_needs_a_kafka_token_key(helm: str) -> None:
+    got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", "1.31.0",
+                   *TOKEN_KEYS, "--set", "auth.kafkaTokenSecretKeyKey=")
+    assert got.returncode != 0
+    assert "auth.kafkaTokenSecretKeyKey is required with auth.publicKeyKey" in got.stderr
+    # An HMAC secret for users' tokens signs Kafka tokens too.
+    docs = render(helm, "--set", "auth.kafkaTokenSecretKeyKey=",
+                  "--set", "auth.secretKeyKey=secret.key")
+    for w in workloads(docs):
+        env = container_env(w["spec"]["template"]["spec"]["containers"][0])
+        assert "DWELL_KAFKA_TOKEN_SECRET_KEY" not in env
 
 
 def test_helm_test_hook_authenticates_with_the_test_token_secret(helm: str) -> None:

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from conftest import ServiceFactory, wait_for
 from dwell.admission.app import build_app as admission_app
 from dwell.admission.settings import AdmissionSettings
-from dwell.auth.tokens import create_secret_key, create_token
+from dwell.auth.tokens import create_kafka_token, create_secret_key, create_token
 from dwell.client import Consumer, Producer, PublishError, SubscribeError
 from dwell.policy.app import build_app as policy_app
 from dwell.policy.settings import PolicySettings
@@ -39,6 +39,7 @@ PRODUCER, CONSUMER = "own-producer", "own-consumer"
 NEEDS: dict[str, dict[tuple[str, str], str]] = {
     "policy": {
         ("GET", "/admin/v2/clusters"): "U",
+        ("POST", "/admin/v2/kafka-tokens"): "U",
         ("GET", "/admin/v2/brokers/configuration/runtime"): "S",
         ("GET", "/admin/v2/tenants"): "S",
         ("PUT", "/admin/v2/tenants/{tenant}"): "S",
@@ -97,6 +98,8 @@ MEETS = {
     "no token": (set(), set()),
     "expired token": (set(), set()),
     "bad signature": (set(), set()),
+    # A super-user's Kafka token: good on Kafka, refused over HTTP.
+    "Kafka token": (set(), set()),
 }
 
 
@@ -139,6 +142,7 @@ def secured(services: ServiceFactory) -> Iterator[Secured]:
         "consume-only": token(CONSUMER), "no token": None,
         "expired token": token(ADMIN, expires_at=time.time() - 10),
         "bad signature": create_token(create_secret_key(), "HS256", SUPER),
+        "Kafka token": create_kafka_token(secret, SUPER, 3_600_000)[0],
     }
     own, other = "own" + uuid.uuid4().hex[:8], "other" + uuid.uuid4().hex[:8]
     root = httpx.Client(base_url=policy.url, timeout=30,
@@ -237,7 +241,7 @@ def test_matrix(secured: Secured) -> None:
                         elif not got:
                             # 401 for whoever has no valid token, 403 for the others.
                             want = 401 if role in ("no token", "expired token",
-                                                   "bad signature") else 403
+                                                   "bad signature", "Kafka token") else 403
                             if answer.status_code != want:
                                 wrong.append(f"{want} expected: {where}")
     print(f"authz matrix: {cells} cells, unexpected allows: {allows}, "

@@ -1,10 +1,10 @@
 """The token on the Kafka path, against real Kafka, Redis and the real policy and
 admission services with authentication and authorization on: a dwell.publish request is
-published only when the token in its `dwell-authorization` header has a role that may
-produce on the namespace; any other gets Pulsar's AuthenticationError (3) or
-AuthorizationError (4) on dwell.publish.results, and nothing of it reaches a topic. (Its
-own module: an admission of another module with authentication off would answer the same
-requests.)"""
+published only when the token in its `dwell-authorization` header is a Kafka token
+(`POST /admin/v2/kafka-tokens`) whose role may produce on the namespace; any other gets
+Pulsar's AuthenticationError (3) or AuthorizationError (4) on dwell.publish.results, and
+nothing of it reaches a topic. (Its own module: an admission of another module with
+authentication off would answer the same requests.)"""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 from conftest import read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
-from dwell.auth.tokens import create_secret_key, create_token
+from dwell.auth.tokens import create_kafka_token, create_secret_key, create_token
 from dwell.core import topics as names
 
 pytestmark = pytest.mark.integration
@@ -40,6 +40,12 @@ def test_the_ingress_checks_the_token_and_produce_before_it_writes(
         def token(role: str, **kw: float) -> str:
             return create_token(secret, "HS256", role, **kw)
 
+        def kafka_token(role: str) -> str:
+            got = httpx.post(f"{policy.url}/admin/v2/kafka-tokens",
+                             headers={"Authorization": f"Bearer {token(role)}"})
+            assert got.status_code == 200, got.text
+            return str(got.json()["token"])
+
         root = {"Authorization": f"Bearer {token('root')}"}
         assert httpx.put(f"{policy.url}/admin/v2/tenants/{unique}", json={},
                          headers=root).status_code == 204
@@ -58,13 +64,15 @@ def test_the_ingress_checks_the_token_and_produce_before_it_writes(
                  30, "the ingress to get partitions")
 
         cases = {  # sequenceId: (header value or None, errorCode expected)
-            1: (f"Bearer {token('writer')}", 0),
-            2: (f"Bearer {token('root')}", 0),
+            1: (f"Bearer {kafka_token('writer')}", 0),
+            2: (f"Bearer {kafka_token('root')}", 0),
             3: (None, 3),
-            4: (f"Bearer {token('writer', expires_at=time.time() - 10)}", 3),
-            5: (f"Bearer {create_token(create_secret_key(), 'HS256', 'root')}", 3),
-            6: (f"Bearer {token('reader')}", 4),
-            7: (f"Bearer {token('stranger')}", 4),
+            4: (f"Bearer {create_kafka_token(secret, 'writer', 60_000, time.time() - 600)[0]}",
+                3),
+            5: (f"Bearer {create_kafka_token(create_secret_key(), 'root', 60_000)[0]}", 3),
+            6: (f"Bearer {kafka_token('reader')}", 4),
+            7: (f"Bearer {kafka_token('stranger')}", 4),
+            8: (f"Bearer {token('writer')}", 3),  # long-lived: never on Kafka
         }
         producer_name = f"prod-{unique}"
         ends = kafka.end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
@@ -88,7 +96,8 @@ def test_the_ingress_checks_the_token_and_produce_before_it_writes(
         assert "Authentication required" in got[3]["errorMsg"]
         assert "expired" in got[4]["errorMsg"].lower(), got[4]
         assert "may not produce" in got[6]["errorMsg"], got[6]
-        assert all(got[s]["messageId"] == "-1" for s in (3, 4, 5, 6, 7))
+        assert "POST /admin/v2/kafka-tokens" in got[8]["errorMsg"], got[8]
+        assert all(got[s]["messageId"] == "-1" for s in (3, 4, 5, 6, 7, 8))
         # Only the allowed messages are on the ready topic.
         ready = kafka.read_all(kafka_bootstrap, f"{unique}.ns.secured")
         assert sorted(r.value for r in ready) == [b"m1", b"m2"]

@@ -26,7 +26,7 @@ from typing import Any
 import pyspark
 import pytest
 
-from dwell.auth.tokens import create_key_pair
+from dwell.auth.tokens import create_key_pair, create_secret_key
 
 from .conftest import CHART, SCENARIOS, TOKEN_SECRET, Kube, wait_for
 
@@ -90,7 +90,8 @@ def release(kube: Kube) -> Iterator[Release]:
     volumes = make_volumes(kube, ns, 3)
     r = kube.api.post(f"/api/v1/namespaces/{ns}/secrets", json={
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": TOKEN_SECRET},
-        "data": {"public.key": base64.b64encode(create_key_pair()[1]).decode()}})
+        "data": {"public.key": base64.b64encode(create_key_pair()[1]).decode(),
+                 "kafka-token.key": base64.b64encode(create_secret_key()).decode()}})
     assert r.status_code == 201, r.text
     try:
         t0 = time.monotonic()

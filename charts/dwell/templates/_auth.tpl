@@ -24,6 +24,12 @@
 - name: DWELL_TOKEN_PUBLIC_KEY
   value: {{ printf "file://%s/%s" (include "dwell.authKeyDir" .) (required "auth.publicKeyKey or auth.secretKeyKey is required when auth.enabled is true" $auth.publicKeyKey) | quote }}
 {{- end }}
+{{- if $auth.kafkaTokenSecretKeyKey }}
+- name: DWELL_KAFKA_TOKEN_SECRET_KEY
+  value: {{ printf "file://%s/%s" (include "dwell.authKeyDir" .) $auth.kafkaTokenSecretKeyKey | quote }}
+{{- else if not $auth.secretKeyKey }}
+{{- fail "auth.kafkaTokenSecretKeyKey is required with auth.publicKeyKey: the key of an HMAC secret in auth.existingSecret that dwell signs its short-lived Kafka tokens with (dwell-admin tokens create-secret-key)" }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

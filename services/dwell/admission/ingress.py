@@ -25,12 +25,17 @@ that does not fit, a bad `dwell-authorization` header, bigger than max_request_b
 invalid topic) also goes to `dwell.invalid` as read, with its reason
 (dwell.core.invalid), in the same transaction.
 
-With authentication on, a request carries its token in the `dwell-authorization` header
-(`Bearer <token>`, as HTTP's Authorization header; Kafka headers are the analogue of the
-credentials Pulsar's binary protocol sends on connect). The ingress verifies it and checks
-`produce` on the namespace (with authorization on) before it plans or writes anything; a
-request refused gets, for each message, Pulsar's ServerError code: AuthenticationError (3)
-or AuthorizationError (4), with the reason.
+With authentication on, a request carries a Kafka token in the `dwell-authorization`
+header (`Bearer <token>`, as HTTP's Authorization header; Kafka headers are the analogue of
+the credentials Pulsar's binary protocol sends on connect): a short-lived token from
+`POST /admin/v2/kafka-tokens`, never the client's long-lived one, which the topic would
+keep for its retention (dwell.auth.tokens). The ingress checks that it was valid at the
+record's broker-assigned timestamp (dwell.publish has message.timestamp.type=
+LogAppendTime), so a request that waited in a backlog is still accepted and an expired
+token copied out of the topic is refused, and checks `produce` on the namespace (with
+authorization on) before it plans or writes anything; a request refused gets, for each
+message, Pulsar's ServerError code: AuthenticationError (3) or AuthorizationError (4), with
+the reason.
 Metrics count every attempt, so a re-processed batch is counted again.
 """
 
@@ -46,7 +51,7 @@ import orjson
 
 from dwell import headers as hdr
 from dwell.adapters import kafka
-from dwell.auth.guard import GrantsSync, Guard
+from dwell.auth.guard import GrantsSync, Guard, unauthenticated
 from dwell.cache import BoundedCache
 from dwell.core import invalid
 from dwell.core import topics as names
@@ -271,17 +276,22 @@ class Ingress:
                                               if r.key else ""))
         except PublishError as exc:
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
-        self._authorize(token, topic)
+        self._authorize(token, topic, r)
         return req, topic
 
-    def _authorize(self, token: str | None, topic: TopicName) -> None:
-        """PublishError 401 / 403 unless the token's role may produce on the topic's
-        namespace (nothing to check with authentication off)."""
+    def _authorize(self, token: str | None, topic: TopicName, r: kafka.Record) -> None:
+        """PublishError 401 / 403 unless the token is a Kafka token valid when the record
+        was written and its role may produce on the topic's namespace (nothing to check
+        with authentication off)."""
         if self.guard is None:
             return
         try:
-            self.guard.check_sync(f"Bearer {token}" if token else None, Operation.PRODUCE,
-                                  topic.tenant, topic.namespace, self.grants)
+            if not r.log_append_time:
+                # A producer-set timestamp would let an expired token be replayed.
+                raise unauthenticated(f"{r.topic} records need broker timestamps "
+                                      "(message.timestamp.type=LogAppendTime)")
+            self.guard.check_kafka_sync(token, r.timestamp_ms, Operation.PRODUCE,
+                                        topic.tenant, topic.namespace, self.grants)
         except ApiError as exc:
             raise PublishError(exc.status, exc.reason) from None
 

@@ -15,8 +15,8 @@ from typing import Final
 from fastapi import Depends, Request
 from fastapi.params import Depends as DependsParam
 
-from dwell.auth.keys import verification_key
-from dwell.auth.tokens import InvalidToken, TokenVerifier
+from dwell.auth.keys import kafka_token_key, verification_key
+from dwell.auth.tokens import InvalidToken, KafkaTokenVerifier, TokenVerifier
 from dwell.core.authz import NEEDS, NO_GRANTS, Grants, Need, Operation, allowed
 from dwell.http import ApiError
 from dwell.settings import CommonSettings
@@ -56,6 +56,13 @@ class Guard:
         self.verifier = (TokenVerifier(verification_key(
             settings.token_secret_key.get_secret_value(), settings.token_public_key))
             if self.authentication else None)
+        # Read at start so that a service without a Kafka token key refuses to start.
+        self.kafka_key = (kafka_token_key(settings.kafka_token_secret_key.get_secret_value(),
+                                          settings.token_secret_key.get_secret_value(),
+                                          settings.token_public_key)
+                          if self.authentication else None)
+        self.kafka_verifier = (KafkaTokenVerifier(self.kafka_key)
+                               if self.kafka_key is not None else None)
 
     def role(self, authorization: str | None) -> str:
         """The role an `Authorization` header authenticates; ApiError 401 otherwise."""
@@ -92,12 +99,26 @@ class Guard:
                 return role
         raise forbidden(role, operation, tenant, namespace)
 
-    def check_sync(self, authorization: str | None, operation: Operation, tenant: str,
-                   namespace: str | None, grants: GrantsSync | None) -> str | None:
-        """`check` for a thread outside the event loop, with a synchronous grants lookup."""
+    def check_kafka_sync(self, token: str | None, record_ms: int, operation: Operation,
+                         tenant: str, namespace: str | None,
+                         grants: GrantsSync | None) -> str | None:
+        """`check` for a record read from Kafka, in a thread outside the event loop with a
+        synchronous grants lookup: ``token`` (from its `dwell-authorization` header) must
+        be a Kafka token valid at ``record_ms``, the record's broker-assigned timestamp."""
         if not self.authentication:
             return None
-        role = self.role(authorization)
+        assert self.kafka_verifier is not None
+        if not token:
+            raise unauthenticated("no dwell-authorization header (Bearer <Kafka token>, "
+                                  "from POST /admin/v2/kafka-tokens)")
+        try:
+            role = self.kafka_verifier.role_at(token, record_ms)
+        except InvalidToken as exc:
+            raise unauthenticated(str(exc)) from None
+        return self._authorize_sync(role, operation, tenant, namespace, grants)
+
+    def _authorize_sync(self, role: str, operation: Operation, tenant: str,
+                        namespace: str | None, grants: GrantsSync | None) -> str:
         if not self.authorization:
             return role
         found = grants(tenant, namespace) if grants is not None else NO_GRANTS

@@ -111,3 +111,22 @@ def verification_key(secret_key: str, public_key: str) -> VerificationKey:
         return VerificationKey(key, algorithms_of(key))
     raise InvalidKey("authentication is enabled but neither DWELL_TOKEN_SECRET_KEY nor "
                     "DWELL_TOKEN_PUBLIC_KEY is set")
+
+
+def kafka_token_key(kafka_secret_key: str, secret_key: str, public_key: str) -> bytes:
+    """The HMAC key dwell signs and checks Kafka tokens with (dwell.auth.tokens):
+    DWELL_KAFKA_TOKEN_SECRET_KEY, else DWELL_TOKEN_SECRET_KEY when user tokens are
+    HMAC-signed. With a public key for user tokens dwell holds no secret of its own, so
+    the Kafka key must be given."""
+    if kafka_secret_key:
+        raw = read_key(kafka_secret_key, "DWELL_KAFKA_TOKEN_SECRET_KEY")
+        if len(raw) < 32:
+            raise InvalidKey("DWELL_KAFKA_TOKEN_SECRET_KEY: shorter than 32 bytes (256 "
+                            "bits), too short for HS256")
+        return raw
+    if secret_key:
+        return verification_key(secret_key, "").key  # type: ignore[no-any-return]
+    raise InvalidKey("authentication is enabled and user tokens are verified with "
+                    "DWELL_TOKEN_PUBLIC_KEY: set DWELL_KAFKA_TOKEN_SECRET_KEY, the HMAC "
+                    "secret (32 bytes or more) dwell signs Kafka tokens with "
+                    "(dwell-admin tokens create-secret-key)")

@@ -1,14 +1,24 @@
 """Pulsar-style JWTs: the role is the `sub` claim, `exp` (when present) is honoured.
 `TokenVerifier` checks a token once and then remembers its role until it expires, so that
 a request carrying a token seen before costs one dict lookup; `create_token` and the key
-makers are what `dwell-admin tokens` runs (Pulsar's `pulsar tokens`)."""
+makers are what `dwell-admin tokens` runs (Pulsar's `pulsar tokens`).
+
+Kafka tokens: a request on `dwell.publish` or an event on `dwell.acks` stays readable in
+Kafka for the topic's retention, so it never carries a client's long-lived token. It
+carries a Kafka token instead (`create_kafka_token`, served by the policy service's
+`POST /admin/v2/kafka-tokens`): the same role, audience `dwell-kafka`, a life of minutes,
+signed with a key only dwell holds. `KafkaTokenVerifier` accepts one when it was valid at
+the record's broker-assigned timestamp (LogAppendTime), so a record that waited in a
+backlog is still accepted and a token copied out of Kafka is worth nothing once it
+expired: re-sent, its record gets a new append time. `TokenVerifier` (HTTP) refuses
+Kafka tokens, and the Kafka paths refuse every other token."""
 
 from __future__ import annotations
 
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -19,6 +29,24 @@ from dwell.auth.keys import VerificationKey
 
 class InvalidToken(Exception):
     """A token that does not authenticate anyone; the text says why (never the token)."""
+
+
+# The audience of Kafka tokens, and the only one the Kafka paths accept.
+KAFKA_AUDIENCE: Final = "dwell-kafka"
+KAFKA_TOKEN_ROUTE: Final = "POST /admin/v2/kafka-tokens"
+# How far before its `iat` a record's append time may be: the policy service's clock and
+# the broker's are different clocks.
+KAFKA_TOKEN_SKEW_MS: Final = 10_000
+# What the Kafka paths say to a client that sent a long-lived token.
+USE_KAFKA_TOKEN: Final = (f"a long-lived token is not accepted on Kafka; send a Kafka "
+                          f"token ({KAFKA_TOKEN_ROUTE}) in the header")
+
+
+def _audiences(claims: dict[str, Any]) -> list[Any]:
+    aud = claims.get("aud")
+    if aud is None:
+        return []
+    return aud if isinstance(aud, list) else [aud]
 
 
 # What 401 says for each of PyJWT's refusals.
@@ -76,6 +104,10 @@ class TokenVerifier:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             raise InvalidToken("token has no subject (sub claim)")
+        # Kafka tokens are signed with a key HTTP may share; they must not open HTTP.
+        if KAFKA_AUDIENCE in _audiences(claims):
+            raise InvalidToken(f"a Kafka token (aud {KAFKA_AUDIENCE}) is accepted only on "
+                               "dwell.publish and dwell.acks, not over HTTP")
         expiry = claims.get("exp")
         if expiry is not None:
             if not isinstance(expiry, (int, float)) or isinstance(expiry, bool):
@@ -97,6 +129,67 @@ class TokenVerifier:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+class KafkaTokenVerifier:
+    """Verifies Kafka tokens (HS256 with dwell's Kafka token key) against the timestamp
+    of the record that carries them, and caches token -> (role, iat ms, exp ms)."""
+
+    def __init__(self, key: bytes, *, cache_size: int = 10_000) -> None:
+        self._key = key
+        self._cache: dict[str, tuple[str, int, int]] = {}
+        self._cache_size = cache_size
+
+    def role_at(self, token: str, record_ms: int) -> str:
+        """The role of a Kafka token valid at ``record_ms`` (the record's broker-assigned
+        timestamp); InvalidToken otherwise."""
+        hit = self._cache.get(token)
+        if hit is None:
+            hit = self._verify(token)
+            if len(self._cache) >= self._cache_size:
+                del self._cache[next(iter(self._cache))]
+            self._cache[token] = hit
+        role, issued_ms, expiry_ms = hit
+        if record_ms > expiry_ms:
+            raise InvalidToken("Kafka token expired before the record was written")
+        if record_ms < issued_ms - KAFKA_TOKEN_SKEW_MS:
+            raise InvalidToken("Kafka token issued after the record was written")
+        return role
+
+    def _verify(self, token: str) -> tuple[str, int, int]:
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token, self._key, algorithms=["HS256"],
+                options={"verify_aud": False, "verify_exp": False, "verify_iat": False,
+                         "verify_nbf": False})
+        except jwt.InvalidTokenError as exc:
+            reason = _reason(exc)
+            # A user's token under another key or algorithm: say what to send instead.
+            if isinstance(exc, (jwt.InvalidSignatureError, jwt.InvalidAlgorithmError)):
+                reason += f" with dwell's Kafka token key; {USE_KAFKA_TOKEN}"
+            raise InvalidToken(reason) from None
+        if KAFKA_AUDIENCE not in _audiences(claims):
+            raise InvalidToken(USE_KAFKA_TOKEN)
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject:
+            raise InvalidToken("token has no subject (sub claim)")
+        times = [claims.get("iat"), claims.get("exp")]
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                   and 0 <= t < 1e11 for t in times):
+            raise InvalidToken("Kafka token needs numeric iat and exp claims")
+        return subject, int(times[0] * 1000), int(times[1] * 1000)  # type: ignore[operator]
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def create_kafka_token(key: bytes, subject: str, ttl_ms: int,
+                       now: float | None = None) -> tuple[str, int]:
+    """(a Kafka token for ``subject`` valid ``ttl_ms`` from ``now``, its expiry in ms)."""
+    issued = int(time.time() if now is None else now)
+    expires = issued + max(1, ttl_ms // 1000)
+    claims = {"sub": subject, "aud": KAFKA_AUDIENCE, "iat": issued, "exp": expires}
+    return jwt.encode(claims, key, algorithm="HS256"), expires * 1000
 
 
 # -- making keys and tokens (dwell-admin tokens)

@@ -14,6 +14,11 @@ for its broker too): an event not written within ``EVENT_WAIT_S`` stays queued, 
 order, and is sent again until Kafka takes it; its record's offset is settled then. The
 events after it join the queue without waiting. A restart before that reads those
 records again, copies the SDK's duplicate filter cannot tell from a redelivery.
+
+With a ``token``, the events carry a short-lived Kafka token, never that token (which
+``dwell.acks`` would keep for its retention): fetched from the policy service
+(``policy_url``, DWELL_POLICY_URL) and refreshed at half its life (client.auth.KafkaTokens).
+While none can be fetched, events stay queued as while Kafka is away.
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, retry_topic, validate_subscription
 from dwell.security import http_verify
 
+from .auth import KafkaTokens
+
 log = logging.getLogger("dwell.client.consumer")
 
 DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
+DEFAULT_POLICY_URL = "http://127.0.0.1:8081"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # How many (messageId, redeliveryCount) pairs the duplicate filter remembers, and how many
 # acknowledged messageIds.
@@ -125,7 +133,8 @@ class Consumer:
                  max_redeliver_count: int | None = None,
                  initial_position: str = "latest",
                  bootstrap: str | None = None, tracker_url: str | None = None,
-                 ready_topic_partitions: int = 4, token: str | None = None) -> None:
+                 ready_topic_partitions: int = 4, token: str | None = None,
+                 policy_url: str | None = None) -> None:
         self.topic = TopicName.parse(topic)
         self.subscription = validate_subscription(subscription)
         self.ack_timeout_ms = validate_ack_timeout_ms(ack_timeout_ms)
@@ -147,8 +156,10 @@ class Consumer:
         self.retry_topic = retry_topic(self.topic, self.subscription)
         # The JWT sent to the tracker as `Authorization: Bearer` when authentication is on.
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
-        # The same credentials on its dwell.acks events (dwell.headers.AUTHORIZATION).
-        self._event_headers = {hdr.AUTHORIZATION: f"Bearer {token}"} if token else None
+        # Its dwell.acks events carry Kafka tokens got with it (dwell.headers.AUTHORIZATION).
+        self._kafka_tokens = KafkaTokens(
+            policy_url or os.environ.get("DWELL_POLICY_URL", DEFAULT_POLICY_URL),
+            token) if token else None
         self._register()
         # Both topics must exist before subscribing: a group on a missing topic only sees
         # it after the next metadata refresh (minutes), long after the first message.
@@ -268,10 +279,16 @@ class Consumer:
         not in flight, in their order; wait up to ``wait_s`` for the oldest."""
         deadline = time.monotonic() + wait_s
         while self._unwritten:
+            headers = self._event_headers()
+            if headers is None:
+                if wait_s > 0:
+                    log.warning("%d dwell.acks events not written yet (no Kafka token); "
+                                "kept, their offsets wait for them", len(self._unwritten))
+                return
             for ev in self._unwritten:
                 if ev.sent is None or (ev.sent.done() and ev.sent.exception() is not None):
                     ev.sent = self._events.send(names.ACKS, ev.body, key=self._event_key,
-                                                headers=self._event_headers)
+                                                headers=headers or None)
             first = self._unwritten[0]
             sent = cast("Future[tuple[int, int]]", first.sent)  # sent just above
             try:
@@ -291,6 +308,17 @@ class Consumer:
                 continue
             self._unwritten.pop(0)
             self._settle(first.msg)
+
+    def _event_headers(self) -> dict[str, str] | None:
+        """The headers of events sent now; None when they need a Kafka token and there is
+        none yet."""
+        tokens = self._kafka_tokens
+        if tokens is None:
+            return {}
+        header = tokens.header()
+        if header is not None:
+            return {hdr.AUTHORIZATION: header}
+        return {} if tokens.disabled else None
 
     def close(self) -> None:
         try:

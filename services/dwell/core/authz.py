@@ -75,6 +75,7 @@ class Operation(Enum):
     GET_SUBSCRIPTION = "get subscription"
     UNSUBSCRIBE = "unsubscribe"
     ACK = "acknowledge"
+    CREATE_KAFKA_TOKEN = "create a Kafka token"
 
 
 NEEDS: Final[Mapping[Operation, Need]] = {
@@ -110,6 +111,8 @@ NEEDS: Final[Mapping[Operation, Need]] = {
     Operation.GET_SUBSCRIPTION: Need.CONSUME,
     Operation.UNSUBSCRIBE: Need.CONSUME,
     Operation.ACK: Need.CONSUME,
+    # For the caller's own role: it can do no more on Kafka than its grants allow.
+    Operation.CREATE_KAFKA_TOKEN: Need.AUTHENTICATED,
 }
 
 

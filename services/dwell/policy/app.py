@@ -51,7 +51,7 @@ from dwell.core.topics import (
     TopicName,
 )
 from dwell.http import ApiError, create_app, error, errors
-from dwell.policy import permissions, stats
+from dwell.policy import kafka_tokens, permissions, stats
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -500,5 +500,6 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.remove_topic_policy(name, isGlobal))
 
     permissions.add_routes(app, store, auth, commit, namespace_name)
+    kafka_tokens.add_routes(app, auth, settings)
     stats.add_routes(app, catalog, tracker, auth, topic_name)
     return app

@@ -96,11 +96,13 @@ class _Events:
 
     def __init__(self) -> None:
         self.sent: list[tuple[dict[str, object], Future[tuple[int, int]]]] = []
+        self.headers: list[dict[str, str] | None] = []
 
     def send(self, topic: str, value: bytes, key: bytes | None = None,
              headers: dict[str, str] | None = None) -> Future[tuple[int, int]]:
         fut: Future[tuple[int, int]] = Future()
         self.sent.append((json.loads(value), fut))
+        self.headers.append(headers)
         return fut
 
     def kinds(self) -> list[tuple[str, str]]:
@@ -114,7 +116,7 @@ def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, 
     c.subscription = "s"
     c._settings_json = {}
     c._event_key = b"persistent://acme/orders/new/s"
-    c._event_headers = None
+    c._kafka_tokens = None
     c._offsets = _Offsets()
     c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
     c._events = events = _Events()  # type: ignore[assignment]
@@ -165,6 +167,36 @@ def test_events_kafka_refused_are_sent_again_in_their_order(
     assert commits.committed == []
     events.sent[2][1].set_result((0, 5))
     events.sent[3][1].set_result((0, 6))
+    c._write_events(0)
+    assert commits.committed[-1] == {TP: 12}
+
+
+class _Tokens:
+    """The consumer's Kafka token source, with no token until the test gives one."""
+
+    disabled = False
+
+    def __init__(self) -> None:
+        self.token: str | None = None
+
+    def header(self) -> str | None:
+        return f"Bearer {self.token}" if self.token else None
+
+
+def test_events_wait_for_a_kafka_token_as_for_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a Kafka token (the policy service away), events queue and nothing raises;
+    once there is one, they are sent with it, never with the long-lived token."""
+    c, events, commits = _away_consumer(monkeypatch)
+    c._kafka_tokens = tokens = _Tokens()  # type: ignore[assignment]
+    c.acknowledge(_message(10))
+    c.acknowledge(_message(11))
+    assert events.sent == [] and commits.committed == [] and len(c._unwritten) == 2
+    tokens.token = "kafka.jwt"
+    c._write_events(0)
+    assert events.kinds() == [("ack", "m10"), ("ack", "m11")]
+    assert events.headers == [{"dwell-authorization": "Bearer kafka.jwt"}] * 2
+    for _, fut in events.sent:
+        fut.set_result((0, 1))
     c._write_events(0)
     assert commits.committed[-1] == {TP: 12}
 

@@ -23,24 +23,38 @@ def test_each_record_gets_its_kind_or_none() -> None:
     assert got["reason"][0] is None and "not UTF-8" in got["reason"][3]
 
 
-def test_with_authentication_on_an_event_needs_a_valid_token() -> None:
+def test_with_authentication_on_an_event_needs_a_kafka_token_valid_when_written() -> None:
     import base64
     import time
 
-    from dwell.auth.tokens import create_secret_key, create_token
-    from dwell_spark.invalid import AckAuth
+    from dwell.auth.tokens import create_kafka_token, create_secret_key, create_token
+    from dwell_spark.invalid import LOG_APPEND_TIME, AckAuth
 
     secret = create_secret_key()
-    auth = AckAuth("data:;base64," + base64.b64encode(secret).decode(), "", False,
+    auth = AckAuth("", "data:;base64," + base64.b64encode(secret).decode(), "", False,
                    frozenset(), "redis://127.0.0.1:1/0", 1000)
-    good = f"Bearer {create_token(secret, 'HS256', 'app')}".encode()
-    expired = f"Bearer {create_token(secret, 'HS256', 'app', time.time() - 5)}".encode()
-    forged = f"Bearer {create_token(create_secret_key(), 'HS256', 'app')}".encode()
+    now = time.time()
+    kafka_token, expires_ms = create_kafka_token(secret, "app", 2000, now=now - 60)
+    good = f"Bearer {kafka_token}".encode()
+    long_lived = f"Bearer {create_token(secret, 'HS256', 'app')}".encode()
+    forged = f"Bearer {create_kafka_token(create_secret_key(), 'app', 60_000)[0]}".encode()
     own = json.dumps({"event": "ack", "topic": "persistent://dwell/system/w",
                       "subscription": "w", "messageId": "dwell.delayed:0:0", "ts": 1}).encode()
-    got = check_events(pd.Series([GOOD, GOOD, GOOD, GOOD, own]),
-                       pd.Series([[good], None, [expired], [forged], None]), 1024,
-                       frozenset({"persistent://dwell/system/w"}), auth)
-    assert list(got["kind"]) == [None, invalid.UNAUTHENTICATED, invalid.UNAUTHENTICATED,
-                                 invalid.UNAUTHENTICATED, None]
-    assert "expired" in got["reason"][2]
+    written = expires_ms - 1000  # while the token was valid; read a minute later
+    cases = [  # (header, record timestamp, timestamp type, kind)
+        ([good], written, LOG_APPEND_TIME, None),
+        (None, written, LOG_APPEND_TIME, invalid.UNAUTHENTICATED),
+        ([good], expires_ms + 1, LOG_APPEND_TIME, invalid.UNAUTHENTICATED),  # replayed
+        ([good], written, 0, invalid.UNAUTHENTICATED),  # the producer chose the time
+        ([long_lived], written, LOG_APPEND_TIME, invalid.UNAUTHENTICATED),
+        ([forged], written, LOG_APPEND_TIME, invalid.UNAUTHENTICATED),
+    ]
+    got = check_events(pd.Series([GOOD] * len(cases) + [own]),
+                       pd.Series([c[0] for c in cases] + [None]), 1024,
+                       frozenset({"persistent://dwell/system/w"}), auth,
+                       pd.Series([c[1] for c in cases] + [0]),
+                       pd.Series([c[2] for c in cases] + [0]))
+    assert list(got["kind"]) == [c[3] for c in cases] + [None]
+    assert "expired before the record was written" in got["reason"][2]
+    assert "LogAppendTime" in got["reason"][3]
+    assert "POST /admin/v2/kafka-tokens" in got["reason"][4]

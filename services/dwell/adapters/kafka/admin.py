@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from dwell.core import topics as names
 
@@ -60,14 +67,19 @@ def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: in
     raise KafkaUnavailable(f"topic {name} not visible after {timeout}s")
 
 
+# The Kafka tokens on dwell.publish and dwell.acks are checked against the time the
+# broker wrote their record (dwell.auth.tokens): a timestamp the producer chose would let
+# an expired token be sent again as if it were old.
+BROKER_TIMESTAMPS: Final = {"message.timestamp.type": "LogAppendTime"}
+
 DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
     names.POLICIES: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                          "segment.ms": "3600000"}),
-    names.PUBLISH: (4, {}),
+    names.PUBLISH: (4, BROKER_TIMESTAMPS),
     names.PUBLISH_RESULTS: (4, {}),
     names.DELAYED: (4, {}),
     names.REFILED: (4, {}),
-    names.ACKS: (4, {}),
+    names.ACKS: (4, BROKER_TIMESTAMPS),
     names.DELIVERED: (4, {}),
     names.INVALID: (1, {}),
     names.SUBSCRIPTIONS: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
@@ -77,9 +89,34 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
 
 def ensure_dwell_topics(bootstrap: str, replication: int = 1,
                         partitions: Mapping[str, int] | None = None) -> None:
+    """Create dwell's own topics; an existing dwell.publish or dwell.acks without broker
+    timestamps is altered to have them."""
     for name, (default_parts, config) in DWELL_TOPIC_DEFAULTS.items():
         parts = (partitions or {}).get(name, default_parts)
-        ensure_topic(bootstrap, name, parts, replication, config)
+        if not ensure_topic(bootstrap, name, parts, replication, config):
+            enforced = {k: v for k, v in config.items() if k in BROKER_TIMESTAMPS}
+            if enforced:
+                ensure_topic_config(bootstrap, name, enforced)
+
+
+def ensure_topic_config(bootstrap: str, name: str, config: Mapping[str, str],
+                        timeout: float = 15.0) -> bool:
+    """Set ``config`` on an existing topic where its values differ; True when it altered
+    it. KafkaUnavailable when Kafka cannot answer or refuses."""
+    client = admin(bootstrap)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    try:
+        current = client.describe_configs([resource])[resource].result(timeout)
+        changes = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                   for k, v in config.items()
+                   if k not in current or current[k].value != v]
+        if not changes:
+            return False
+        altered = ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=changes)
+        client.incremental_alter_configs([altered])[altered].result(timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot set the config of topic {name}: {exc}") from exc
+    return True
 
 
 def topic_names(bootstrap: str, timeout: float = 15.0) -> set[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 Headers = Mapping[str, bytes | str]
 # (topic, value, key, encoded headers, timestamp ms) for Producer.send_many
@@ -22,6 +22,9 @@ class Record:
     value: bytes | None
     headers: dict[str, bytes]
     timestamp_ms: int
+    # True when the broker set timestamp_ms (message.timestamp.type=LogAppendTime): only
+    # then does it say when the record was written, whatever its producer claimed.
+    log_append_time: bool = False
 
     def header(self, name: str) -> str | None:
         raw = self.headers.get(name)
@@ -32,7 +35,8 @@ def record_of(msg: Message) -> Record:
     hdrs = msg.headers() or []
     ts_type, ts = msg.timestamp()
     return Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                  {k: (v if v is not None else b"") for k, v in hdrs}, ts)
+                  {k: (v if v is not None else b"") for k, v in hdrs}, ts,
+                  ts_type == TIMESTAMP_LOG_APPEND_TIME)
 
 
 def encode_headers(headers: Headers | None) -> list[tuple[str, bytes]] | None:
