@@ -80,12 +80,19 @@ def _error_text(err: Any) -> str:
     return _ERROR_TEXTS.get(kind, str(err.get("msg", "invalid")))
 
 
+# How many bad fields a reason names; it counts the others, so that its length does not
+# grow with the input.
+MAX_REASON_FIELDS: Final = 5
+
+
 def validation_reason(exc: pydantic.ValidationError | RequestValidationError) -> str:
     """The reason a 400 gives for a body or parameters that do not fit their model: one
     clause per bad field, e.g. `messages[2].deliverAt: must be an integer; tickTime: must
-    be >= 1`. Every service and both admission entry paths word errors with it."""
+    be >= 1`, for the first MAX_REASON_FIELDS of them, then how many more there are.
+    Every service and both admission entry paths word errors with it."""
     parts: list[str] = []
-    for err in exc.errors():
+    errs = exc.errors()
+    for err in errs:
         loc = list(err.get("loc", ()))
         if isinstance(exc, RequestValidationError) and loc and loc[0] in _REQUEST_PARTS:
             loc = loc[1:]
@@ -95,7 +102,11 @@ def validation_reason(exc: pydantic.ValidationError | RequestValidationError) ->
         for p in loc:
             where += f"[{p}]" if isinstance(p, int) else (f".{p}" if where else str(p))
         parts.append(f"{where or 'body'}: {_error_text(err)}")
-    return "; ".join(dict.fromkeys(parts)) or "invalid request"
+    named = list(dict.fromkeys(parts))
+    if len(named) > MAX_REASON_FIELDS:
+        more = len(named) - MAX_REASON_FIELDS
+        named = [*named[:MAX_REASON_FIELDS], f"and {more} more bad field{'s' * (more > 1)}"]
+    return "; ".join(named) or "invalid request"
 
 
 def too_large(max_bytes: int, setting: str, size: int | None) -> str:

@@ -18,19 +18,19 @@ Result record value, one per message, in request order: the HTTP answer's result
 `{"messageId": "-1", "errorCode", "errorMsg", "schemaVersion", "sequenceId", "topic",
 "requestId", "index"}`, where `requestId` is `dwell.publish:<partition>:<offset>` of the
 request and `index` the message's position in it. A request refused as a whole (bad body,
-unknown namespace: the HTTP 4xx cases) gives every message of it errorCode 2 with that
-reason, or a single result with `index` null when its messages cannot be read at all; a
-request without messages gives none. A malformed record (not JSON, not an object, a field
-that does not fit, a bad `dwell-authorization` header, bigger than max_request_bytes, an
-invalid topic) also goes to `dwell.invalid` as read, with its reason
+unknown namespace: the HTTP 4xx cases) gives one result, errorCode 2 with that reason,
+`index` null and the first message's `sequenceId` (when it can be read), however many
+messages it holds; a request without messages gives none. A malformed record (not JSON,
+not an object, a field that does not fit, a bad `dwell-authorization` header, bigger than
+max_request_bytes, an invalid topic) also goes to `dwell.invalid` as read, with its reason
 (dwell.core.invalid), in the same transaction.
 
 With authentication on, a request carries its token in the `dwell-authorization` header
 (`Bearer <token>`, as HTTP's Authorization header; Kafka headers are the analogue of the
-credentials Pulsar's binary protocol sends on connect). The ingress verifies it and checks
-`produce` on the namespace (with authorization on) before it plans or writes anything; a
-request refused gets, for each message, Pulsar's ServerError code: AuthenticationError (3)
-or AuthorizationError (4), with the reason.
+credentials Pulsar's binary protocol sends on connect). The ingress verifies it before it
+parses the value, and checks `produce` on the namespace (with authorization on) before it
+plans or writes anything; a request refused gets Pulsar's ServerError code:
+AuthenticationError (3) or AuthorizationError (4), with the reason.
 Metrics count every attempt, so a re-processed batch is counted again.
 """
 
@@ -42,6 +42,7 @@ import time
 from concurrent.futures import Future, wait
 from typing import Any
 
+import msgspec
 import orjson
 
 from dwell import headers as hdr
@@ -68,27 +69,36 @@ AUTHENTICATION_ERROR = 3
 AUTHORIZATION_ERROR = 4
 
 
-def _request_level_results(value: bytes | None, reason: str,
-                           error_code: int = INVALID_MESSAGE) -> tuple[str | None,
-                                                                       list[dict[str, Any]]]:
-    """Results for a request refused as a whole: one per message when they can be read."""
+def _request_level_result(value: bytes | None, reason: str,
+                          error_code: int = INVALID_MESSAGE) -> tuple[str | None,
+                                                                      dict[str, Any]]:
+    """The one result of a request refused as a whole, with the producer name and the
+    first message's sequenceId when they can be read: one result, however many messages
+    the request holds, so that what a refusal writes does not grow with the request."""
     producer: str | None = None
-    seqs: list[Any] = [None]
-    indexes: list[int | None] = [None]
+    seq: Any = None
     try:
-        doc = orjson.loads(value or b"")
-        if isinstance(doc, dict):
-            name = doc.get("producerName")
-            producer = name if isinstance(name, str) else None
-            msgs = doc.get("messages")
-            if isinstance(msgs, list) and msgs:
-                seqs = [m.get("sequenceId") if isinstance(m, dict) else None for m in msgs]
-                indexes = list(range(len(msgs)))
-    except orjson.JSONDecodeError:
+        head = _HEAD.decode(value or b"")
+        producer = head.producerName if isinstance(head.producerName, str) else None
+        messages = _RAWS.decode(head.messages)
+        first = msgspec.json.decode(messages[0]) if messages else None
+        seq = first.get("sequenceId") if isinstance(first, dict) else None
+    except (msgspec.ValidationError, msgspec.DecodeError):
         pass
-    return producer, [failed(error_code, reason) | {
-        "sequenceId": s if isinstance(s, int) else None, "index": i}
-        for s, i in zip(seqs, indexes, strict=True)]
+    return producer, failed(error_code, reason) | {
+        "sequenceId": seq if isinstance(seq, int) else None, "index": None}
+
+
+class _Head(msgspec.Struct):
+    """What a refused request's result names: its producer and its first message's
+    sequenceId; the other messages are skipped unread."""
+
+    producerName: Any = None
+    messages: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw] | None)
 
 
 class Ingress:
@@ -261,8 +271,12 @@ class Ingress:
                            "request")
         auth = r.headers.get(hdr.AUTHORIZATION)
         token = invalid.authorization([] if auth is None else [auth])
+        # Who sent it, before any work on what it holds: an unauthenticated sender costs
+        # one token check, whatever its body.
+        self._authenticate(token)
         try:
-            req = parse_request(r.value or b"", IngressRequest)
+            req = parse_request(r.value or b"", IngressRequest,
+                                self.settings.max_messages_per_request)
         except PublishError as exc:
             invalid.json_object(r.value)  # not JSON, not an object: that kind instead
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
@@ -273,6 +287,16 @@ class Ingress:
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
         self._authorize(token, topic)
         return req, topic
+
+    def _authenticate(self, token: str | None) -> None:
+        """PublishError 401 unless the token is valid (nothing to check with
+        authentication off)."""
+        if self.guard is None:
+            return
+        try:
+            self.guard.role(f"Bearer {token}" if token else None)
+        except ApiError as exc:
+            raise PublishError(exc.status, exc.reason) from None
 
     def _authorize(self, token: str | None, topic: TopicName) -> None:
         """PublishError 401 / 403 unless the token's role may produce on the topic's
@@ -291,10 +315,9 @@ class Ingress:
                                     list[dict[str, Any]], str, list[Any]]],
                 error_code: int = INVALID_MESSAGE) -> None:
         """The results of a request refused as a whole."""
-        producer_name, results = _request_level_results(r.value, reason, error_code)
-        for res in results:
-            res["requestId"] = request_id
-        planned.append((r, None, producer_name, results, request_id, []))
+        producer_name, result = _request_level_result(r.value, reason, error_code)
+        result["requestId"] = request_id
+        planned.append((r, None, producer_name, [result], request_id, []))
 
     def _topic(self, name: str) -> TopicName:
         """The Pulsar topic a record names, parsed once per distinct name."""
