@@ -18,7 +18,7 @@ import orjson
 
 from dwell import headers
 from dwell.adapters import kafka
-from dwell.core import topics
+from dwell.core import invalid, topics
 from dwell.policy.store import PolicyStore
 
 log = logging.getLogger("dwell.policy.feed")
@@ -48,8 +48,12 @@ def record_version(record: kafka.Record) -> int | None:
 
 class PolicyFeed:
     def __init__(self, store: PolicyStore, bootstrap: str, *, replication: int = 1,
-                 timeout_ms: int = 5000, compression_type: str = "none") -> None:
+                 timeout_ms: int = 5000, compression_type: str = "none",
+                 max_record_bytes: int | None = None) -> None:
         self._store = store
+        self._max_record_bytes = max_record_bytes
+        # scope -> version of a record too big for the feed, set aside on dwell.invalid
+        self._set_aside: dict[str, int] = {}
         self._bootstrap = bootstrap
         self._replication = replication
         self._timeout_s = timeout_ms / 1000
@@ -69,6 +73,10 @@ class PolicyFeed:
             if state is None:
                 return
             version, value = state
+            limit = self._max_record_bytes
+            if value is not None and limit is not None and len(value) > limit:
+                await self._put_aside(scope, version, len(value), limit)
+                return
             await self._send(scope, version, value)
             now = await self._store.scope_state(scope)
             if now is None or now[0] == version:
@@ -84,6 +92,25 @@ class PolicyFeed:
             self._dirty = True
             raise FeedUnavailable(str(exc) or "Kafka did not acknowledge in time") from exc
         self._published[scope] = version
+
+    async def _put_aside(self, scope: str, version: int, size: int, limit: int) -> None:
+        """A stored record the feed cannot carry (written before the store refused such
+        records): noted on dwell.invalid, without its value, which Kafka would refuse as
+        well, and left out of the catch-up, which would otherwise fail on it forever."""
+        if self._set_aside.get(scope) == version:
+            return
+        reason = (f"version {version} is {size} bytes, more than max_policy_record_bytes "
+                  f"({limit}); not published")
+        log.warning("%s: %s; set aside on %s", scope, reason, topics.INVALID)
+        out = invalid.invalid_record(topics.POLICIES, -1, -1, scope.encode(), None,
+                                     invalid.OVERSIZED, reason)
+        fut = self._producer.send(out[0], out[1], key=out[2], headers=dict(out[3]))
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(fut), self._timeout_s + 1)
+        except (kafka.KafkaUnavailable, TimeoutError) as exc:
+            self._dirty = True
+            raise FeedUnavailable(str(exc) or "Kafka did not acknowledge in time") from exc
+        self._set_aside[scope] = version
 
     def carried(self, scope: str) -> int:
         """The version of the scope's last record Kafka acknowledged; -1 for none."""
@@ -129,7 +156,8 @@ class PolicyFeed:
             # Only what the store has that is newer than the feed: a store that is behind
             # (it lost writes) must never put its older state over the feed's.
             behind = [scope for scope, version in (await self._store.scopes()).items()
-                      if version > self._published.get(scope, -1)]
+                      if version > self._published.get(scope, -1)
+                      and version != self._set_aside.get(scope)]
             for scope in behind:
                 await self.publish(scope)
             if behind:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final
 
 import orjson
 import pydantic
@@ -63,13 +63,21 @@ LUA = Path(__file__).parent / "lua"
 Change = tuple[str, int]  # (scope, version) of one write, to publish on the feed
 
 
+# Bounds of a tenant's lists, so that every tenant record fits on dwell.policies and
+# costs its readers (admission, the tracker, the authorization checks) little.
+MAX_ADMIN_ROLES: Final = 1000
+MAX_ALLOWED_CLUSTERS: Final = 100
+MAX_NAME_CHARS: Final = 256
+Name = Annotated[str, pydantic.StringConstraints(max_length=MAX_NAME_CHARS)]
+
+
 class TenantInfo(pydantic.BaseModel):
     """Pulsar's TenantInfo, the body of `PUT /admin/v2/tenants/{tenant}`."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    adminRoles: list[str] = []
-    allowedClusters: list[str] = []
+    adminRoles: list[Name] = pydantic.Field([], max_length=MAX_ADMIN_ROLES)
+    allowedClusters: list[Name] = pydantic.Field([], max_length=MAX_ALLOWED_CLUSTERS)
 
 
 # -- scopes: the keys of `dwell.policies`, and the Redis record each one names
@@ -112,6 +120,10 @@ def scope_listing(scope: str) -> tuple[str, str]:
     if kind == "topic":
         return keys.namespace_topic_policies(TopicName.parse(name).namespace_name), name
     return "", ""
+
+
+# `{"version":` and the digits of a version, which the put script writes before a tail.
+_VERSION_HEAD: Final = 32
 
 
 def _tail(scope: str, **fields: Any) -> str:
@@ -192,17 +204,27 @@ class PolicyStore:
     write refuses (StoreBehind) while the version counter is below it or the epoch is gone,
     in the same script as the write."""
 
-    def __init__(self, client: aredis.Redis, floor: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, client: aredis.Redis, floor: Callable[[], int] = lambda: 0,
+                 max_record_bytes: int | None = None) -> None:
         self.redis = client
         self._floor = floor
         self._scripts = redis_adapter.Scripts(client, LUA)
+        self.max_record_bytes = max_record_bytes
 
     async def _run(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
         return await self._scripts.run(script, keys_, args)
 
     async def _write(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
         """Run a write script (put, remove, namespace_delete), whose last key is the epoch
-        and last argument the floor; StoreBehind when it refused."""
+        and last argument the floor; StoreBehind when it refused. A record too big for the
+        feed (max_record_bytes) is refused with 413 before the script runs: what is stored
+        must fit on dwell.policies, or the feed could never carry it."""
+        if script == "put" and self.max_record_bytes is not None:
+            size = len(args[4].encode()) + _VERSION_HEAD if isinstance(args[4], str) else 0
+            if size > self.max_record_bytes:
+                raise ApiError(413, f"{args[3]}: the record would be {size} bytes; the limit "
+                                    f"is {self.max_record_bytes} bytes "
+                                    "(max_policy_record_bytes)")
         result = await self._run(script, [*keys_, keys.POLICY_EPOCH], [*args, self._floor()])
         if (result[0] if isinstance(result, list) else result) == STORE_BEHIND:
             raise StoreBehind(f"{script}: the policy store is behind {topics.POLICIES}")
