@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Service, read_until
+from conftest import Service, read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -126,3 +126,34 @@ def test_a_stored_record_too_big_for_the_feed_does_not_keep_the_service_down(
         svc.stop()
         policy_svc.start()
 
+
+def test_forged_policy_records_do_not_stop_admission(policy_svc: Service, services: Any,
+                                                     kafka_bootstrap: str, unique: str) -> None:
+    forged = [(f"tenant:{unique}f".encode(), b'{"version": 1, "tenant": "x"}'),
+              (f"namespace:{unique}f/ns".encode(), b'{"version": 2, "auth_policies": "x"}'),
+              (f"tenant:{unique}g".encode(), b'{"version": 3, "tenant": {"adminRoles": "ab"}}'),
+              (b"\xff\xfe", b"{}")]
+    p = kafka.Producer(kafka_bootstrap, linger_ms=0)
+    try:
+        for key, value in forged:
+            p.send(names.POLICIES, value, key).result(15)
+        # Replayed at start: admission must still become ready.
+        admission = services.start("admission", env={"DWELL_INGRESS_ENABLED": "false"},
+                                   ready=False)
+        try:
+            admission.wait_ready(45)
+            # Followed after start: the records after them must still be applied.
+            for key, value in forged:
+                p.send(names.POLICIES, value, key).result(15)
+            assert httpx.put(f"{policy_svc.url}/admin/v2/tenants/{unique}").status_code == 204
+            assert httpx.put(f"{policy_svc.url}/admin/v2/namespaces/{unique}/ns"
+                             ).status_code == 204
+            url = f"{admission.url}/topics/persistent/{unique}/ns/x"
+            got = wait_for(lambda: httpx.post(url, json={"messages": [{"payload": "a"}]})
+                           .status_code == 200, 30, "admission to apply the namespace")
+            assert got
+            assert "skipping malformed dwell.policies record" in admission.log.read_text()
+        finally:
+            admission.stop()
+    finally:
+        p.close()
