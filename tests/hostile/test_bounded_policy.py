@@ -127,8 +127,8 @@ def test_a_stored_record_too_big_for_the_feed_does_not_keep_the_service_down(
         policy_svc.start()
 
 
-def test_forged_policy_records_do_not_stop_admission(policy_svc: Service, services: Any,
-                                                     kafka_bootstrap: str, unique: str) -> None:
+def test_forged_policy_records_do_not_stop_admission_or_the_policy_service(
+        policy_svc: Service, services: Any, kafka_bootstrap: str, unique: str) -> None:
     forged = [(f"tenant:{unique}f".encode(), b'{"version": 1, "tenant": "x"}'),
               (f"namespace:{unique}f/ns".encode(), b'{"version": 2, "auth_policies": "x"}'),
               (f"tenant:{unique}g".encode(), b'{"version": 3, "tenant": {"adminRoles": "ab"}}'),
@@ -155,5 +155,40 @@ def test_forged_policy_records_do_not_stop_admission(policy_svc: Service, servic
             assert "skipping malformed dwell.policies record" in admission.log.read_text()
         finally:
             admission.stop()
+        # Nor a policy service, which loads the feed at start.
+        again = services.start("policy", env=policy_svc.env, ready=False)
+        try:
+            again.wait_ready(45)
+        finally:
+            again.stop()
     finally:
         p.close()
+
+
+def test_forged_records_are_set_aside_when_the_store_is_rebuilt(
+        policy_svc: Service, redis_url: str, kafka_bootstrap: str, unique: str) -> None:
+    forged = [(f"tenant:{unique}r".encode(), b'{"version": 1, "tenant": "junk"}', None),
+              (f"namespace:{unique}r/ns".encode(),
+               b'{"version": 2, "auth_policies": {"namespace_auth": {"r": "produce"}}}', None),
+              (f"tenant:{unique}v".encode(), b'{"tenant": {}}', "99999999999999999999"),
+              (b"tenant:\xff", b'{"version": 3, "tenant": {}}', None)]
+    invalid_from = kafka.end_offsets(kafka_bootstrap, names.INVALID)
+    p = kafka.Producer(kafka_bootstrap, linger_ms=0)
+    try:
+        for key, value, version in forged:
+            p.send(names.POLICIES, value, key,
+                   {hdr.VERSION: version} if version else None).result(15)
+    finally:
+        p.close()
+    redis_adapter.connect(redis_url).flushdb()  # Redis lost: the store is rebuilt
+    got = httpx.get(f"{policy_svc.url}/admin/v2/tenants", timeout=30)
+    assert got.status_code == 200, got.text
+    assert f"{unique}r" not in got.json() and f"{unique}v" not in got.json()
+    assert httpx.get(f"{policy_svc.url}/admin/v2/tenants/{unique}r").status_code == 404
+    assert httpx.put(f"{policy_svc.url}/admin/v2/tenants/{unique}").status_code == 204
+    keys = {f"tenant:{unique}r".encode(), f"namespace:{unique}r/ns".encode(), b"tenant:\xff"}
+    set_aside = read_until(kafka_bootstrap, names.INVALID, invalid_from,
+                           lambda rs: keys <= {r.key for r in rs}, timeout=30)
+    mine = {r.key: r.header(hdr.INVALID_REASON) for r in set_aside if r.key in keys}
+    assert set(mine) == keys, mine
+    print("\nset aside by the rebuild:", mine)

@@ -19,7 +19,7 @@ import orjson
 from dwell import headers
 from dwell.adapters import kafka
 from dwell.core import invalid, topics
-from dwell.policy.store import PolicyStore
+from dwell.policy.store import MAX_VERSION, PolicyStore
 
 log = logging.getLogger("dwell.policy.feed")
 
@@ -33,15 +33,17 @@ class FeedUnavailable(Exception):
 
 def record_version(record: kafka.Record) -> int | None:
     """The version a feed record carries, or None for a record that is not the policy
-    service's (the topic is shared, so foreign records are skipped, not fatal)."""
+    service's (the topic is shared, so foreign records are skipped, not fatal), a version
+    beyond what the store counts to among them: it would put the store behind for good."""
     try:
         header = record.header(headers.VERSION)
         if header is not None:
-            return int(header)
-        if record.value is None:
+            version = int(header)
+        elif record.value is None:
             return None
-        version = orjson.loads(record.value).get("version")
-        return version if isinstance(version, int) else None
+        else:
+            version = orjson.loads(record.value).get("version")
+        return version if isinstance(version, int) and 0 <= version <= MAX_VERSION else None
     except (ValueError, AttributeError, UnicodeDecodeError):
         return None
 
@@ -102,15 +104,18 @@ class PolicyFeed:
         reason = (f"version {version} is {size} bytes, more than max_policy_record_bytes "
                   f"({limit}); not published")
         log.warning("%s: %s; set aside on %s", scope, reason, topics.INVALID)
-        out = invalid.invalid_record(topics.POLICIES, -1, -1, scope.encode(), None,
-                                     invalid.OVERSIZED, reason)
+        await self.set_aside(invalid.invalid_record(topics.POLICIES, -1, -1, scope.encode(),
+                                                    None, invalid.OVERSIZED, reason))
+        self._set_aside[scope] = version
+
+    async def set_aside(self, out: invalid.InvalidRecord) -> None:
+        """Write a `dwell.invalid` record; FeedUnavailable when Kafka does not ack."""
         fut = self._producer.send(out[0], out[1], key=out[2], headers=dict(out[3]))
         try:
             await asyncio.wait_for(asyncio.wrap_future(fut), self._timeout_s + 1)
         except (kafka.KafkaUnavailable, TimeoutError) as exc:
             self._dirty = True
             raise FeedUnavailable(str(exc) or "Kafka did not acknowledge in time") from exc
-        self._set_aside[scope] = version
 
     def carried(self, scope: str) -> int:
         """The version of the scope's last record Kafka acknowledged; -1 for none."""
@@ -138,8 +143,12 @@ class PolicyFeed:
         for r in records:
             version = record_version(r)
             if r.key is not None and version is not None:
+                try:
+                    scope = r.key.decode()
+                except UnicodeDecodeError:
+                    continue  # no scope of the store's: not the policy service's record
                 # The last record of a scope is what compaction keeps, so it is what counts.
-                seen[r.key.decode()] = version
+                seen[scope] = version
         for scope, version in seen.items():
             self._published.setdefault(scope, version)
         # A store whose counter is below the feed's lost writes: dwell.policy.rebuild sees

@@ -199,6 +199,45 @@ def _topic_record(raw: bytes | None) -> tuple[int, TopicPolicies]:
     return int(doc["version"]), TopicPolicies.model_validate(doc)
 
 
+# Versions are counted by Lua, whose numbers are doubles: exact up to 2**53.
+MAX_VERSION: Final = 2**53
+
+
+def unreadable(scope: str, version: int, value: bytes | None,
+               max_record_bytes: int | None) -> str | None:
+    """Why a `dwell.policies` record of a policy scope is not one the store can hold and
+    read back (it was forged, or written by something else), or None when it is: a
+    version out of range, a record over `max_record_bytes`, not a JSON object, or a body
+    its scope's reads would fail on."""
+    if not 0 <= version <= MAX_VERSION:
+        return f"version {version} is out of range (0 to {MAX_VERSION})"
+    if value is None:
+        return None
+    if max_record_bytes is not None and len(value) > max_record_bytes:
+        return (f"{len(value)} bytes, more than max_policy_record_bytes "
+                f"({max_record_bytes})")
+    try:
+        doc = orjson.loads(value)
+        if not isinstance(doc, dict):
+            return "not a JSON object"
+        kind = scope.partition(":")[0]
+        if kind == "tenant":
+            TenantInfo.model_validate(doc["tenant"])
+        elif kind == "namespace":
+            perms = namespace_auth(doc)
+            if not all(isinstance(a, list) and all(isinstance(x, str) for x in a)
+                       for a in perms.values()):
+                return "auth_policies.namespace_auth: each role's actions must be a list"
+        elif kind == "ns":
+            _policy(value)
+        elif kind == "topic":
+            _topic_record(value)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # pydantic's ValidationError is a ValueError; its first line names the model.
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
 class PolicyStore:
     """`floor` answers the highest version the service has seen on `dwell.policies`: every
     write refuses (StoreBehind) while the version counter is below it or the epoch is gone,
