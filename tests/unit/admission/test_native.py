@@ -1,10 +1,10 @@
 """The publish paths against the reference: on generated requests, `Publisher.plan_body`
 (with `dwell_native` when admission has it, else the pure-Python path) must give exactly
 what `Publisher.plan(parse_request(body, max_messages=...))` gives: the same records and
-headers, results, answer heads and counts, or the same PublishError; the extension must take the common
-request rather than hand everything back to Python; and the answer must be the JSON of
-the finished results. Every test runs once per implementation present here (Python
-always; native when `dwell_native` is installed and DWELL_NATIVE is not 0)."""
+headers, results, answer heads and counts, or the same PublishError; the extension must
+take the common request rather than hand everything back to Python; and the answer must
+be the JSON of the finished results. Every test runs once per implementation present
+here (Python always; native when `dwell_native` is installed and DWELL_NATIVE is not 0)."""
 
 from __future__ import annotations
 
