@@ -77,15 +77,26 @@ def _error_text(err: Any) -> str:
         return f"must be >= {ctx['ge']}"
     if kind == "less_than_equal":
         return f"must be <= {ctx['le']}"
+    if kind == "too_long":
+        return f"must have at most {ctx['max_length']} items, not {ctx['actual_length']}"
+    if kind == "string_too_long":
+        return f"must be at most {ctx['max_length']} characters"
     return _ERROR_TEXTS.get(kind, str(err.get("msg", "invalid")))
+
+
+# How many bad fields a reason names; it counts the others, so that its length does not
+# grow with the input.
+MAX_REASON_FIELDS: Final = 5
 
 
 def validation_reason(exc: pydantic.ValidationError | RequestValidationError) -> str:
     """The reason a 400 gives for a body or parameters that do not fit their model: one
     clause per bad field, e.g. `messages[2].deliverAt: must be an integer; tickTime: must
-    be >= 1`. Every service and both admission entry paths word errors with it."""
+    be >= 1`, for the first MAX_REASON_FIELDS of them, then how many more there are.
+    Every service and both admission entry paths word errors with it."""
     parts: list[str] = []
-    for err in exc.errors():
+    errs = exc.errors()
+    for err in errs:
         loc = list(err.get("loc", ()))
         if isinstance(exc, RequestValidationError) and loc and loc[0] in _REQUEST_PARTS:
             loc = loc[1:]
@@ -95,7 +106,11 @@ def validation_reason(exc: pydantic.ValidationError | RequestValidationError) ->
         for p in loc:
             where += f"[{p}]" if isinstance(p, int) else (f".{p}" if where else str(p))
         parts.append(f"{where or 'body'}: {_error_text(err)}")
-    return "; ".join(dict.fromkeys(parts)) or "invalid request"
+    named = list(dict.fromkeys(parts))
+    if len(named) > MAX_REASON_FIELDS:
+        more = len(named) - MAX_REASON_FIELDS
+        named = [*named[:MAX_REASON_FIELDS], f"and {more} more bad field{'s' * (more > 1)}"]
+    return "; ".join(named) or "invalid request"
 
 
 def too_large(max_bytes: int, setting: str, size: int | None) -> str:
@@ -113,15 +128,29 @@ def declared_size(scope: Scope) -> int | None:
     return None
 
 
+def headers_too_large(scope: Scope, max_bytes: int) -> str | None:
+    """The reason of the 431 for a request whose target and headers pass `max_bytes`
+    (max_header_bytes), None when they fit."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    size += sum(len(name) + len(value) for name, value in scope["headers"])
+    if size <= max_bytes:
+        return None
+    return (f"request headers: {size} bytes with the target; the limit is {max_bytes} "
+            "bytes (max_header_bytes)")
+
+
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` is answered 413 naming the limit,
     at once when its Content-Length says so, else when the bytes read pass it (the app
-    reading the body then gets the 413 as an HTTPException, whatever reads it)."""
+    reading the body then gets the 413 as an HTTPException, whatever reads it); headers
+    over `max_header_bytes` are answered 431 before the app sees the request."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, setting: str) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, setting: str,
+                 max_header_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.setting = setting
+        self.max_header_bytes = max_header_bytes
 
     def reason(self, size: int | None) -> str:
         return too_large(self.max_bytes, self.setting, size)
@@ -130,6 +159,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.max_header_bytes is not None:
+            too_many = headers_too_large(scope, self.max_header_bytes)
+            if too_many is not None:
+                await error(431, too_many, {"connection": "close"})(scope, receive, send)
+                return
         size = declared_size(scope)
         if size is not None and size > self.max_bytes:
             await error(413, self.reason(size), {"connection": "close"})(scope, receive, send)
@@ -164,6 +198,7 @@ _ERROR_DESCRIPTIONS: Final = {
     409: "It exists already, or is in use",
     412: "A name that is not valid, or a request Pulsar refuses as a failed precondition",
     413: "The body is bigger than the service's limit",
+    431: "The request's headers are bigger than the service's limit",
     503: "Redis, Kafka or a service this one asks is unavailable; retry",
 }
 
@@ -210,6 +245,8 @@ def _with_errors(app: FastAPI) -> dict[str, Any]:
                 answers.setdefault("403", _error_response(403))
             if answers.pop("422", None) is not None:
                 answers.setdefault("400", _error_response(400))
+            if "requestBody" in op:  # BodyLimit's
+                answers.setdefault("413", _error_response(413))
             answers.setdefault("503", _error_response(503))
             # A body schema given as a model's JSON schema (openapi_extra) keeps its
             # nested models under `$defs`, which OpenAPI tools do not resolve there.

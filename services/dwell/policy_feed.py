@@ -102,10 +102,12 @@ class PolicyCache:
     # -- writes (follower)
 
     def apply(self, scope: str, value: bytes | None, headers: dict[str, bytes]) -> None:
-        """Apply one feed record; a malformed one is logged and skipped, never fatal."""
+        """Apply one feed record; a malformed one is logged and skipped, never fatal: the
+        feed is written by whoever may produce to it, so a record may have any shape."""
         try:
             version = self._apply(scope, value, headers)
-        except (ValueError, KeyError, TypeError, pydantic.ValidationError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError,
+                pydantic.ValidationError) as exc:
             log.warning("skipping malformed dwell.policies record %r: %s", scope, exc)
             return
         self._resolved = {}
@@ -128,7 +130,7 @@ class PolicyCache:
             if doc is None:
                 self.admin_roles.pop(name, None)
             else:
-                self.admin_roles[name] = list(doc["tenant"].get("adminRoles") or [])
+                self.admin_roles[name] = _admin_roles(doc["tenant"].get("adminRoles"))
         elif kind == "namespace":
             self._set(self.namespaces, name, doc is not None)
             perms = namespace_auth(doc)
@@ -155,6 +157,24 @@ class PolicyCache:
             target.add(name)
         else:
             target.discard(name)
+
+
+# The policy service's bound on a tenant's adminRoles (dwell.policy.store), which a record
+# it did not write may pass.
+MAX_ADMIN_ROLES = 1000
+
+
+def _admin_roles(roles: object) -> list[str]:
+    """A tenant record's adminRoles; ValueError unless a list of at most MAX_ADMIN_ROLES
+    strings (a string is not read as its characters, each a role)."""
+    if roles is None:
+        return []
+    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        raise ValueError("tenant.adminRoles: must be a list of strings")
+    if len(roles) > MAX_ADMIN_ROLES:
+        raise ValueError(f"tenant.adminRoles: {len(roles)} roles; the limit is "
+                         f"{MAX_ADMIN_ROLES}")
+    return list(roles)
 
 
 class PolicyFollower:
@@ -268,7 +288,7 @@ class PolicyFollower:
         next_offsets = {(self.topic, p): kafka.OFFSET_BEGINNING
                         for p in kafka.partitions(self.bootstrap, self.topic)}
         for r in records:
-            self.cache.apply(r.key.decode() if r.key else "", r.value, r.headers)
+            self.cache.apply(_scope(r.key), r.value, r.headers)
             next_offsets[(r.topic, r.partition)] = r.offset + 1
         self._advance({p: max(o, 0) for (_, p), o in next_offsets.items()})
         self.cache.ready.set()
@@ -288,8 +308,13 @@ class PolicyFollower:
                 if records:
                     records += consumer.poll(1000, 0)
                 for r in records:
-                    self.cache.apply(r.key.decode() if r.key else "", r.value, r.headers)
+                    self.cache.apply(_scope(r.key), r.value, r.headers)
                 # After the records are applied: a catch-up waiting for them may end.
                 self._advance({p: o for (_, p), o in consumer.positions().items()})
         finally:
             consumer.close()
+
+
+def _scope(key: bytes | None) -> str:
+    """A feed record's scope; a key that is not UTF-8 names no scope `apply` knows."""
+    return key.decode("utf-8", "replace") if key else ""

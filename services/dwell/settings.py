@@ -20,6 +20,8 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     env: Literal["development", "production"] = "development"
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=1, le=65535)
+    # An HTTP request's target and headers, in bytes, above which it is answered 431.
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
     # May hold a password: kept out of the settings' repr.
     redis_url: str = Field("redis://127.0.0.1:6379/0", repr=False)
     kafka_bootstrap: str = "127.0.0.1:9092"

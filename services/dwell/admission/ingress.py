@@ -18,11 +18,11 @@ Result record value, one per message, in request order: the HTTP answer's result
 `{"messageId": "-1", "errorCode", "errorMsg", "schemaVersion", "sequenceId", "topic",
 "requestId", "index"}`, where `requestId` is `dwell.publish:<partition>:<offset>` of the
 request and `index` the message's position in it. A request refused as a whole (bad body,
-unknown namespace: the HTTP 4xx cases) gives every message of it errorCode 2 with that
-reason, or a single result with `index` null when its messages cannot be read at all; a
-request without messages gives none. A malformed record (not JSON, not an object, a field
-that does not fit, a bad `dwell-authorization` header, bigger than max_request_bytes, an
-invalid topic) also goes to `dwell.invalid` as read, with its reason
+unknown namespace: the HTTP 4xx cases) gives one result, errorCode 2 with that reason,
+`index` null and the first message's `sequenceId` (when it can be read), however many
+messages it holds; a request without messages gives none. A malformed record (not JSON,
+not an object, a field that does not fit, a bad `dwell-authorization` header, bigger than
+max_request_bytes, an invalid topic) also goes to `dwell.invalid` as read, with its reason
 (dwell.core.invalid), in the same transaction.
 
 With authentication on, a request carries a Kafka token in the `dwell-authorization`
@@ -32,9 +32,9 @@ the credentials Pulsar's binary protocol sends on connect): a short-lived token 
 keep for its retention (dwell.auth.tokens). The ingress checks that it was valid at the
 record's broker-assigned timestamp (dwell.publish has message.timestamp.type=
 LogAppendTime), so a request that waited in a backlog is still accepted and an expired
-token copied out of the topic is refused, and checks `produce` on the namespace (with
-authorization on) before it plans or writes anything; a request refused gets, for each
-message, Pulsar's ServerError code: AuthenticationError (3) or AuthorizationError (4), with
+token copied out of the topic is refused. It verifies the token before it parses the
+value, and checks `produce` on the namespace (with authorization on) before it plans or
+writes anything; a request refused gets Pulsar's ServerError code: AuthenticationError (3) or AuthorizationError (4), with
 the reason.
 Metrics count every attempt, so a re-processed batch is counted again.
 """
@@ -47,6 +47,7 @@ import time
 from concurrent.futures import Future, wait
 from typing import Any
 
+import msgspec
 import orjson
 
 from dwell import headers as hdr
@@ -73,27 +74,36 @@ AUTHENTICATION_ERROR = 3
 AUTHORIZATION_ERROR = 4
 
 
-def _request_level_results(value: bytes | None, reason: str,
-                           error_code: int = INVALID_MESSAGE) -> tuple[str | None,
-                                                                       list[dict[str, Any]]]:
-    """Results for a request refused as a whole: one per message when they can be read."""
+def _request_level_result(value: bytes | None, reason: str,
+                          error_code: int = INVALID_MESSAGE) -> tuple[str | None,
+                                                                      dict[str, Any]]:
+    """The one result of a request refused as a whole, with the producer name and the
+    first message's sequenceId when they can be read: one result, however many messages
+    the request holds, so that what a refusal writes does not grow with the request."""
     producer: str | None = None
-    seqs: list[Any] = [None]
-    indexes: list[int | None] = [None]
+    seq: Any = None
     try:
-        doc = orjson.loads(value or b"")
-        if isinstance(doc, dict):
-            name = doc.get("producerName")
-            producer = name if isinstance(name, str) else None
-            msgs = doc.get("messages")
-            if isinstance(msgs, list) and msgs:
-                seqs = [m.get("sequenceId") if isinstance(m, dict) else None for m in msgs]
-                indexes = list(range(len(msgs)))
-    except orjson.JSONDecodeError:
+        head = _HEAD.decode(value or b"")
+        producer = head.producerName if isinstance(head.producerName, str) else None
+        messages = _RAWS.decode(head.messages)
+        first = msgspec.json.decode(messages[0]) if messages else None
+        seq = first.get("sequenceId") if isinstance(first, dict) else None
+    except (msgspec.ValidationError, msgspec.DecodeError):
         pass
-    return producer, [failed(error_code, reason) | {
-        "sequenceId": s if isinstance(s, int) else None, "index": i}
-        for s, i in zip(seqs, indexes, strict=True)]
+    return producer, failed(error_code, reason) | {
+        "sequenceId": seq if isinstance(seq, int) else None, "index": None}
+
+
+class _Head(msgspec.Struct):
+    """What a refused request's result names: its producer and its first message's
+    sequenceId; the other messages are skipped unread."""
+
+    producerName: Any = None
+    messages: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw] | None)
 
 
 class Ingress:
@@ -266,8 +276,12 @@ class Ingress:
                            "request")
         auth = r.headers.get(hdr.AUTHORIZATION)
         token = invalid.authorization([] if auth is None else [auth])
+        # Who sent it, before any work on what it holds: an unauthenticated sender costs
+        # one token check, whatever its body.
+        role = self._authenticate(token, r)
         try:
-            req = parse_request(r.value or b"", IngressRequest)
+            req = parse_request(r.value or b"", IngressRequest,
+                                self.settings.max_messages_per_request)
         except PublishError as exc:
             invalid.json_object(r.value)  # not JSON, not an object: that kind instead
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
@@ -276,22 +290,31 @@ class Ingress:
                                               if r.key else ""))
         except PublishError as exc:
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
-        self._authorize(token, topic, r)
+        self._authorize(role, topic)
         return req, topic
 
-    def _authorize(self, token: str | None, topic: TopicName, r: kafka.Record) -> None:
-        """PublishError 401 / 403 unless the token is a Kafka token valid when the record
-        was written and its role may produce on the topic's namespace (nothing to check
-        with authentication off)."""
+    def _authenticate(self, token: str | None, r: kafka.Record) -> str | None:
+        """The sender's role: PublishError 401 unless the token is a Kafka token valid
+        when the record was written (None with authentication off)."""
         if self.guard is None:
-            return
+            return None
         try:
             if not r.log_append_time:
                 # A producer-set timestamp would let an expired token be replayed.
                 raise unauthenticated(f"{r.topic} records need broker timestamps "
                                       "(message.timestamp.type=LogAppendTime)")
-            self.guard.check_kafka_sync(token, r.timestamp_ms, Operation.PRODUCE,
-                                        topic.tenant, topic.namespace, self.grants)
+            return self.guard.kafka_role(token, r.timestamp_ms)
+        except ApiError as exc:
+            raise PublishError(exc.status, exc.reason) from None
+
+    def _authorize(self, role: str | None, topic: TopicName) -> None:
+        """PublishError 403 unless the role may produce on the topic's namespace (nothing
+        to check with authentication off)."""
+        if self.guard is None or role is None:
+            return
+        try:
+            self.guard.authorize_sync(role, Operation.PRODUCE, topic.tenant, topic.namespace,
+                                      self.grants)
         except ApiError as exc:
             raise PublishError(exc.status, exc.reason) from None
 
@@ -301,10 +324,9 @@ class Ingress:
                                     list[dict[str, Any]], str, list[Any]]],
                 error_code: int = INVALID_MESSAGE) -> None:
         """The results of a request refused as a whole."""
-        producer_name, results = _request_level_results(r.value, reason, error_code)
-        for res in results:
-            res["requestId"] = request_id
-        planned.append((r, None, producer_name, results, request_id, []))
+        producer_name, result = _request_level_result(r.value, reason, error_code)
+        result["requestId"] = request_id
+        planned.append((r, None, producer_name, [result], request_id, []))
 
     def _topic(self, name: str) -> TopicName:
         """The Pulsar topic a record names, parsed once per distinct name."""

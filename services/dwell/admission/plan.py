@@ -57,7 +57,7 @@ from dwell.headers import (
 from dwell.policy_feed import PolicyCache
 
 from . import native
-from .schema import PublishError, PublishRequest, parse_request
+from .schema import PublishError, PublishRequest, parse_request, too_many
 from .settings import AdmissionSettings
 
 RESERVED_HEADER_PREFIX = "dwell-"
@@ -171,8 +171,7 @@ class Planner:
         self._check_publishable(topic)
         msgs = req.messages
         if len(msgs) > s.max_messages_per_request:
-            raise PublishError(400, f"messages: {len(msgs)} messages; the limit per request "
-                                    f"is {s.max_messages_per_request}")
+            raise too_many(len(msgs), s.max_messages_per_request)
 
         now = int(self.clock() * 1000)
         topic_b, ready = self._topic_bytes(topic)
@@ -290,7 +289,8 @@ class Planner:
                 results, sends, index, heads, delayed, rejected, overridden = got
                 return Plan(topic, results, sends, index, heads, immediate=len(sends) - delayed,
                             delayed=delayed, rejected=rejected, overridden=overridden)
-        return self.plan(topic, parse_request(body, PublishRequest))
+        return self.plan(topic, parse_request(body, PublishRequest,
+                                              s.max_messages_per_request))
 
     def _check_publishable(self, topic: TopicName) -> None:
         if not self.cache.ready.is_set():

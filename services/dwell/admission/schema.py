@@ -157,14 +157,37 @@ _DECODERS: dict[type[PublishRequest], msgspec.json.Decoder[Any]] = {
     IngressRequest: msgspec.json.Decoder(IngressRequest)}
 
 
-def parse_request(body: bytes, kind: type[Req]) -> Req:
-    """Parse and validate a request body as `kind`; PublishError 400 naming every bad
-    field when it does not fit. A body msgspec refuses goes to the generated pydantic
-    model, which words the error."""
+class _Count(msgspec.Struct):
+    """Only how many messages a request holds, each left unread."""
+
+    messages: list[msgspec.Raw]
+
+
+_COUNT = msgspec.json.Decoder(_Count)
+
+
+def too_many(count: int, limit: int) -> PublishError:
+    """The 400 of a request with more than `max_messages_per_request` messages."""
+    return PublishError(400, f"messages: {count} messages; the limit per request is {limit}")
+
+
+def parse_request(body: bytes, kind: type[Req], max_messages: int | None = None) -> Req:
+    """Parse and validate a request body as `kind`; PublishError 400 naming the first bad
+    fields when it does not fit. A body msgspec refuses goes to the generated pydantic
+    model, which words the error, unless it holds more than `max_messages` messages: then
+    the 400 says so, before any message is looked at, since a reason or a result per bad
+    message would be work that grows with what a hostile sender chose."""
     try:
         return _DECODERS[kind].decode(body)  # type: ignore[no-any-return]
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass
+    if max_messages is not None:
+        try:
+            count = len(_COUNT.decode(body).messages)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            count = 0
+        if count > max_messages:
+            raise too_many(count, max_messages)
     try:
         req = model_of(kind).model_validate_json(body)
     except pydantic.ValidationError as exc:

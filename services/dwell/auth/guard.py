@@ -99,25 +99,30 @@ class Guard:
                 return role
         raise forbidden(role, operation, tenant, namespace)
 
-    def check_kafka_sync(self, token: str | None, record_ms: int, operation: Operation,
-                         tenant: str, namespace: str | None,
-                         grants: GrantsSync | None) -> str | None:
-        """`check` for a record read from Kafka, in a thread outside the event loop with a
-        synchronous grants lookup: ``token`` (from its `dwell-authorization` header) must
-        be a Kafka token valid at ``record_ms``, the record's broker-assigned timestamp."""
-        if not self.authentication:
-            return None
+    def kafka_role(self, token: str | None, record_ms: int) -> str:
+        """The role of ``token`` (from a record's `dwell-authorization` header), which must
+        be a Kafka token valid at ``record_ms``, the record's broker-assigned timestamp;
+        ApiError 401 otherwise. Only with authentication on."""
         assert self.kafka_verifier is not None
         if not token:
             raise unauthenticated("no dwell-authorization header (Bearer <Kafka token>, "
                                   "from POST /admin/v2/kafka-tokens)")
         try:
-            role = self.kafka_verifier.role_at(token, record_ms)
+            return self.kafka_verifier.role_at(token, record_ms)
         except InvalidToken as exc:
             raise unauthenticated(str(exc)) from None
-        return self._authorize_sync(role, operation, tenant, namespace, grants)
 
-    def _authorize_sync(self, role: str, operation: Operation, tenant: str,
+    def check_kafka_sync(self, token: str | None, record_ms: int, operation: Operation,
+                         tenant: str, namespace: str | None,
+                         grants: GrantsSync | None) -> str | None:
+        """`check` for a record read from Kafka, in a thread outside the event loop with a
+        synchronous grants lookup (`kafka_role`, then the role's grants)."""
+        if not self.authentication:
+            return None
+        return self.authorize_sync(self.kafka_role(token, record_ms), operation, tenant,
+                                   namespace, grants)
+
+    def authorize_sync(self, role: str, operation: Operation, tenant: str,
                         namespace: str | None, grants: GrantsSync | None) -> str:
         if not self.authorization:
             return role

@@ -50,7 +50,7 @@ from dwell.core.topics import (
     POLICIES,
     TopicName,
 )
-from dwell.http import ApiError, create_app, error, errors
+from dwell.http import ApiError, BodyLimit, create_app, error, errors
 from dwell.policy import kafka_tokens, permissions, stats
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
@@ -95,11 +95,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
     feed: PolicyFeed
     # Writes refuse while the store's counter is below what the feed carries (rebuild.py).
     store = PolicyStore(connect_async(settings.redis_url),
-                        floor=lambda: feed.highest_version)
+                        floor=lambda: feed.highest_version,
+                        max_record_bytes=settings.max_policy_record_bytes)
     feed = PolicyFeed(store, settings.kafka_bootstrap,
                       replication=settings.kafka_replication_factor,
                       timeout_ms=settings.feed_timeout_ms,
-                      compression_type=settings.kafka_compression_type)
+                      compression_type=settings.kafka_compression_type,
+                      max_record_bytes=settings.max_policy_record_bytes)
     guard = StoreGuard(store, feed, settings.kafka_bootstrap,
                        timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
@@ -157,6 +159,11 @@ def build_app(settings: PolicySettings) -> FastAPI:
                 return error(503, f"policy store (Redis) unavailable: {exc}")
         response: Response = await call_next(request)
         return response
+
+    # Added after the middleware above, so it runs first: an oversized request is refused
+    # before it costs a store check.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
+                       setting="max_request_bytes", max_header_bytes=settings.max_header_bytes)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)

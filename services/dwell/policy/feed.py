@@ -18,8 +18,8 @@ import orjson
 
 from dwell import headers
 from dwell.adapters import kafka
-from dwell.core import topics
-from dwell.policy.store import PolicyStore
+from dwell.core import invalid, topics
+from dwell.policy.store import MAX_VERSION, PolicyStore
 
 log = logging.getLogger("dwell.policy.feed")
 
@@ -33,23 +33,29 @@ class FeedUnavailable(Exception):
 
 def record_version(record: kafka.Record) -> int | None:
     """The version a feed record carries, or None for a record that is not the policy
-    service's (the topic is shared, so foreign records are skipped, not fatal)."""
+    service's (the topic is shared, so foreign records are skipped, not fatal), a version
+    beyond what the store counts to among them: it would put the store behind for good."""
     try:
         header = record.header(headers.VERSION)
         if header is not None:
-            return int(header)
-        if record.value is None:
+            version = int(header)
+        elif record.value is None:
             return None
-        version = orjson.loads(record.value).get("version")
-        return version if isinstance(version, int) else None
+        else:
+            version = orjson.loads(record.value).get("version")
+        return version if isinstance(version, int) and 0 <= version <= MAX_VERSION else None
     except (ValueError, AttributeError, UnicodeDecodeError):
         return None
 
 
 class PolicyFeed:
     def __init__(self, store: PolicyStore, bootstrap: str, *, replication: int = 1,
-                 timeout_ms: int = 5000, compression_type: str = "none") -> None:
+                 timeout_ms: int = 5000, compression_type: str = "none",
+                 max_record_bytes: int | None = None) -> None:
         self._store = store
+        self._max_record_bytes = max_record_bytes
+        # scope -> version of a record too big for the feed, set aside on dwell.invalid
+        self._set_aside: dict[str, int] = {}
         self._bootstrap = bootstrap
         self._replication = replication
         self._timeout_s = timeout_ms / 1000
@@ -69,6 +75,10 @@ class PolicyFeed:
             if state is None:
                 return
             version, value = state
+            limit = self._max_record_bytes
+            if value is not None and limit is not None and len(value) > limit:
+                await self._put_aside(scope, version, len(value), limit)
+                return
             await self._send(scope, version, value)
             now = await self._store.scope_state(scope)
             if now is None or now[0] == version:
@@ -84,6 +94,28 @@ class PolicyFeed:
             self._dirty = True
             raise FeedUnavailable(str(exc) or "Kafka did not acknowledge in time") from exc
         self._published[scope] = version
+
+    async def _put_aside(self, scope: str, version: int, size: int, limit: int) -> None:
+        """A stored record the feed cannot carry (written before the store refused such
+        records): noted on dwell.invalid, without its value, which Kafka would refuse as
+        well, and left out of the catch-up, which would otherwise fail on it forever."""
+        if self._set_aside.get(scope) == version:
+            return
+        reason = (f"version {version} is {size} bytes, more than max_policy_record_bytes "
+                  f"({limit}); not published")
+        log.warning("%s: %s; set aside on %s", scope, reason, topics.INVALID)
+        await self.set_aside(invalid.invalid_record(topics.POLICIES, -1, -1, scope.encode(),
+                                                    None, invalid.OVERSIZED, reason))
+        self._set_aside[scope] = version
+
+    async def set_aside(self, out: invalid.InvalidRecord) -> None:
+        """Write a `dwell.invalid` record; FeedUnavailable when Kafka does not ack."""
+        fut = self._producer.send(out[0], out[1], key=out[2], headers=dict(out[3]))
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(fut), self._timeout_s + 1)
+        except (kafka.KafkaUnavailable, TimeoutError) as exc:
+            self._dirty = True
+            raise FeedUnavailable(str(exc) or "Kafka did not acknowledge in time") from exc
 
     def carried(self, scope: str) -> int:
         """The version of the scope's last record Kafka acknowledged; -1 for none."""
@@ -111,8 +143,12 @@ class PolicyFeed:
         for r in records:
             version = record_version(r)
             if r.key is not None and version is not None:
+                try:
+                    scope = r.key.decode()
+                except UnicodeDecodeError:
+                    continue  # no scope of the store's: not the policy service's record
                 # The last record of a scope is what compaction keeps, so it is what counts.
-                seen[r.key.decode()] = version
+                seen[scope] = version
         for scope, version in seen.items():
             self._published.setdefault(scope, version)
         # A store whose counter is below the feed's lost writes: dwell.policy.rebuild sees
@@ -129,7 +165,8 @@ class PolicyFeed:
             # Only what the store has that is newer than the feed: a store that is behind
             # (it lost writes) must never put its older state over the feed's.
             behind = [scope for scope, version in (await self._store.scopes()).items()
-                      if version > self._published.get(scope, -1)]
+                      if version > self._published.get(scope, -1)
+                      and version != self._set_aside.get(scope)]
             for scope in behind:
                 await self.publish(scope)
             if behind:

@@ -32,11 +32,11 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from dwell.adapters import kafka
-from dwell.core import topics
+from dwell.core import invalid, topics
 from dwell.http import ApiError
 from dwell.policy.feed import PolicyFeed, record_version
 from dwell.policy.metrics import REBUILD_SECONDS, REBUILDS
-from dwell.policy.store import PolicyStore, StoreBehind
+from dwell.policy.store import PolicyStore, StoreBehind, scope_key, unreadable
 
 log = logging.getLogger("dwell.policy.rebuild")
 
@@ -124,13 +124,36 @@ class StoreGuard:
         records = await asyncio.to_thread(kafka.read_all, self._bootstrap, topics.POLICIES,
                                           self._timeout_s)
         latest: dict[str, tuple[int, bytes | None]] = {}
+        read_at: dict[str, kafka.Record] = {}
+        refused: list[tuple[kafka.Record, str]] = []
         for r in records:
             version = record_version(r)
             if r.key is None or version is None:
                 continue
-            scope = r.key.decode()
+            try:
+                scope = r.key.decode()
+            except UnicodeDecodeError:
+                refused.append((r, "the key is not UTF-8"))
+                continue
             if version >= latest.get(scope, (-1, None))[0]:
                 latest[scope] = (version, r.value)
+                read_at[scope] = r
+        # Kafka is a trust boundary: a record the store could not read back is set aside
+        # rather than put back, where every call reading it would fail.
+        for scope, (version, value) in list(latest.items()):
+            try:
+                scope_key(scope)
+            except ValueError:
+                continue  # not a policy scope: skipped below, as before
+            reason = unreadable(scope, version, value, self._store.max_record_bytes)
+            if reason is not None:
+                del latest[scope]
+                refused.append((read_at[scope], reason))
+        for r, reason in refused:
+            log.warning("%s record %r at %d:%d set aside on %s: %s", topics.POLICIES, r.key,
+                        r.partition, r.offset, topics.INVALID, reason)
+            await self._feed.set_aside(invalid.invalid_record(
+                r.topic, r.partition, r.offset, r.key, r.value, invalid.FIELD, reason))
         restored = 0
         for scope, (version, value) in latest.items():
             try:

@@ -9,6 +9,12 @@ from dwell.settings import CommonSettings
 
 class PolicySettings(CommonSettings):
     http_port: int = Field(8081, ge=1, le=65535)
+    # A request body above this is answered 413 before it is read whole.
+    max_request_bytes: int = Field(1024 * 1024, ge=1024)
+    # A policy record (a tenant, a namespace with its permissions, a policy) above this is
+    # refused with 413 before anything is stored; it must stay below the broker's
+    # message.max.bytes for dwell.policies, since the feed must carry every record.
+    max_policy_record_bytes: int = Field(512 * 1024, ge=1024)
     # How long an admin call waits for Kafka to acknowledge its change-feed record before
     # answering 503 (the change stays saved and is published once Kafka is back).
     feed_timeout_ms: int = Field(5000, ge=100)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final
 
 import orjson
 import pydantic
 import redis.asyncio as aredis
 from pydantic import ConfigDict
 
-from dwell import keys
+from dwell import keys, policy_feed
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics
 from dwell.core.authz import AuthAction, Grants, auth_policies, namespace_auth
@@ -63,13 +63,21 @@ LUA = Path(__file__).parent / "lua"
 Change = tuple[str, int]  # (scope, version) of one write, to publish on the feed
 
 
+# Bounds of a tenant's lists, so that every tenant record fits on dwell.policies and
+# costs its readers (admission, the tracker, the authorization checks) little.
+MAX_ADMIN_ROLES: Final = policy_feed.MAX_ADMIN_ROLES
+MAX_ALLOWED_CLUSTERS: Final = 100
+MAX_NAME_CHARS: Final = 256
+Name = Annotated[str, pydantic.StringConstraints(max_length=MAX_NAME_CHARS)]
+
+
 class TenantInfo(pydantic.BaseModel):
     """Pulsar's TenantInfo, the body of `PUT /admin/v2/tenants/{tenant}`."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    adminRoles: list[str] = []
-    allowedClusters: list[str] = []
+    adminRoles: list[Name] = pydantic.Field([], max_length=MAX_ADMIN_ROLES)
+    allowedClusters: list[Name] = pydantic.Field([], max_length=MAX_ALLOWED_CLUSTERS)
 
 
 # -- scopes: the keys of `dwell.policies`, and the Redis record each one names
@@ -112,6 +120,10 @@ def scope_listing(scope: str) -> tuple[str, str]:
     if kind == "topic":
         return keys.namespace_topic_policies(TopicName.parse(name).namespace_name), name
     return "", ""
+
+
+# `{"version":` and the digits of a version, which the put script writes before a tail.
+_VERSION_HEAD: Final = 32
 
 
 def _tail(scope: str, **fields: Any) -> str:
@@ -187,22 +199,71 @@ def _topic_record(raw: bytes | None) -> tuple[int, TopicPolicies]:
     return int(doc["version"]), TopicPolicies.model_validate(doc)
 
 
+# Versions are counted by Lua, whose numbers are doubles: exact up to 2**53.
+MAX_VERSION: Final = 2**53
+
+
+def unreadable(scope: str, version: int, value: bytes | None,
+               max_record_bytes: int | None) -> str | None:
+    """Why a `dwell.policies` record of a policy scope is not one the store can hold and
+    read back (it was forged, or written by something else), or None when it is: a
+    version out of range, a record over `max_record_bytes`, not a JSON object, or a body
+    its scope's reads would fail on."""
+    if not 0 <= version <= MAX_VERSION:
+        return f"version {version} is out of range (0 to {MAX_VERSION})"
+    if value is None:
+        return None
+    if max_record_bytes is not None and len(value) > max_record_bytes:
+        return (f"{len(value)} bytes, more than max_policy_record_bytes "
+                f"({max_record_bytes})")
+    try:
+        doc = orjson.loads(value)
+        if not isinstance(doc, dict):
+            return "not a JSON object"
+        kind = scope.partition(":")[0]
+        if kind == "tenant":
+            TenantInfo.model_validate(doc["tenant"])
+        elif kind == "namespace":
+            perms = namespace_auth(doc)
+            if not all(isinstance(a, list) and all(isinstance(x, str) for x in a)
+                       for a in perms.values()):
+                return "auth_policies.namespace_auth: each role's actions must be a list"
+        elif kind == "ns":
+            _policy(value)
+        elif kind == "topic":
+            _topic_record(value)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # pydantic's ValidationError is a ValueError; its first line names the model.
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
 class PolicyStore:
     """`floor` answers the highest version the service has seen on `dwell.policies`: every
     write refuses (StoreBehind) while the version counter is below it or the epoch is gone,
     in the same script as the write."""
 
-    def __init__(self, client: aredis.Redis, floor: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, client: aredis.Redis, floor: Callable[[], int] = lambda: 0,
+                 max_record_bytes: int | None = None) -> None:
         self.redis = client
         self._floor = floor
         self._scripts = redis_adapter.Scripts(client, LUA)
+        self.max_record_bytes = max_record_bytes
 
     async def _run(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
         return await self._scripts.run(script, keys_, args)
 
     async def _write(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
         """Run a write script (put, remove, namespace_delete), whose last key is the epoch
-        and last argument the floor; StoreBehind when it refused."""
+        and last argument the floor; StoreBehind when it refused. A record too big for the
+        feed (max_record_bytes) is refused with 413 before the script runs: what is stored
+        must fit on dwell.policies, or the feed could never carry it."""
+        if script == "put" and self.max_record_bytes is not None:
+            size = len(args[4].encode()) + _VERSION_HEAD if isinstance(args[4], str) else 0
+            if size > self.max_record_bytes:
+                raise ApiError(413, f"{args[3]}: the record would be {size} bytes; the limit "
+                                    f"is {self.max_record_bytes} bytes "
+                                    "(max_policy_record_bytes)")
         result = await self._run(script, [*keys_, keys.POLICY_EPOCH], [*args, self._floor()])
         if (result[0] if isinstance(result, list) else result) == STORE_BEHIND:
             raise StoreBehind(f"{script}: the policy store is behind {topics.POLICIES}")

@@ -18,7 +18,7 @@ from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
-from dwell.http import ApiError, create_app, errors
+from dwell.http import ApiError, BodyLimit, create_app, errors
 from dwell.policy_feed import PolicyCache, PolicyFollower
 from dwell.tracker import metrics
 from dwell.tracker.ingest_loop import IngestLoop
@@ -105,6 +105,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     stall_s = settings.stall_timeout_ms / 1000
     app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready,
                      lambda: liveness.stalled(beats, stall_s))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
+                       setting="max_request_bytes", max_header_bytes=settings.max_header_bytes)
     strict = settings.delayed_delivery_deliver_at_time_strict
     lookahead = settings.delayed_delivery_fixed_delay_detection_lookahead
 

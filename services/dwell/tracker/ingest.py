@@ -20,6 +20,7 @@ from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import Columns
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
+from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.headers import DELIVER_AT, TICK_TIME
 from dwell.index import buckets
 from dwell.index.topic import TopicIndex, append_positions
@@ -48,6 +49,19 @@ SEEN_PREFIX: Final = "fdOffset:"  # + partition: last offset the detection has s
 # restage reading that topic may move them.
 SOURCE_FIELD: Final = "delayedTopic"
 
+
+
+def _topic(key: bytes | None) -> str | None:
+    """The Pulsar topic a delay-log record's key names, None when it names none: anyone
+    who may write the delay log chooses the key, and it becomes part of Redis keys."""
+    if not key:
+        return None
+    try:
+        name = key.decode()
+        TopicName.parse(name)
+    except (UnicodeDecodeError, InvalidTopicName):
+        return None
+    return name
 
 
 @dataclass
@@ -221,7 +235,8 @@ class Ingest:
         rows: list[tuple[str, np.ndarray]] = []
         bad = 0
         for key, idx in groups:
-            if not key:
+            topic = _topic(key)
+            if topic is None:
                 bad += len(idx)
                 continue
             good = idx[ok[idx]]
@@ -229,10 +244,11 @@ class Ingest:
             if keep is not None:
                 good = good[keep[good]]
             if len(good):
-                rows.append((key.decode(), good))
+                rows.append((topic, good))
         if bad:
             INVALID.inc(bad)
-            log.warning("skipped %d dwell.delayed records without key/deliver-at/tick-time", bad)
+            log.warning("skipped %d dwell.delayed records without a topic key, deliver-at or "
+                        "tick-time", bad)
         started = time.perf_counter()
         pipe = self.redis.pipeline(transaction=False)
         indexed = 0

@@ -10,6 +10,8 @@ from dwell.settings import CommonSettings
 
 class TrackerSettings(CommonSettings):
     http_port: int = Field(8083, ge=1, le=65535)
+    # A request body above this is answered 413 before it is read whole.
+    max_request_bytes: int = Field(64 * 1024, ge=1024)
     # Where admission writes delayed messages, and the consumer group that indexes them.
     delayed_topic: str = topics.DELAYED
     # Where the restage appends its copies; empty: dwell.delayed.refiled, or

@@ -1,10 +1,10 @@
 """The publish paths against the reference: on generated requests, `Publisher.plan_body`
 (with `dwell_native` when admission has it, else the pure-Python path) must give exactly
-what `Publisher.plan(parse_request(body))` gives: the same records and headers, results,
-answer heads and counts, or the same PublishError; the extension must take the common
-request rather than hand everything back to Python; and the answer must be the JSON of
-the finished results. Every test runs once per implementation present here (Python
-always; native when `dwell_native` is installed and DWELL_NATIVE is not 0)."""
+what `Publisher.plan(parse_request(body, max_messages=...))` gives: the same records and
+headers, results, answer heads and counts, or the same PublishError; the extension must
+take the common request rather than hand everything back to Python; and the answer must
+be the JSON of the finished results. Every test runs once per implementation present
+here (Python always; native when `dwell_native` is installed and DWELL_NATIVE is not 0)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ def both(pub: Publisher, topic: str, raw: bytes) -> tuple[tuple[str, Any], tuple
     """What `plan_body` gives, and what the reference gives."""
     t = pub.topic(*topic.replace("://", "/").split("/"))
     got = outcome(lambda: pub.plan_body(t, raw))
-    reference = outcome(lambda: pub.plan(t, parse_request(raw, PublishRequest)))
+    reference = outcome(lambda: pub.plan(t, parse_request(
+        raw, PublishRequest, pub.settings.max_messages_per_request)))
     return got, reference
 
 
