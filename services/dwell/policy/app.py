@@ -124,7 +124,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         "Tenants, namespaces and Pulsar delayed-delivery policies (namespace and topic), "
         "with Pulsar's admin paths and JSON. Unset policy fields inherit field by field: "
         "topic → namespace → broker defaults.",
-        ready)
+        ready, metrics_access=auth.check_metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -104,7 +104,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         metrics.LOOP_ROUND_AGE.labels(hb.name).set_function(hb.age)
     stall_s = settings.stall_timeout_ms / 1000
     app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready,
-                     lambda: liveness.stalled(beats, stall_s))
+                     lambda: liveness.stalled(beats, stall_s), guard.check_metrics)
     strict = settings.delayed_delivery_deliver_at_time_strict
     lookahead = settings.delayed_delivery_fixed_delay_detection_lookahead
 
