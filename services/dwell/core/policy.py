@@ -106,6 +106,7 @@ NAMESPACE_LIMIT_NEGATIVE: Final = "{name} must be 0 or more"
 # The namespace record's fields, Pulsar's names in its Policies JSON.
 MAX_TOPICS_FIELD: Final = "max_topics_per_namespace"
 MAX_SUBSCRIPTIONS_FIELD: Final = "max_subscriptions_per_topic"
+NAMESPACE_LIMIT_FIELDS: Final = (MAX_TOPICS_FIELD, MAX_SUBSCRIPTIONS_FIELD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +129,10 @@ def over_limit(limit: int, current: int, adding: int) -> bool:
 
 
 def namespace_limit(value: object, name: str) -> int:
-    """A namespace limit as posted (a JSON integer, 0 or more); ValueError with Pulsar's
-    text otherwise."""
+    """A namespace limit as posted (a JSON integer, 0 or more): TypeError when it is not
+    an integer, ValueError with Pulsar's text when it is negative."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"body: {name} must be an integer")
+        raise TypeError(f"body: {name} must be an integer")
     if value < 0:
         raise ValueError(NAMESPACE_LIMIT_NEGATIVE.format(name=name))
     if value > 2**31 - 1:

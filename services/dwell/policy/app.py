@@ -51,7 +51,7 @@ from dwell.core.topics import (
     TopicName,
 )
 from dwell.http import ApiError, create_app, error, errors
-from dwell.policy import permissions, stats
+from dwell.policy import limits, permissions, stats
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -410,6 +410,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         on no topic, which the next create of the name sets right."""
         if await catalog.partitions(name):
             raise ApiError(409, "This topic already exists")
+        await limits.check_create(store, catalog, settings.broker_limits(), name, partitions)
         one = partitioned and partitions == 1
         if (await store.topic_policies(name))[1].partitioned != one:
             await commit("topic_partitioned", lambda: store.mark_partitioned(name, one))
@@ -500,5 +501,6 @@ def build_app(settings: PolicySettings) -> FastAPI:
                             lambda: store.remove_topic_policy(name, isGlobal))
 
     permissions.add_routes(app, store, auth, commit, namespace_name)
+    limits.add_routes(app, store, auth, commit, namespace_name)
     stats.add_routes(app, catalog, tracker, auth, topic_name)
     return app
