@@ -265,10 +265,13 @@ def _with_errors(app: FastAPI) -> dict[str, Any]:
 
 
 def create_app(title: str, description: str, ready: ReadyCheck,
-               stalled: Callable[[], list[str]] | None = None) -> FastAPI:
+               stalled: Callable[[], list[str]] | None = None,
+               metrics_access: Callable[[str | None], None] | None = None) -> FastAPI:
     """A dwell service's app with its error handlers, `/readyz` (from ``ready``),
     `/healthz` and `/metrics`. ``stalled`` names the process's loops that are stuck
-    (dwell.liveness); while it names any, `/healthz` answers 503 with them."""
+    (dwell.liveness); while it names any, `/healthz` answers 503 with them.
+    ``metrics_access`` checks a /metrics caller's Authorization header (ApiError when
+    refused; dwell.auth.guard.Guard.check_metrics)."""
     app = FastAPI(title=title, description=description, version="0.1.0")
     app.openapi = lambda: _with_errors(app)  # type: ignore[method-assign]
 
@@ -308,7 +311,9 @@ def create_app(title: str, description: str, ready: ReadyCheck,
                         media_type="application/json")
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if metrics_access is not None:
+            metrics_access(request.headers.get("authorization"))
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -34,6 +34,7 @@ from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.authz import NO_GRANTS, Grants, namespace_auth
 from dwell.core.policy import (
+    NAMESPACE_LIMIT_FIELDS,
     BrokerDefaults,
     DelayedDeliveryPolicies,
     EffectivePolicy,
@@ -68,6 +69,8 @@ class PolicyCache:
         # Authorization (dwell.auth): tenants' adminRoles, namespaces' permissions.
         self.admin_roles: dict[str, list[str]] = {}
         self.namespace_auth: dict[str, dict[str, list[str]]] = {}
+        # Namespaces' quotas (maxTopicsPerNamespace, maxSubscriptionsPerTopic), by field.
+        self.namespace_limits: dict[str, dict[str, int]] = {}
         self._grants: dict[tuple[str, str | None], Grants] = {}
 
     # -- reads (publish path)
@@ -98,6 +101,10 @@ class PolicyCache:
                 memo.clear()
             memo[key] = found
         return found
+
+    def namespace_limit(self, ns: str, field: str) -> int | None:
+        """The namespace's own quota `field` (dwell.core.policy), None when it set none."""
+        return self.namespace_limits.get(ns, {}).get(field)
 
     # -- writes (follower)
 
@@ -133,6 +140,12 @@ class PolicyCache:
                 self.admin_roles[name] = _admin_roles(doc["tenant"].get("adminRoles"))
         elif kind == "namespace":
             self._set(self.namespaces, name, doc is not None)
+            limits = {f: v for f in NAMESPACE_LIMIT_FIELDS
+                      if isinstance(v := (doc or {}).get(f), int) and not isinstance(v, bool)}
+            if limits:
+                self.namespace_limits[name] = limits
+            else:
+                self.namespace_limits.pop(name, None)
             perms = namespace_auth(doc)
             if perms:
                 self.namespace_auth[name] = perms

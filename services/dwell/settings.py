@@ -4,14 +4,17 @@ env vars and field names use the same words."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 from urllib.parse import urlparse
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dwell.core.policy import BrokerDefaults
+from dwell.core.policy import BrokerDefaults, BrokerLimits
 from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
+
+# DWELL_ALLOW_INSECURE's names: what DWELL_ENV=production refuses unless allowed by name.
+INSECURE_NAMES: Final = ("auth", "kafka-plaintext", "redis-plaintext", "http-plaintext")
 
 
 class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
@@ -53,6 +56,21 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     kafka_token_secret_key: SecretStr = SecretStr("")
     kafka_token_ttl_ms: int = Field(600_000, ge=1000, le=3_600_000)
 
+    # Pulsar's authenticateMetricsEndpoint: /metrics (it names every tenant's topics) then
+    # needs a token; with authorization on, of a super-user or one of metrics_roles.
+    authenticate_metrics_endpoint: bool = False
+    metrics_roles: str = ""  # comma list
+
+    # Quotas, Pulsar's broker.conf names (0: unlimited, Pulsar's default). dwell's defaults
+    # are bounded because every topic, partition and subscription costs Kafka partitions
+    # (a subscription a RETRY and a DLQ topic): no tenant may create them without end.
+    max_num_partitions_per_partitioned_topic: int = Field(100, ge=0)
+    max_topics_per_namespace: int = Field(1000, ge=0)
+    max_subscriptions_per_topic: int = Field(100, ge=0)
+
+    # What DWELL_ENV=production may run without, by name (comma list of INSECURE_NAMES).
+    allow_insecure: str = ""
+
     @model_validator(mode="after")
     def _refuse_insecure_production(self) -> CommonSettings:
         # Outside development a Redis without a password is refused, as the
@@ -65,7 +83,48 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
         if self.authorization_enabled and not self.authentication_enabled:
             raise ValueError("DWELL_AUTHORIZATION_ENABLED needs DWELL_AUTHENTICATION_ENABLED: "
                              "roles come from tokens")
+        if self.env == "production":
+            refused = [text for name, text in self.insecure().items()
+                       if name not in self.allowed_insecure()]
+            if refused:
+                raise ValueError(
+                    "DWELL_ENV=production refuses to run with " + "; ".join(refused) + ". "
+                    "Secure it, or allow each by name in DWELL_ALLOW_INSECURE (a comma "
+                    f"list of {', '.join(INSECURE_NAMES)})")
         return self
+
+    def allowed_insecure(self) -> frozenset[str]:
+        names = frozenset(n.strip() for n in self.allow_insecure.split(",") if n.strip())
+        unknown = sorted(names - set(INSECURE_NAMES))
+        if unknown:
+            raise ValueError(f"DWELL_ALLOW_INSECURE names {', '.join(unknown[:3])}, which is "
+                             f"not one of {', '.join(INSECURE_NAMES)}")
+        return names
+
+    def insecure(self) -> dict[str, str]:
+        """What runs unprotected, by its DWELL_ALLOW_INSECURE name, with what to set."""
+        found = {}
+        if not self.authentication_enabled:
+            found["auth"] = ("authentication off (set DWELL_AUTHENTICATION_ENABLED=true; "
+                             "allow with 'auth')")
+        if not self.ssl:
+            found["kafka-plaintext"] = (
+                f"Kafka over {self.kafka_security_protocol} (set DWELL_KAFKA_SECURITY_PROTOCOL"
+                "=SSL or SASL_SSL; allow with 'kafka-plaintext')")
+        if not self.redis_url.startswith("rediss://"):
+            found["redis-plaintext"] = ("Redis without TLS (a rediss:// DWELL_REDIS_URL; "
+                                        "allow with 'redis-plaintext')")
+        if not self.tls_enabled:
+            found["http-plaintext"] = ("HTTP without TLS (set DWELL_TLS_ENABLED=true; allow "
+                                       "with 'http-plaintext')")
+        return found
+
+    def metrics_role_set(self) -> frozenset[str]:
+        return frozenset(r.strip() for r in self.metrics_roles.split(",") if r.strip())
+
+    def broker_limits(self) -> BrokerLimits:
+        return BrokerLimits(self.max_num_partitions_per_partitioned_topic,
+                            self.max_topics_per_namespace, self.max_subscriptions_per_topic)
 
     def super_users(self) -> frozenset[str]:
         return frozenset(r.strip() for r in self.super_user_roles.split(",") if r.strip())

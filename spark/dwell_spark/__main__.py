@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from dwell import memory
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka import ensure_dwell_topics
+from dwell.auth.guard import Guard
 from dwell.security import java_oauth_system_properties, server_context
 
 from . import backoff, drain, invalid, metrics
@@ -77,7 +78,8 @@ def main() -> int:
     spark = session(settings)
     r = redis_adapter.connect(settings.redis_url)
     metrics.set_stall_timeout(settings.batch_stall_timeout_ms / 1000)
-    metrics.serve(settings.http_host, settings.spark_metrics_port, server_context(settings))
+    metrics.serve(settings.http_host, settings.spark_metrics_port, server_context(settings),
+                  Guard(settings).check_metrics)
     memory.Releaser().start()
     log.info("metrics on %s://%s:%d/metrics", "https" if settings.tls_enabled else "http",
              settings.http_host, settings.spark_metrics_port)

@@ -8,7 +8,7 @@ import logging
 import ssl
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from dwell import liveness, memory
+from dwell.http import ApiError
 from dwell.tracker.metrics import MARKS_WRITTEN
 
 from .records import LATENESS_BOUNDS_MS, CopyStats
@@ -215,8 +216,18 @@ def ready() -> bool:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    # Checks a /metrics caller's Authorization header (dwell.auth.guard.Guard.check_metrics).
+    access: Callable[[str | None], None] | None = None
+
     def do_GET(self) -> None:
         if self.path == "/metrics":
+            if self.access is not None:
+                try:
+                    self.access(self.headers.get("Authorization"))
+                except ApiError as exc:
+                    self._answer(exc.status, json.dumps({"reason": exc.reason}).encode(),
+                                 "application/json", exc.headers)
+                    return
             body, ctype = generate_latest(REGISTRY), "text/plain; version=0.0.4"
         elif self.path == "/healthz":
             body, ctype = b'{"status": "ok"}', "application/json"
@@ -238,8 +249,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._answer(200, body, ctype)
 
-    def _answer(self, status: int, body: bytes, ctype: str) -> None:
+    def _answer(self, status: int, body: bytes, ctype: str,
+                headers: Mapping[str, str] | None = None) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -258,10 +272,13 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-def serve(host: str, port: int, tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz on a daemon thread, over TLS with `tls`;
-    returns the server."""
-    server = _Server((host, port), _Handler)
+def serve(host: str, port: int, tls: ssl.SSLContext | None = None,
+          access: Callable[[str | None], None] | None = None) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on a daemon thread, over TLS with `tls`, and
+    /metrics to the callers `access` lets through; returns the server."""
+    handler = type("_GuardedHandler", (_Handler,), {"access": staticmethod(access)}
+                   ) if access is not None else _Handler
+    server = _Server((host, port), handler)
     if tls is not None:
         # The handshake runs on the request's thread, at its first read: a slow client
         # never holds up the accept loop.

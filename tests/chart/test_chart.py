@@ -150,12 +150,13 @@ def test_bad_values_are_refused_naming_the_field(helm: str, args: list[str], say
 
 def test_values_defaults_equal_the_code_defaults() -> None:
     """A value in values.yaml that differs from the code's default would change dwell's
-    behaviour on Kubernetes only: each must be the same (env is the one exception)."""
+    behaviour on Kubernetes only: each must be the same (env, and allow_insecure, which
+    names what the in-chart servers run without, are the exceptions)."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     differ: list[str] = []
     for key, value in values["config"].items():
         default = CommonSettings.model_fields[key].default
-        if key != "env" and value != default:
+        if key not in ("env", "allow_insecure") and value != default:
             differ.append(f"config.{key}: {value!r} != {default!r}")
     assert values["config"]["env"] == "production"
     for component, model in chart_schema.COMPONENT_SETTINGS.items():

@@ -56,6 +56,12 @@ NEEDS: dict[str, dict[tuple[str, str], str]] = {
         ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/permissions"): "A",
         ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}"): "A",
         ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}"): "A",
+        ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/maxTopicsPerNamespace"): "A",
+        ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/maxTopicsPerNamespace"): "A",
+        ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/maxTopicsPerNamespace"): "A",
+        ("GET", "/admin/v2/namespaces/{tenant}/{namespace}/maxSubscriptionsPerTopic"): "A",
+        ("POST", "/admin/v2/namespaces/{tenant}/{namespace}/maxSubscriptionsPerTopic"): "A",
+        ("DELETE", "/admin/v2/namespaces/{tenant}/{namespace}/maxSubscriptionsPerTopic"): "A",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}"): "L",
         ("GET", "/admin/v2/non-persistent/{tenant}/{namespace}"): "L",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/partitioned"): "L",
@@ -201,6 +207,8 @@ def _body(path: str, method: str, tenant: str) -> object:
         return {"active": True}
     if path.endswith("/permissions/{role}"):
         return ["consume"]
+    if path.endswith(("/maxTopicsPerNamespace", "/maxSubscriptionsPerTopic")):
+        return 0
     if path == "/admin/v2/tenants/{tenant}":
         # Keeps the tenant's admin what it is.
         return {"adminRoles": [ADMIN if tenant.startswith("own") else OTHER_ADMIN]}

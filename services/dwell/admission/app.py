@@ -248,7 +248,8 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
         return adm.readiness()
 
     app = create_app("dwell admission", "Publish checks (max and fixed delay) and routing "
-                                        "to the ready topic or the delay log.", ready)
+                                        "to the ready topic or the delay log.", ready,
+                     metrics_access=adm.guard.check_metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -18,6 +18,7 @@ from typing import Any
 from dwell.adapters import kafka
 from dwell.cache import BoundedCache
 from dwell.core import topics as names
+from dwell.core.policy import MAX_TOPICS_FIELD, TOPICS_OVER_MAX, applied_limit, over_limit
 from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.policy_feed import PolicyCache
 
@@ -128,6 +129,7 @@ class Publisher(Planner):
             if kafka.partition_count(s.kafka_bootstrap, kafka_topic) == 0:
                 raise PublishError(404, f"Topic {asked} not found")
             return
+        self._check_topic_quota(owner)
         try:
             kafka.ensure_topic(s.kafka_bootstrap, kafka_topic, s.ready_topic_partitions,
                                s.kafka_replication_factor)
@@ -135,6 +137,29 @@ class Publisher(Planner):
             raise PublishError(409, f"topic: {asked} maps to the Kafka topic {kafka_topic}"
                                     f", which Kafka refuses ({exc}); Kafka treats '.' "
                                     "and '_' in topic names alike") from None
+
+    def _check_topic_quota(self, owner: TopicName) -> None:
+        """Refuse auto-creating `owner` past the namespace's maxTopicsPerNamespace (its own,
+        else the broker's); its partitions count as topics, as in Pulsar."""
+        s = self.settings
+        limit = applied_limit(self.cache.namespace_limit(owner.namespace_name,
+                                                         MAX_TOPICS_FIELD),
+                              s.max_topics_per_namespace)
+        if not limit:
+            return
+        counts = kafka.partition_counts(s.kafka_bootstrap)
+        if counts.get(owner.kafka_topic):
+            return
+        have = 0
+        for name, count in counts.items():
+            try:
+                topic = TopicName.from_kafka(name)
+            except InvalidTopicName:
+                continue
+            if topic.domain == owner.domain and topic.namespace_name == owner.namespace_name:
+                have += count if count > 1 or str(topic) in self.cache.partitioned_one else 1
+        if over_limit(limit, have, s.ready_topic_partitions):
+            raise PublishError(412, TOPICS_OVER_MAX)
 
     # -- the policy feed
 

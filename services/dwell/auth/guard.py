@@ -5,7 +5,8 @@ namespace (403). With authentication off it lets everything through, as before.
 
 The role is checked before anything is looked up for the request, and the grants of a
 tenant or namespace that does not exist are empty: a 403 never tells whether another
-tenant's objects exist. `/healthz`, `/readyz` and `/metrics` declare no guard."""
+tenant's objects exist. `/healthz` and `/readyz` declare no guard; `/metrics` is guarded
+by `check_metrics` when Pulsar's `authenticateMetricsEndpoint` is on."""
 
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ class Guard:
         self.authentication = settings.authentication_enabled
         self.authorization = settings.authorization_enabled
         self.super_users = settings.super_users()
+        self.metrics_authenticated = (settings.authenticate_metrics_endpoint
+                                      and settings.authentication_enabled)
+        self.metrics_roles = settings.metrics_role_set()
         self.grants = grants
         # Read your writes, for a service whose grants come from a replay of the feed: a
         # refusal first waits until the replay has caught up with the feed (the policy
@@ -130,6 +134,17 @@ class Guard:
         if not allowed(role, operation, self.super_users, found):
             raise forbidden(role, operation, tenant, namespace)
         return role
+
+    def check_metrics(self, authorization: str | None) -> None:
+        """Pulsar's `authenticateMetricsEndpoint`: when on (with authentication), /metrics
+        needs a valid token (401), and with authorization on, one of a super-user or of
+        `metricsRoles` (403), since the metrics name every tenant's topics."""
+        if not self.metrics_authenticated:
+            return
+        role = self.role(authorization)
+        if self.authorization and role not in self.super_users | self.metrics_roles:
+            raise ApiError(403, f"Unauthorized: role {role!r} may not read the metrics "
+                                "(a super-user or one of DWELL_METRICS_ROLES may)")
 
     def require(self, operation: Operation) -> DependsParam:
         """The route dependency for `operation`; the tenant and namespace are the route's

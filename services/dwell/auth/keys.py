@@ -77,6 +77,34 @@ def load_private_key(raw: bytes, setting: str) -> Any:
         raise InvalidKey(f"{setting}: not an unencrypted private key (DER or PEM)") from None
 
 
+def _kind_of(raw: bytes) -> str | None:
+    """What an asymmetric key (or certificate) `raw` is, or None when it is none of them."""
+    text = raw.lstrip()
+    if text.startswith(b"-----BEGIN"):
+        label = text[len(b"-----BEGIN"):].split(b"-----", 1)[0].strip().decode("ascii",
+                                                                                  "replace")
+        return f"a PEM {label[:40] or 'block'}"
+    for kind, load in (("public key", serialization.load_der_public_key),
+                       ("private key", lambda b: serialization.load_der_private_key(b, None))):
+        try:
+            load(raw)
+        except (ValueError, TypeError):
+            continue
+        return f"a DER {kind}"
+    return None
+
+
+def check_secret_key(raw: bytes, setting: str) -> None:
+    """Refuse a public or private key given as an HMAC secret: a public key used as one
+    lets anyone who has it sign tokens, and PyJWT fails every request on a PEM one."""
+    kind = _kind_of(raw)
+    if kind is not None:
+        raise InvalidKey(f"{setting} holds {kind}, not a secret key: a secret key is random "
+                         "bytes (dwell-admin tokens create-secret-key); a public key goes in "
+                         "DWELL_TOKEN_PUBLIC_KEY, and a private key only signs tokens "
+                         "(dwell-admin tokens create --private-key)")
+
+
 def algorithms_of(key: Any) -> tuple[str, ...]:
     if isinstance(key, (rsa.RSAPublicKey, rsa.RSAPrivateKey)):
         return RSA_ALGORITHMS
@@ -101,6 +129,7 @@ def verification_key(secret_key: str, public_key: str) -> VerificationKey:
     else the public key."""
     if secret_key:
         raw = read_key(secret_key, "DWELL_TOKEN_SECRET_KEY")
+        check_secret_key(raw, "DWELL_TOKEN_SECRET_KEY")
         if len(raw) < 32:
             raise InvalidKey("DWELL_TOKEN_SECRET_KEY: shorter than 32 bytes (256 bits), "
                             "too short for HS256")

@@ -69,15 +69,20 @@ def _reason(exc: jwt.InvalidTokenError) -> str:
 class TokenVerifier:
     """Verifies tokens against one key and caches token -> (role, expiry in s or None).
 
-    The cache holds at most `cache_size` tokens: a new token when it is full first drops
-    the expired ones, then the oldest ones, so that tokens sent by clients cannot grow it
-    without end. Refused tokens are not cached."""
+    The cache holds at most `cache_size` tokens and `cache_bytes` bytes of tokens and
+    roles: a new token when it is full first drops the expired ones, then the oldest ones,
+    so that tokens sent by clients (of any length the request allows) cannot grow it
+    without end. A token bigger than a quarter of `cache_bytes` is verified every time,
+    never cached. Refused tokens are not cached."""
 
     def __init__(self, key: VerificationKey, *, cache_size: int = 10_000,
+                 cache_bytes: int = 16 * 1024 * 1024,
                  clock: Callable[[], float] = time.time) -> None:
         self._key = key
         self._cache: dict[str, tuple[str, float | None]] = {}
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._bytes = 0
         self._clock = clock
 
     def role(self, token: str) -> str:
@@ -87,7 +92,7 @@ class TokenVerifier:
             role, expiry = hit
             if expiry is None or self._clock() < expiry:
                 return role
-            self._cache.pop(token, None)
+            self._forget(token)
             raise InvalidToken("token expired")
         role, expiry = self._verify(token)
         self._remember(token, role, expiry)
@@ -117,18 +122,39 @@ class TokenVerifier:
                 raise InvalidToken("token expired")
         return subject, (float(expiry) if expiry is not None else None)
 
+    @staticmethod
+    def _size(token: str, role: str) -> int:
+        # str lengths stand for their bytes (tokens are ASCII); the fixed part covers the
+        # entry's tuple, float and dict slot.
+        return len(token) + len(role) + 200
+
+    def _forget(self, token: str) -> None:
+        hit = self._cache.pop(token, None)
+        if hit is not None:
+            self._bytes -= self._size(token, hit[0])
+
     def _remember(self, token: str, role: str, expiry: float | None) -> None:
+        size = self._size(token, role)
+        if size > self._cache_bytes // 4:
+            return
         cache = self._cache
-        if len(cache) >= self._cache_size:
+        if len(cache) >= self._cache_size or self._bytes + size > self._cache_bytes:
             now = self._clock()
             for stale in [t for t, (_, e) in cache.items() if e is not None and e <= now]:
-                del cache[stale]
-            while len(cache) >= self._cache_size:
-                del cache[next(iter(cache))]
+                self._forget(stale)
+            while cache and (len(cache) >= self._cache_size
+                             or self._bytes + size > self._cache_bytes):
+                self._forget(next(iter(cache)))
         cache[token] = (role, expiry)
+        self._bytes += size
 
     def __len__(self) -> int:
         return len(self._cache)
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the cache's entries take, as it counts them."""
+        return self._bytes
 
 
 class KafkaTokenVerifier:

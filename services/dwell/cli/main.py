@@ -250,6 +250,69 @@ def namespace_permissions(ctx: typer.Context, namespace: NamespaceArg) -> None:
     ctx.obj.emit(perms, render)
 
 
+# -------------------------------------------------------------------- quotas
+
+MaxTopicsOpt = Annotated[int, typer.Option("--max-topics-per-namespace", "-t",
+                                           help="The maximum number of topics (0: no limit).")]
+MaxSubscriptionsOpt = Annotated[int, typer.Option(
+    "--max-subscriptions-per-topic", "-m",
+    help="The maximum number of subscriptions per topic (0: no limit).")]
+
+
+def _set_limit(ctx: typer.Context, namespace: str, name: str, value: int) -> None:
+    ctx.obj.client.call("POST", path("namespaces", *namespace_name(namespace), name),
+                        body=value)
+    ctx.obj.done(f"Set {name} of {namespace} to {value}")
+
+
+def _get_limit(ctx: typer.Context, namespace: str, name: str) -> None:
+    value = ctx.obj.client.call("GET", path("namespaces", *namespace_name(namespace), name))
+    ctx.obj.emit(value, lambda: "null (the broker's applies)" if value is None else str(value))
+
+
+def _remove_limit(ctx: typer.Context, namespace: str, name: str) -> None:
+    ctx.obj.client.call("DELETE", path("namespaces", *namespace_name(namespace), name))
+    ctx.obj.done(f"Removed {name} of {namespace}: the broker's applies")
+
+
+@command(namespaces, "set-max-topics-per-namespace",
+         "Set the maximum number of topics of a namespace (a partition counts as a topic).")
+def namespace_set_max_topics(ctx: typer.Context, namespace: NamespaceArg,
+                             value: MaxTopicsOpt) -> None:
+    _set_limit(ctx, namespace, "maxTopicsPerNamespace", value)
+
+
+@command(namespaces, "get-max-topics-per-namespace",
+         "Show the maximum number of topics a namespace set.")
+def namespace_get_max_topics(ctx: typer.Context, namespace: NamespaceArg) -> None:
+    _get_limit(ctx, namespace, "maxTopicsPerNamespace")
+
+
+@command(namespaces, "remove-max-topics-per-namespace",
+         "Remove a namespace's maximum number of topics.")
+def namespace_remove_max_topics(ctx: typer.Context, namespace: NamespaceArg) -> None:
+    _remove_limit(ctx, namespace, "maxTopicsPerNamespace")
+
+
+@command(namespaces, "set-max-subscriptions-per-topic",
+         "Set the maximum number of subscriptions per topic of a namespace.")
+def namespace_set_max_subscriptions(ctx: typer.Context, namespace: NamespaceArg,
+                                    value: MaxSubscriptionsOpt) -> None:
+    _set_limit(ctx, namespace, "maxSubscriptionsPerTopic", value)
+
+
+@command(namespaces, "get-max-subscriptions-per-topic",
+         "Show the maximum number of subscriptions per topic a namespace set.")
+def namespace_get_max_subscriptions(ctx: typer.Context, namespace: NamespaceArg) -> None:
+    _get_limit(ctx, namespace, "maxSubscriptionsPerTopic")
+
+
+@command(namespaces, "remove-max-subscriptions-per-topic",
+         "Remove a namespace's maximum number of subscriptions per topic.")
+def namespace_remove_max_subscriptions(ctx: typer.Context, namespace: NamespaceArg) -> None:
+    _remove_limit(ctx, namespace, "maxSubscriptionsPerTopic")
+
+
 # -------------------------------------------------------------------- delayed delivery
 
 _SET_HELP = (

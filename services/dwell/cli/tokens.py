@@ -6,6 +6,7 @@ Keys are given as Pulsar takes them: data:;base64,..., file:/path, or base64."""
 from __future__ import annotations
 
 import base64
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,17 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
+def write_key_file(path: Path, data: bytes) -> None:
+    """Write a key readable by its owner alone (0600), whatever the umask, and an existing
+    file's wider mode narrowed before the key goes in."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 @tokens.command("create-secret-key", help="Create a new secret key.")
 def create_secret_key_cmd(
     algorithm: AlgorithmOpt = None,
@@ -44,7 +56,7 @@ def create_secret_key_cmd(
     key = create_secret_key(alg)
     encoded = base64.b64encode(key) if b64 else key
     if output is not None:
-        output.write_bytes(encoded)
+        write_key_file(output, encoded)
     else:
         sys.stdout.buffer.write(encoded)
         sys.stdout.flush()
@@ -63,8 +75,8 @@ def create_key_pair_cmd(
         private, public = create_key_pair(algorithm or "RS256")
     except (ValueError, KeyError):
         raise _fail(f"{algorithm} does not use a key pair (RS256, ES256, ...)") from None
-    output_public_key.write_bytes(public)
-    output_private_key.write_bytes(private)
+    write_key_file(output_public_key, public)
+    write_key_file(output_private_key, private)
 
 
 @tokens.command("create", help="Create a new token.")

@@ -42,7 +42,7 @@ from dwell.core import topics as names
 from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeout_ms
 from dwell.core.positions import format_message_id
 from dwell.core.subscriptions import SubscriptionSettings
-from dwell.core.topics import TopicName, retry_topic, validate_subscription
+from dwell.core.topics import TopicName, group_id, retry_topic, validate_subscription
 from dwell.security import http_verify
 
 from .auth import KafkaTokens
@@ -125,7 +125,13 @@ class _Offsets:
 
 class Consumer:
     """``Consumer("persistent://t/ns/x", "sub", ack_timeout_ms=10000)``; then ``receive``,
-    ``acknowledge`` and ``negative_acknowledge`` as in Pulsar."""
+    ``acknowledge`` and ``negative_acknowledge`` as in Pulsar.
+
+    The subscription reads as the Kafka consumer group ``group_id``:
+    ``<ready topic>/<subscription>`` (``acme.orders.created/billing``), so that two
+    tenants' (or two topics') subscriptions of one name never share a group. A group named
+    after the bare subscription, as earlier SDKs used, hands its committed offsets over
+    once, when the new group has none (``_adopt_offsets``)."""
 
     def __init__(self, topic: str, subscription: str, *, ack_timeout_ms: int = 0,
                  ack_timeout_redelivery_backoff: ExponentialRedeliveryBackoff | None = None,
@@ -154,6 +160,7 @@ class Consumer:
         self._tracker = (tracker_url or os.environ.get("DWELL_TRACKER_URL", DEFAULT_TRACKER_URL))
         self.ready_topic = self.topic.kafka_topic
         self.retry_topic = retry_topic(self.topic, self.subscription)
+        self.group_id = group_id(self.topic, self.subscription)
         # The JWT sent to the tracker as `Authorization: Bearer` when authentication is on.
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         # Its dwell.acks events carry Kafka tokens got with it (dwell.headers.AUTHORIZATION).
@@ -170,8 +177,9 @@ class Consumer:
                 kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
         self._events = kafka.Producer(self._bootstrap, linger_ms=0)
         self._unwritten: list[_Event] = []  # dwell.acks events Kafka has not taken yet
+        self._adopt_offsets()
         self._consumer = kafka.Consumer(
-            self._bootstrap, self.subscription, [self.ready_topic, self.retry_topic],
+            self._bootstrap, self.group_id, [self.ready_topic, self.retry_topic],
             auto_offset_reset=initial_position,
             **{"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10})
         self._buffer: list[kafka.Record] = []
@@ -179,6 +187,30 @@ class Consumer:
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._acked: OrderedDict[str, None] = OrderedDict()
         self._event_key = f"{self.topic}/{self.subscription}".encode()
+
+    def _adopt_offsets(self) -> None:
+        """Carry the committed offsets of the group named after the bare subscription (the
+        SDK's group before it was unique per topic) over to `group_id`, when that group
+        has committed none on these topics: an upgraded consumer goes on where it was."""
+        parts = [(t, p) for t in (self.ready_topic, self.retry_topic)
+                 for p in kafka.partitions(self._bootstrap, t)]
+        mine = kafka.Consumer(self._bootstrap, self.group_id)
+        try:
+            if any(o >= 0 for o in mine.committed(parts).values()):
+                return
+            legacy = kafka.Consumer(self._bootstrap, self.subscription)
+            try:
+                found = {tp: o for tp, o in legacy.committed(parts).items() if o >= 0}
+            finally:
+                legacy.close()
+            if found:
+                mine.commit(found)
+                log.info("subscription %s of %s: took over the offsets of group %r as %r",
+                         self.subscription, self.topic, self.subscription, self.group_id)
+        except kafka.KafkaUnavailable as exc:  # the group starts at initial_position
+            log.warning("could not look up group %r's offsets: %s", self.subscription, exc)
+        finally:
+            mine.close()
 
     # -- subscription registration (tracker)
     def _register(self) -> None:

@@ -92,3 +92,49 @@ def resolve_policy(
         max_delay_ms=pick(lambda p: p.maxDeliveryDelayInMillis, broker.max_delay_ms),
         fixed_delay_ms=pick(lambda p: p.fixedDeliveryDelayInMillis, broker.fixed_delay_ms),
     )
+
+
+# -- Pulsar's quotas: broker.conf's maxNumPartitionsPerPartitionedTopic, maxTopicsPerNamespace
+# and maxSubscriptionsPerTopic, the last two also namespace policies (Pulsar's Policies
+# fields max_topics_per_namespace, max_subscriptions_per_topic). 0 is unlimited, as in Pulsar.
+
+# Pulsar 4.0's texts (AdminResource, PersistentTopicsBase, NamespacesBase, PersistentTopic).
+PARTITIONS_OVER_MAX: Final = "Number of partitions should be less than or equal to {max}"
+TOPICS_OVER_MAX: Final = "Exceed maximum number of topics in namespace."
+SUBSCRIPTIONS_OVER_MAX: Final = "Exceed the maximum number of subscriptions of the topic: {topic}"
+NAMESPACE_LIMIT_NEGATIVE: Final = "{name} must be 0 or more"
+# The namespace record's fields, Pulsar's names in its Policies JSON.
+MAX_TOPICS_FIELD: Final = "max_topics_per_namespace"
+MAX_SUBSCRIPTIONS_FIELD: Final = "max_subscriptions_per_topic"
+NAMESPACE_LIMIT_FIELDS: Final = (MAX_TOPICS_FIELD, MAX_SUBSCRIPTIONS_FIELD)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerLimits:
+    """The broker-wide quotas; each 0 means unlimited."""
+
+    max_partitions_per_topic: int = 0
+    max_topics_per_namespace: int = 0
+    max_subscriptions_per_topic: int = 0
+
+
+def applied_limit(namespace_value: int | None, broker_value: int) -> int:
+    """The namespace's limit when it set one (0 included: unlimited), else the broker's."""
+    return broker_value if namespace_value is None else namespace_value
+
+
+def over_limit(limit: int, current: int, adding: int) -> bool:
+    """Whether `adding` more on top of `current` passes `limit` (0: no limit)."""
+    return limit > 0 and current + adding > limit
+
+
+def namespace_limit(value: object, name: str) -> int:
+    """A namespace limit as posted (a JSON integer, 0 or more): TypeError when it is not
+    an integer, ValueError with Pulsar's text when it is negative."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"body: {name} must be an integer")
+    if value < 0:
+        raise ValueError(NAMESPACE_LIMIT_NEGATIVE.format(name=name))
+    if value > 2**31 - 1:
+        raise ValueError(f"body: {name} must be at most {2**31 - 1} (a Java int)")
+    return value

@@ -19,6 +19,11 @@ Mapping rule (the README quotes it):
 
 Per-subscription redeliveries go to ``<ready>-<subscription>-RETRY`` and dead letters to
 ``<ready>-<subscription>-DLQ`` (Pulsar's names), with the subscription escaped the same way.
+
+A subscription's Kafka consumer group is ``<ready>/<subscription>`` (``group_id``): unique
+per tenant, namespace, topic and subscription, since ``/`` never occurs in a Kafka topic
+name, and starting with the ready topic, so that a prefix ACL ``<tenant>.`` on groups
+covers exactly the groups of a tenant's persistent topics.
 """
 
 from __future__ import annotations
@@ -304,3 +309,13 @@ def _per_subscription(topic: TopicName, subscription: str, suffix: str) -> str:
     validate_subscription(subscription)
     kafka = f"{topic.kafka_topic}-{escape_kafka_part(subscription)}-{suffix}"
     return _check_kafka_length(kafka, f"the {suffix} topic of '{topic}' for '{subscription}'")
+
+
+# Never in a Kafka topic name ([A-Za-z0-9._-]), so a group id splits back one way.
+GROUP_SEPARATOR: Final = "/"
+
+
+def group_id(topic: TopicName, subscription: str) -> str:
+    """The Kafka consumer group of ``subscription`` on ``topic`` (see the module's text)."""
+    validate_subscription(subscription)
+    return f"{topic.kafka_topic}{GROUP_SEPARATOR}{subscription}"

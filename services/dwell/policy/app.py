@@ -51,7 +51,7 @@ from dwell.core.topics import (
     TopicName,
 )
 from dwell.http import ApiError, BodyLimit, create_app, error, errors
-from dwell.policy import kafka_tokens, permissions, stats
+from dwell.policy import kafka_tokens, limits, permissions, stats
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -126,7 +126,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         "Tenants, namespaces and Pulsar delayed-delivery policies (namespace and topic), "
         "with Pulsar's admin paths and JSON. Unset policy fields inherit field by field: "
         "topic → namespace → broker defaults.",
-        ready)
+        ready, metrics_access=auth.check_metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -417,6 +417,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
         on no topic, which the next create of the name sets right."""
         if await catalog.partitions(name):
             raise ApiError(409, "This topic already exists")
+        await limits.check_create(store, catalog, settings.broker_limits(), name, partitions)
         one = partitioned and partitions == 1
         if (await store.topic_policies(name))[1].partitioned != one:
             await commit("topic_partitioned", lambda: store.mark_partitioned(name, one))
@@ -508,5 +509,6 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     permissions.add_routes(app, store, auth, commit, namespace_name)
     kafka_tokens.add_routes(app, auth, settings)
+    limits.add_routes(app, store, auth, commit, namespace_name)
     stats.add_routes(app, catalog, tracker, auth, topic_name)
     return app

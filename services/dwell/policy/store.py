@@ -418,8 +418,46 @@ class PolicyStore:
     async def set_permission(self, ns: str, role: str,
                              actions: frozenset[AuthAction] | None) -> list[Change]:
         """Grant `role` exactly `actions` on the namespace (Pulsar replaces a role's set),
-        or with None revoke them. A compare-and-set on the record's version, retried when
-        another write came between the read and it."""
+        or with None revoke them."""
+
+        def change(fields: dict[str, Any]) -> bool:
+            perms = namespace_auth(fields)
+            if actions is None:
+                if perms.pop(role, None) is None:
+                    return False
+            else:
+                perms[role] = sorted(a.value for a in actions)
+            fields["auth_policies"] = auth_policies(perms)
+            return True
+
+        return await self._update_namespace(ns, change)
+
+    async def namespace_fields(self, ns: str) -> dict[str, Any]:
+        """The namespace's record (its Pulsar Policies fields); 404 when it does not exist."""
+        raw = await self.redis.get(keys.namespace(ns))
+        if raw is None:
+            raise ApiError(404, NAMESPACE_MISSING)
+        return dict(orjson.loads(raw))
+
+    async def set_namespace_field(self, ns: str, name: str, value: Any) -> list[Change]:
+        """Set one field of the namespace's record (None removes it)."""
+
+        def change(fields: dict[str, Any]) -> bool:
+            if fields.get(name) == value:
+                return False
+            if value is None:
+                fields.pop(name, None)
+            else:
+                fields[name] = value
+            return True
+
+        return await self._update_namespace(ns, change)
+
+    async def _update_namespace(self, ns: str,
+                                change: Callable[[dict[str, Any]], bool]) -> list[Change]:
+        """Rewrite the namespace's record with `change` made to its fields (False: nothing
+        to write). A compare-and-set on the record's version, retried when another write
+        came between the read and it, so that no field written meanwhile is lost."""
         tenant_name = ns.partition("/")[0]
         scope, record = namespace_scope(ns), keys.namespace(ns)
         while True:
@@ -427,17 +465,13 @@ class PolicyStore:
             if raw is None:
                 raise ApiError(404, NAMESPACE_MISSING)
             doc = orjson.loads(raw)
-            perms = namespace_auth(doc)
-            if actions is None:
-                if perms.pop(role, None) is None:
-                    return []
-            else:
-                perms[role] = sorted(a.value for a in actions)
+            fields = {k: v for k, v in doc.items() if k not in ("version", "scope")}
+            if not change(fields):
+                return []
             v = await self._write(
                 "put", [keys.POLICY_VERSION, record, record, keys.namespaces(tenant_name),
                         keys.POLICY_SCOPES],
-                ["1", "0", ns, scope, _tail(scope, auth_policies=auth_policies(perms)),
-                 str(doc["version"])])
+                ["1", "0", ns, scope, _tail(scope, **fields), str(doc["version"])])
             if v != CHANGED:
                 break
         if v == PARENT_MISSING:

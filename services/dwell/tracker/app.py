@@ -16,6 +16,7 @@ from dwell import keys, liveness
 from dwell.auth.guard import Guard
 from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
+from dwell.core.policy import MAX_SUBSCRIPTIONS_FIELD, applied_limit
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
 from dwell.http import ApiError, BodyLimit, create_app, errors
@@ -64,10 +65,10 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
               restager: Restager | None = None,
               keeper: LowmarkKeeper | None = None,
               registry: SubscriptionRegistry | None = None) -> FastAPI:
-    policies: PolicyCache | None = None
-    guard = Guard(settings)
-    if settings.authorization_enabled:
-        guard, policies = feed_guard(settings)
+    # The replay of dwell.policies gives the grants (with authorization) and the
+    # namespaces' maxSubscriptionsPerTopic.
+    feed_checked, policies = feed_guard(settings)
+    guard = feed_checked if settings.authorization_enabled else Guard(settings)
     if registry is None:
         registry = SubscriptionRegistry(r, settings.kafka_bootstrap,
                                         compression_type=settings.kafka_compression_type)
@@ -92,7 +93,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             checks["subscriptionRegistryError"] = reg.error
         if reg.rebuilding:
             checks["subscriptionRegistryRebuilding"] = True
-        if policies is not None:
+        if settings.authorization_enabled:
             checks["policyReplayed"] = policies.ready.is_set()
         checks["ready"] = all(v for k, v in checks.items()
                               if not k.endswith(("Error", "Rebuilding")))
@@ -104,7 +105,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         metrics.LOOP_ROUND_AGE.labels(hb.name).set_function(hb.age)
     stall_s = settings.stall_timeout_ms / 1000
     app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready,
-                     lambda: liveness.stalled(beats, stall_s))
+                     lambda: liveness.stalled(beats, stall_s), guard.check_metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
                        setting="max_request_bytes", max_header_bytes=settings.max_header_bytes)
     strict = settings.delayed_delivery_deliver_at_time_strict
@@ -131,7 +132,10 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             settings_ = SubscriptionSettings.from_json(body)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
-        await asyncio.to_thread(reg.put, name, sub, settings_)
+        limit = applied_limit(policies.namespace_limit(
+            TopicName.parse(name).namespace_name, MAX_SUBSCRIPTIONS_FIELD),
+            settings.max_subscriptions_per_topic)
+        await asyncio.to_thread(reg.put, name, sub, settings_, limit)
         return settings_.to_json()
 
     @app.get(base + "/subscriptions/{sub}",

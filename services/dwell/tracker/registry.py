@@ -24,6 +24,7 @@ import redis as redislib
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics
+from dwell.core.policy import SUBSCRIPTIONS_OVER_MAX
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.http import ApiError
 from dwell.index import subscriptions
@@ -85,8 +86,15 @@ class SubscriptionRegistry:
         pipe.set(keys.SUBSCRIPTIONS_APPLIED, after, xx=True)
         self._written = max(self._written, after)
 
-    def put(self, topic: str, sub: str, settings: SubscriptionSettings) -> None:
+    def put(self, topic: str, sub: str, settings: SubscriptionSettings,
+            max_subscriptions: int = 0) -> None:
+        """Register (or update) `sub`; a new one beyond `max_subscriptions` on the topic
+        (0: no limit) is refused with Pulsar's 412, since each costs Kafka a RETRY and a DLQ
+        topic."""
         self.ensure()
+        if max_subscriptions > 0 and subscriptions.get(self._r, topic, sub) is None and (
+                len(subscriptions.names(self._r, topic)) >= max_subscriptions):
+            raise ApiError(412, SUBSCRIPTIONS_OVER_MAX.format(topic=topic))
         value = json.dumps(settings.to_json(), sort_keys=True).encode()
         after = self._send(record_key(topic, sub), value)
         pipe = self._r.pipeline(transaction=True)

@@ -59,3 +59,32 @@ def test_public_keys_der_and_pem(alg: str, family: tuple[str, ...], tmp_path: Pa
     assert verification_key("", pem.decode()).algorithms == family
     with pytest.raises(InvalidKey, match="not a public key"):
         verification_key("", base64.b64encode(b"garbage").decode())
+
+
+
+def _pem(der: bytes, public: bool) -> bytes:
+    from cryptography.hazmat.primitives import serialization as ser
+
+    if public:
+        return ser.load_der_public_key(der).public_bytes(
+            ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+    return ser.load_der_private_key(der, None).private_bytes(
+        ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+
+
+@pytest.mark.parametrize(("form", "says"), [
+    ("der-public", "holds a DER public key"),
+    ("der-private", "holds a DER private key"),
+    ("pem-public", "holds a PEM PUBLIC KEY"),
+    ("pem-private", "holds a PEM PRIVATE KEY"),
+])
+def test_a_key_pair_key_given_as_the_secret_key_is_refused(form: str, says: str) -> None:
+    """A public key taken as an HMAC secret lets anyone who has it sign tokens; a PEM one
+    made every request fail with 500."""
+    private, public = create_key_pair("RS256")
+    der = public if form.endswith("public") else private
+    raw = _pem(der, form.endswith("public")) if form.startswith("pem") else der
+    with pytest.raises(InvalidKey, match=f"DWELL_TOKEN_SECRET_KEY {says}, not a secret key"):
+        verification_key("data:;base64," + base64.b64encode(raw).decode(), "")
+    assert verification_key(base64.b64encode(create_secret_key()).decode(), "").algorithms \
+        == HMAC_ALGORITHMS

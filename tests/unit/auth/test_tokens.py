@@ -87,3 +87,16 @@ def test_cache_is_bounded(secret: bytes) -> None:
     for i in range(20):
         v.role(create_token(secret, "HS256", f"more{i}"))
     assert len(v) == 10
+
+
+def test_cache_is_bounded_in_bytes(secret: bytes) -> None:
+    """Long tokens (claims padded by the caller) fill a byte budget long before the entry
+    count: the cache stays within the budget, and a token bigger than a quarter of it is
+    never kept."""
+    key = verification_key(base64.b64encode(secret).decode(), "")
+    v = TokenVerifier(key, cache_size=10_000, cache_bytes=64 * 1024, clock=Clock())
+    for i in range(200):
+        v.role(jwt.encode({"sub": f"r{i}", "pad": "x" * 2000}, secret, algorithm="HS256"))
+    assert v.cached_bytes <= 64 * 1024 and 0 < len(v) < 200
+    huge = jwt.encode({"sub": "big", "pad": "x" * 20_000}, secret, algorithm="HS256")
+    assert v.role(huge) == "big" and huge not in v._cache

@@ -42,3 +42,26 @@ def test_create_needs_exactly_one_key(tmp_path: Path) -> None:
     assert "Either --secret-key or --private-key" in none.stderr
     bad = runner.invoke(app, ["tokens", "create", "-s", "a", "-sk", "!!", "-e", "1h"])
     assert bad.exit_code == 1 and "--secret-key: not base64" in bad.stderr
+
+
+def test_key_files_are_written_0600_whatever_the_umask(tmp_path: Path) -> None:
+    """Key files readable by every local user hand out the power to sign tokens."""
+    import os
+    import stat
+
+    old = os.umask(0o000)
+    try:
+        secret = tmp_path / "secret.key"
+        secret.write_bytes(b"")
+        secret.chmod(0o666)  # an existing, wider file is narrowed too
+        assert runner.invoke(app, ["tokens", "create-secret-key", "-o", str(secret)]
+                             ).exit_code == 0
+        private, public = tmp_path / "private.key", tmp_path / "public.key"
+        assert runner.invoke(app, ["tokens", "create-key-pair",
+                                   "--output-private-key", str(private),
+                                   "--output-public-key", str(public)]).exit_code == 0
+    finally:
+        os.umask(old)
+    for path in (secret, private, public):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert len(secret.read_bytes()) == 32

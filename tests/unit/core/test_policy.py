@@ -205,3 +205,18 @@ def test_policy_json_round_trip(policy: P | None) -> None:
     if policy is None:
         return
     assert P.model_validate_json(policy.model_dump_json()) == policy
+
+
+def test_quotas_zero_is_unlimited_and_a_namespace_value_wins() -> None:
+    from dwell.core.policy import applied_limit, namespace_limit, over_limit
+
+    assert not over_limit(0, 10**9, 10**9)
+    assert not over_limit(3, 1, 2) and over_limit(3, 2, 2)
+    assert applied_limit(None, 100) == 100 and applied_limit(0, 100) == 0
+    assert applied_limit(5, 100) == 5
+    assert namespace_limit(0, "maxTopicsPerNamespace") == 0
+    with pytest.raises(ValueError, match="^maxTopicsPerNamespace must be 0 or more$"):
+        namespace_limit(-1, "maxTopicsPerNamespace")
+    for bad in ("3", 3.0, True, None, [3], 2**31):
+        with pytest.raises((TypeError, ValueError)):
+            namespace_limit(bad, "maxSubscriptionsPerTopic")

@@ -248,3 +248,16 @@ def test_partition_names(local: str, index: int, parent: str) -> None:
     assert topic.partitioned_topic == TopicName.of("persistent", "t", "ns", parent)
     if index >= 0:
         assert topic.partitioned_topic.partition(index) == topic
+
+
+def test_group_ids_are_unique_per_topic_and_start_with_the_ready_topic() -> None:
+    """Two tenants' same-named subscriptions shared the group named after the subscription."""
+    from dwell.core.topics import GROUP_SEPARATOR, group_id
+
+    a = TopicName.parse("persistent://a/b_c/d")
+    b = TopicName.parse("persistent://a_b/c/d")
+    assert group_id(a, "billing") == "a.b_c.d/billing"
+    assert group_id(b, "billing") == "a_b.c.d/billing"
+    assert group_id(a, "x/y").partition(GROUP_SEPARATOR) == ("a.b_c.d", "/", "x/y")
+    for topic in (a, b, TopicName.parse("persistent://t/ns/with.dot")):
+        assert GROUP_SEPARATOR not in topic.kafka_topic
