@@ -76,7 +76,8 @@ def run(delay_ms: int, timeout_s: float, token: str | None = None) -> int:
     topic = f"persistent://{TENANT}/{NAMESPACE}/smoke-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + timeout_s
     tick_ms = ensure_namespace(policy_url, token)
-    with Consumer(topic, "smoke", token=token) as consumer, \
+    # Named under the tenant's Kafka prefix: with Kafka ACLs a user's consumer groups are.
+    with Consumer(topic, f"{TENANT}.smoke", token=token) as consumer, \
             Producer(topic, producer_name="dwell-smoke", token=token) as producer:
         sent = _now_ms()
         message_id = publish(producer, delay_ms, deadline)
