@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint chart bench clean
+.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint chart bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ down: ## stop exactly what `make up` started
 
 status: ## what runs where
 	$(DEVSTACK) status
+
+acls: ## the ACLs the secured stack's Kafka holds, as a table (a stack started with up --secure)
+	$(DEVSTACK) acls
 
 chart-tools: ## build helm (go install) and install Prometheus and promtool, for the chart's and dashboards' tests
 	$(DEVSTACK) install-chart-tools

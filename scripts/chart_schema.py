@@ -163,6 +163,7 @@ def schema() -> dict[str, Any]:
                 "operator": obj({"sparkVersion": STR}),
                 "executor": obj({"instances": POS, "cores": POS, "memory": STR}),
                 "driver": obj({"memory": STR}),
+                "authenticate": obj({"enabled": BOOL, "existingSecret": STR}),
                 "sparkConf": {"type": "object",
                               "additionalProperties": {"type": ["string", "number",
                                                                 "boolean"]}},

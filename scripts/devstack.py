@@ -118,8 +118,12 @@ class Stack:
         secure_stack.admin_token(self.pki, VENV / "bin" / "dwell-admin")
         return secure_stack.client_env(self.pki)
 
-    def _server_env(self) -> dict[str, str]:
-        return secure_stack.server_env(self.pki) if self.secure else {}
+    def _server_env(self, component: str) -> dict[str, str]:
+        """A dwell process's HTTPS and token settings and its own Kafka principal."""
+        if not self.secure:
+            return {}
+        return (secure_stack.server_env(self.pki)
+                | secure_stack.component_env(self.pki, component))
 
     # -- process definitions
     def redis(self) -> Proc:
@@ -144,12 +148,13 @@ class Stack:
         tpl = string.Template((KAFKA_DIR / "server.properties.template").read_text())
         text = tpl.substitute(port=self.ports["kafka"],
                               controller_port=self.ports["kafka_controller"], data_dir=data)
-        format_args: list[str] = []
+        check_env = self.service_env()
         if self.secure:
             pki = secure_stack.ensure_pki(self.state)
             text += secure_stack.kafka_properties(pki, self.ports["kafka"],
                                                   self.ports["kafka_controller"])
-            format_args = secure_stack.kafka_format_args(pki)
+            # Until the ACLs are made only the broker's own login may do anything.
+            check_env |= secure_stack.broker_env(pki)
         props.write_text(text)
         props.chmod(0o600)
         cp = f"{libs}/*"
@@ -160,17 +165,17 @@ class Stack:
                 check=True, capture_output=True, text=True).stdout.strip()
             say(f"formatting Kafka log dir {data.relative_to(ROOT)} (KRaft)")
             subprocess.run(["java", "-cp", cp, "kafka.tools.StorageTool", "format", "-t",
-                            cluster_id, "-c", str(props), *format_args], check=True,
+                            cluster_id, "-c", str(props)], check=True,
                            capture_output=True)
         jvm = secure_stack.kafka_jvm_args(secure_stack.ensure_pki(self.state)) \
             if self.secure else []
         return Proc("kafka", ["java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", *jvm,
                               f"-Dlog4j2.configurationFile={KAFKA_DIR / 'log4j2.properties'}",
                               "-cp", cp, "kafka.Kafka", str(props)],
-                    self.ports["kafka"], start_timeout=90, check_env=self.service_env())
+                    self.ports["kafka"], start_timeout=90, check_env=check_env)
 
     def service(self, name: str) -> Proc:
-        env = self.service_env() | self._server_env() | {
+        env = self.service_env() | self._server_env(name) | {
             "DWELL_HTTP_PORT": str(self.ports[name])}
         return Proc(name, [str(VENV_PY), "-m", f"dwell.{name}"], self.ports[name], env,
                     health_url=f"{self.scheme}://127.0.0.1:{self.ports[name]}/healthz",
@@ -179,7 +184,7 @@ class Stack:
     def spark(self) -> Proc:
         jars = ",".join(str(p) for p in spark_kafka_jars())
         port = self.ports["spark"]
-        env = self.service_env() | self._server_env() | {
+        env = self.service_env() | self._server_env("spark") | {
             "DWELL_SPARK_JARS": jars, "PYSPARK_PYTHON": str(VENV_PY),
             "DWELL_SPARK_METRICS_PORT": str(port)}
         return Proc("spark", [str(VENV_PY), "-m", "dwell_spark"], port, env, cwd=SPARK_DIR,
@@ -306,8 +311,12 @@ class Stack:
                 say(f"{name:<9} already running  {where}")
             else:
                 say(f"{name:<9} up in {took:4.1f}s      {where}")
-        if "kafka" in names:
-            _ensure_dwell_topics(self)
+            if name == "kafka":
+                # Before the services: on the secured stack they connect as principals
+                # that exist once the ACLs are applied.
+                if self.secure:
+                    apply_kafka_acls(self)
+                _ensure_dwell_topics(self)
 
     def proc_port(self, name: str) -> int:
         return self.ports.get(name, 0)
@@ -329,9 +338,28 @@ def _ensure_dwell_topics(stack: Stack) -> None:
         "import sys; from dwell.adapters.kafka import ensure_dwell_topics;"
         "ensure_dwell_topics(sys.argv[1])"
     )
+    env = dict(os.environ) | stack.service_env()
+    if stack.secure:
+        env |= secure_stack.broker_env(stack.pki)
     if VENV_PY.exists() and (ROOT / "services" / "dwell" / "adapters" / "kafka").is_dir():
-        subprocess.run([str(VENV_PY), "-c", code, stack.kafka_bootstrap], check=True,
-                       env=dict(os.environ) | stack.service_env())
+        subprocess.run([str(VENV_PY), "-c", code, stack.kafka_bootstrap], check=True, env=env)
+
+
+def _kafka_acls(stack: Stack, cmd: str) -> str:
+    """scripts/kafka_acls.py (it needs the venv's confluent-kafka), logged in as the
+    broker's super-user; its output."""
+    spec = secure_stack.acl_spec(stack.pki, stack.kafka_bootstrap)
+    done = subprocess.run([str(VENV_PY), str(ROOT / "scripts" / "kafka_acls.py"), cmd],
+                          input=json.dumps(spec), capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"kafka_acls.py {cmd} failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def apply_kafka_acls(stack: Stack) -> None:
+    """The secured stack's SCRAM users and ACLs (scripts/kafka_acls.py), made idempotently
+    each time its Kafka is started."""
+    say(_kafka_acls(stack, "apply").strip())
 
 
 def _alive(pid: int) -> bool:
@@ -407,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("names", nargs="*")
     sub.add_parser("status", help="what runs where")
     sub.add_parser("env", help="print the environment dwell processes get, as JSON")
+    sub.add_parser("acls", help="the ACLs the secured stack's Kafka holds, as a table")
     run = sub.add_parser("run", help="start the stack in the foreground; Ctrl-C stops it")
     run.add_argument("--demo", action="store_true", help="run the demo once the stack is up")
     run.add_argument("--secure", action="store_true", help=secure_help)
@@ -442,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{name:<9} {state:<22} 127.0.0.1:{port}")
     elif args.cmd == "env":
         print(json.dumps(stack.service_env(), indent=2))
+    elif args.cmd == "acls":
+        if not stack.secure or not stack.pid("kafka"):
+            sys.exit(f"dwell: the {stack.profile} stack's Kafka does not run with --secure")
+        print(_kafka_acls(stack, "show"), end="")
     elif args.cmd == "run":
         return _run_foreground(stack, args.demo)
     return 0

@@ -1,10 +1,13 @@
 """The secured local stack (`devstack.py up --secure`): a CA and certificates made at
-start with openssl, Kafka with a SASL_SSL listener (SCRAM-SHA-512 user `dwell`, created
-when the log dir is formatted; OAUTHBEARER tokens signed by the stack's OIDC key are
-accepted too, checked against `jwks.json`), Redis on a TLS port with an ACL user and the
-default user off, HTTPS on the services' and the Spark app's ports, token authentication and
-authorization on the services (an HS256 key made at start, super-user role `admin`), and
-the DWELL_* settings that point every dwell process and client at them.
+start with openssl, Kafka with SASL_SSL listeners only (the controller's too) and KRaft's
+StandardAuthorizer: the broker's own PLAIN login is its only super-user, each dwell
+component has its own SCRAM-SHA-512 principal and example users have theirs
+(scripts/kafka_acls.py holds their ACLs and creates them); OAUTHBEARER tokens signed by
+the stack's OIDC key are accepted too, checked against `jwks.json`. Redis on a TLS port
+with an ACL user and the default user off, HTTPS on the services' and the Spark app's
+ports, token authentication and authorization on the services (an HS256 key made at
+start, super-user role `admin`), and the DWELL_* settings that point every dwell process
+and client at them.
 
 Everything lives under `.dwell/<profile>/secure/` (mode 0700), never in the repository.
 Passwords are random per state directory and stored in files that the settings read as
@@ -26,12 +29,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-KAFKA_USER = "dwell"
 KAFKA_MECHANISM = "SCRAM-SHA-512"
+# One Kafka principal per dwell process (scripts/kafka_acls.py COMPONENTS).
+KAFKA_COMPONENTS = {"policy": "dwell-policy", "admission": "dwell-admission",
+                    "tracker": "dwell-tracker", "spark": "dwell-spark"}
+# Example users' principals and their tenants, made with the stack: what `devstack env`
+# hands a client is the first one's (the demo's tenant).
+KAFKA_USERS = {"app-demo": "demo", "app-dwell-smoke": "dwell-smoke"}
 REDIS_USER = "dwell"
 SUPER_USER = "admin"
-# Kafka's own inter-broker login on the SASL_SSL listener (PLAIN, in server.properties).
-_BROKER_USER = "broker"
+# Kafka's own login (PLAIN, in server.properties) between broker and controller and the
+# only super-user; devstack creates users, ACLs and dwell's topics with it.
+BROKER_USER = "broker"
 _CERT_DAYS = 30
 # OAUTHBEARER: what the broker expects of a token (tests/secure/oidc.py issues them).
 OIDC_ISSUER = "dwell-local-oidc"
@@ -85,13 +94,28 @@ def _secret(path: Path) -> str:
     return path.read_text()
 
 
+def kafka_principals() -> list[str]:
+    """Every SCRAM user of the stack: the components' and the example users'."""
+    return [*KAFKA_COMPONENTS.values(), *KAFKA_USERS]
+
+
+def kafka_password_file(d: Path, user: str) -> Path:
+    return d / f"kafka-{user}-password"
+
+
+def kafka_password(d: Path, user: str) -> str:
+    """A SCRAM user's password, made on first use."""
+    return _secret(kafka_password_file(d, user))
+
+
 def ensure_pki(state: Path) -> Path:
     """The CA, the server certificate (127.0.0.1 and localhost) and the passwords of the
     profile, made once per state directory; returns the folder."""
     d = folder(state)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     d.chmod(0o700)
-    for name in ("kafka-password", "kafka-broker-password", "redis-password"):
+    for name in ("kafka-broker-password", "redis-password",
+                 *(kafka_password_file(d, u).name for u in kafka_principals())):
         _secret(d / name)
     key = d / "token-secret.key"
     if not key.exists():
@@ -155,20 +179,28 @@ def kafka_jvm_args(d: Path) -> list[str]:
 
 def kafka_properties(d: Path, port: int, controller_port: int) -> str:
     """Lines appended to server.properties (Java's Properties: the last value wins), which
-    turn the client listener into SASL_SSL."""
+    turn both listeners into SASL_SSL and switch the authorizer on."""
     pw = (d / "kafka-broker-password").read_text()
     plain = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
-             f'username="{_BROKER_USER}" password="{pw}" user_{_BROKER_USER}="{pw}";')
+             f'username="{BROKER_USER}" password="{pw}" user_{BROKER_USER}="{pw}";')
     scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
     oauth = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
     return "\n".join([
         "", "# --secure (scripts/secure_stack.py)",
         f"listeners=SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         f"advertised.listeners=SASL_SSL://127.0.0.1:{port}",
-        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        # The controller's listener authenticates too: an anonymous principal there would
+        # have to be a super-user for the broker to reach its own controller.
+        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SASL_SSL",
         "inter.broker.listener.name=SASL_SSL",
         "sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN,OAUTHBEARER",
         "sasl.mechanism.inter.broker.protocol=PLAIN",
+        "sasl.mechanism.controller.protocol=PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+        f"listener.name.controller.plain.sasl.jaas.config={plain}",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        f"super.users=User:{BROKER_USER}",
+        "allow.everyone.if.no.acl.found=false",
         f"listener.name.sasl_ssl.plain.sasl.jaas.config={plain}",
         f"listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config={scram}",
         f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={scram}",
@@ -192,10 +224,42 @@ def kafka_properties(d: Path, port: int, controller_port: int) -> str:
         "ssl.client.auth=none", ""])
 
 
-def kafka_format_args(d: Path) -> list[str]:
-    """StorageTool format arguments that create the SCRAM user with the log dir."""
-    pw = (d / "kafka-password").read_text()
-    return ["--add-scram", f"{KAFKA_MECHANISM}=[name={KAFKA_USER},password={pw}]"]
+def acl_spec(d: Path, bootstrap: str) -> dict[str, Any]:
+    """What scripts/kafka_acls.py applies: the broker's login to connect with, the SCRAM
+    users and their passwords, the example users' tenants."""
+    return {"admin": broker_librdkafka_config(d, bootstrap),
+            "passwords": {u: kafka_password_file(d, u).read_text()
+                          for u in kafka_principals()},
+            "users": dict(KAFKA_USERS)}
+
+
+def broker_librdkafka_config(d: Path, bootstrap: str) -> dict[str, str]:
+    """A librdkafka client logged in as the broker's super-user."""
+    return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN", "sasl.username": BROKER_USER,
+            "sasl.password": (d / "kafka-broker-password").read_text(),
+            "ssl.ca.location": str(d / "ca.pem")}
+
+
+def broker_env(d: Path) -> dict[str, str]:
+    """dwell's Kafka settings logged in as the broker's super-user: devstack's readiness
+    check and its creation of dwell's topics, before any other user exists."""
+    return {"DWELL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "DWELL_KAFKA_SASL_MECHANISM": "PLAIN",
+            "DWELL_KAFKA_SASL_USERNAME": BROKER_USER,
+            "DWELL_KAFKA_SASL_PASSWORD": f"file:{d / 'kafka-broker-password'}",
+            "DWELL_KAFKA_SSL_CA_LOCATION": str(d / "ca.pem")}
+
+
+def kafka_user_env(d: Path, user: str) -> dict[str, str]:
+    """The Kafka login of one SCRAM user."""
+    return {"DWELL_KAFKA_SASL_USERNAME": user,
+            "DWELL_KAFKA_SASL_PASSWORD": f"file:{kafka_password_file(d, user)}"}
+
+
+def component_env(d: Path, component: str) -> dict[str, str]:
+    """What a dwell process adds to client_env: its own Kafka principal."""
+    return kafka_user_env(d, KAFKA_COMPONENTS[component])
 
 
 def redis_args(d: Path, port: int) -> list[str]:
@@ -225,15 +289,15 @@ def admin_token(d: Path, dwell_admin: Path) -> Path:
 
 
 def client_env(d: Path) -> dict[str, str]:
-    """The settings every dwell process (and client) gets on the secured stack."""
+    """The settings every dwell process (and client) gets on the secured stack; Kafka as
+    the first example user (a process adds component_env)."""
     ca = str(d / "ca.pem")
     return {
         "DWELL_AUTH_PARAMS": f"file:{d / 'admin.token'}",
         "DWELL_TLS_TRUST_CERTS_FILE_PATH": ca,
         "DWELL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "DWELL_KAFKA_SASL_MECHANISM": KAFKA_MECHANISM,
-        "DWELL_KAFKA_SASL_USERNAME": KAFKA_USER,
-        "DWELL_KAFKA_SASL_PASSWORD": f"file:{d / 'kafka-password'}",
+        **kafka_user_env(d, next(iter(KAFKA_USERS))),
         "DWELL_KAFKA_SSL_CA_LOCATION": ca,
         "DWELL_REDIS_USERNAME": REDIS_USER,
         "DWELL_REDIS_PASSWORD": f"file:{d / 'redis-password'}",

@@ -274,6 +274,9 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
         "kafka-password", ""), (
         "a password-like value in the manifests")
     secrets = by_kind(docs, "Secret")
+    # Spark's RPC secret: the chart's in every variant (none names an existingSecret).
+    spark_secret = secrets.pop("rel-dwell-spark-auth")
+    assert len(spark_secret["data"]["spark-auth-secret"]) >= 64  # 48 random chars, base64
     if variant in ("external", "secure", "production"):
         assert not secrets  # the user's existingSecret
     else:
@@ -281,17 +284,87 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
         assert len(secret["data"]["redis-password"]) >= 40  # 32 random chars, base64
 
 
-def test_generated_secret_stays_in_its_secret(helm: str) -> None:
-    """The one secret the chart makes (the in-chart Redis password) appears in its Secret
-    and nowhere else: not in a ConfigMap (the executors' pod template, dashboards), not in
-    an env value."""
+def test_generated_secrets_stay_in_their_secrets(helm: str) -> None:
+    """The secrets the chart makes (the in-chart Redis password, Spark's RPC secret)
+    appear in their Secrets and nowhere else: not in a ConfigMap (the executors' pod
+    template, dashboards), not in an env value."""
     docs = render(helm, *EVERYTHING)
-    (secret,) = by_kind(docs, "Secret").values()
-    password = base64.b64decode(secret["data"]["redis-password"]).decode()
+    secrets = by_kind(docs, "Secret")
+    values = [base64.b64decode(secrets["rel-dwell-redis"]["data"]["redis-password"]).decode(),
+              base64.b64decode(secrets["rel-dwell-spark-auth"]["data"][
+                  "spark-auth-secret"]).decode()]
     others = [d for d in docs if d["kind"] != "Secret"]
     assert by_kind(others, "ConfigMap")
     for d in others:
-        assert password not in yaml.safe_dump(d), f"{d['kind']}/{d['metadata']['name']}"
+        text = yaml.safe_dump(d)
+        assert not [v for v in values if v in text], f"{d['kind']}/{d['metadata']['name']}"
+
+
+def spark_auth(pod: dict[str, Any], container: dict[str, Any]) -> str:
+    """The path of the Spark RPC secret file a pod mounts from the Spark auth Secret."""
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "spark-auth"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "spark-auth"]
+    assert mount["readOnly"] is True
+    secret = vol["secret"]
+    return f"{mount['mountPath']}/{secret['items'][0]['path']}@{secret['secretName']}"
+
+
+@pytest.mark.parametrize("existing", ["", "my-spark-auth"])
+def test_spark_rpc_is_authenticated_in_both_modes(helm: str, existing: str) -> None:
+    """spark.authenticate with a secret file the driver and the executors mount from one
+    Secret (the chart's or existingSecret), not Spark's generated secret, which it passes
+    to executors in an environment variable; RPC traffic encrypted too."""
+    extra = ["--set", f"spark.authenticate.existingSecret={existing}"] if existing else []
+    docs = render(helm, *extra)
+    secret = existing or "rel-dwell-spark-auth"
+    assert (secret in by_kind(docs, "Secret")) is not bool(existing)
+    deploy = by_kind(docs, "Deployment")["rel-dwell-spark"]
+    pod = deploy["spec"]["template"]["spec"]
+    (driver,) = pod["containers"]
+    args = driver["args"]
+    confs = dict(a.split("=", 1) for a in args[args.index("--driver-memory") + 2:-1]
+                 if a != "--conf")
+    assert confs["spark.authenticate"] == "true"
+    assert confs["spark.network.crypto.enabled"] == "true"
+    path = confs["spark.authenticate.secret.file"]
+    assert spark_auth(pod, driver) == f"{path}@{secret}"
+    template = yaml.safe_load(by_kind(docs, "ConfigMap")["rel-dwell-spark-executor"]["data"][
+        "executor.yaml"])
+    (executor,) = template["spec"]["containers"]
+    assert spark_auth(template["spec"], executor) == f"{path}@{secret}"
+
+    app = by_kind(render(helm, *extra, "--set", "spark.mode=operator"),
+                  "SparkApplication")["rel-dwell-spark"]["spec"]
+    assert app["sparkConf"]["spark.authenticate"] == "true"
+    assert app["sparkConf"]["spark.authenticate.secret.file"] == path
+    for role in ("driver", "executor"):
+        assert spark_auth(app, app[role]) == f"{path}@{secret}", role
+
+    off = render(helm, "--set", "spark.authenticate.enabled=false")
+    assert "rel-dwell-spark-auth" not in by_kind(off, "Secret")
+    assert "spark.authenticate" not in str(by_kind(off, "Deployment")["rel-dwell-spark"])
+
+
+@pytest.mark.parametrize("mode", ["client", "operator"])
+def test_spark_driver_rbac_is_its_namespace_and_what_spark_needs(helm: str, mode: str
+                                                                 ) -> None:
+    """Spark on Kubernetes makes and removes executor pods, the config maps and services
+    of its executors and their volume claims: a Role in the release's namespace for those
+    resources only, bound to the driver's ServiceAccount; nothing cluster-wide."""
+    docs = render(helm, *EVERYTHING, "--set", f"spark.mode={mode}")
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    roles = by_kind(docs, "Role")
+    assert set(roles) == {"rel-dwell-spark"}
+    for rule in roles["rel-dwell-spark"]["rules"]:
+        assert rule["apiGroups"] == [""], rule
+        assert set(rule["resources"]) <= {"pods", "configmaps", "services",
+                                          "persistentvolumeclaims"}, rule
+        assert "*" not in rule["verbs"] and "escalate" not in rule["verbs"], rule
+    (binding,) = by_kind(docs, "RoleBinding").values()
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "rel-dwell-spark"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-dwell-spark",
+                                    "namespace": "ns"}]
 
 
 def test_secure_certificate_probes_and_scrapes(helm: str) -> None:
@@ -324,7 +397,8 @@ def test_secure_certificate_probes_and_scrapes(helm: str) -> None:
 
 def test_existing_secret_is_used_as_given(helm: str) -> None:
     docs = render(helm, "--set", "redis.auth.existingSecret=mine",
-                  "--set", "redis.auth.existingSecretPasswordKey=pw")
+                  "--set", "redis.auth.existingSecretPasswordKey=pw",
+                  "--set", "spark.authenticate.existingSecret=my-spark-auth")
     assert not by_kind(docs, "Secret")
     for w in workloads(docs):
         for c in w["spec"]["template"]["spec"]["containers"]:

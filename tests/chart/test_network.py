@@ -82,12 +82,36 @@ def np_docs(helm: str) -> list[dict[str, Any]]:
     return render(helm, *NP_ON)
 
 
-def test_off_by_default(helm: str) -> None:
+def test_on_by_default(helm: str) -> None:
     docs = render(helm)
-    assert not by_kind(docs, "NetworkPolicy") and not by_kind(docs, "Ingress")
+    policies = by_kind(docs, "NetworkPolicy")
+    assert {p["metadata"]["labels"]["app.kubernetes.io/component"]
+            for p in policies.values()} == COMPONENTS
+    assert not by_kind(docs, "Ingress")
     images = {c["image"] for w in workloads(docs) for c in w["spec"]["template"]["spec"][
         "containers"]}
     assert images and not [i for i in images if "@" in i]
+    off = render(helm, "--set", "networkPolicy.enabled=false")
+    assert not by_kind(off, "NetworkPolicy")
+
+
+def test_in_chart_redis_and_kafka_take_only_dwells_pods(
+        helm: str, np_docs: list[dict[str, Any]]) -> None:
+    """The in-chart Redis and Kafka authenticate no one: by default no pod but dwell's own
+    (and the helm test hook's, which reads Kafka) reaches them; a pod networkPolicy.clients
+    names reaches Kafka, never Redis."""
+    policies = list(by_kind(np_docs, "NetworkPolicy").values())
+    labels = pod_labels(np_docs)
+    stranger = {"app": "stranger"}
+    for dst, port in (("kafka", 9092), ("kafka", 9093), ("redis", 6379)):
+        assert not allowed(policies, stranger, labels[dst], port), (dst, port)
+    assert allowed(policies, labels["test"], labels["kafka"], 9092)
+    named = render(helm, *NP_ON,
+                   "--set", "networkPolicy.clients[0].podSelector.matchLabels.app=producer")
+    policies = list(by_kind(named, "NetworkPolicy").values())
+    assert allowed(policies, {"app": "producer"}, labels["kafka"], 9092)
+    assert not allowed(policies, {"app": "producer"}, labels["redis"], 6379)
+    assert not allowed(policies, stranger, labels["kafka"], 9092)
 
 
 @pytest.mark.parametrize("kube", KUBE_VERSIONS)
@@ -151,10 +175,12 @@ def test_clients_and_prometheus_reach_the_http_ports(helm: str,
     policies = list(by_kind(docs, "NetworkPolicy").values())
     labels = pod_labels(docs)
     outside = {"app": "producer"}
-    # No clients named: any source reaches the HTTP ports and Kafka's, and no other port.
+    # No clients named: any source reaches the HTTP ports, and no other port (the in-chart
+    # Kafka's neither: it authenticates no one).
     for dst, port in (("policy", 8081), ("admission", 8082), ("tracker", 8083),
-                      ("spark", 8084), ("kafka", 9092)):
+                      ("spark", 8084)):
         assert allowed(policies, outside, labels[dst], port), dst
+    assert not allowed(policies, outside, labels["kafka"], 9092)
     assert not allowed(policies, outside, labels["redis"], 6379)
     assert not allowed(policies, outside, labels["spark"], 7078)
     # Named clients and Prometheus: only they.

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 import devinstall
 import devstack
+import kafka_acls
 import secure_stack
 from dwell.adapters import kafka
 from dwell.security import (
@@ -30,17 +31,38 @@ from dwell.security import (
     java_oauth_system_properties,
     librdkafka_config,
 )
+from secure.conftest import broker_admin
 from secure.oidc import TokenEndpoint
 
 CLIENT_ID = "dwell-oidc-client"
 JAVA_SOURCE = Path(__file__).parent / "java" / "KafkaRoundTrip.java"
 
 
+# The OIDC client's principal (its tokens' `sub`) is a user of this tenant: it reads the
+# tenant's topics in the tenant's groups and creates nothing (scripts/kafka_acls.py). The
+# round trips below also write those topics, which a dwell user leaves to dwell.
+TENANT = "oidc"
+
+
 @pytest.fixture(scope="module")
 def oidc(secured: devstack.Stack) -> Iterator[TokenEndpoint]:
+    admin = broker_admin(secured)
+    kafka_acls.grant_user(admin, CLIENT_ID, TENANT)
+    kafka_acls.apply(admin, [kafka_acls.Rule(f"User:{CLIENT_ID}", "topic", f"{TENANT}.",
+                                             "prefixed", "WRITE")])
     endpoint = TokenEndpoint(secured.pki, CLIENT_ID, secrets.token_urlsafe(16))
     yield endpoint
     endpoint.close()
+
+
+def tenant_topic(secured: devstack.Stack) -> str:
+    """A topic of the tenant, made as the broker's super-user (users make none)."""
+    topic = f"{TENANT}.{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in secure_stack.broker_env(secured.pki).items():
+            mp.setenv(k, v)
+        assert kafka.ensure_topic(bootstrap(secured), topic, partitions=1)
+    return topic
 
 
 def oauth_env(secured: devstack.Stack, oidc: TokenEndpoint, secret: str) -> dict[str, str]:
@@ -62,15 +84,14 @@ def test_dwell_clients_produce_and_consume_with_oidc_tokens(
     for k, v in oauth_env(secured, oidc, oidc.client_secret).items():
         monkeypatch.setenv(k, v)
     before = len(oidc.issued)
-    topic = f"oauth-{uuid.uuid4().hex[:8]}"
-    assert kafka.ensure_topic(bootstrap(secured), topic, partitions=1)
+    topic = tenant_topic(secured)
     p = kafka.Producer(bootstrap(secured), linger_ms=0)
     try:
         for i in range(5):
             p.send(topic, b"v%d" % i, key=b"k").result(30)
     finally:
         p.close()
-    c = kafka.Consumer(bootstrap(secured), f"oauth-{uuid.uuid4().hex[:6]}", [topic])
+    c = kafka.Consumer(bootstrap(secured), f"{topic}-{uuid.uuid4().hex[:6]}", [topic])
     try:
         got: list[bytes | None] = []
         for _ in range(60):
@@ -155,8 +176,7 @@ def test_kafka_java_client_authenticates_with_dwells_properties(
     props = tmp_path / "client.properties"
     conf = {"bootstrap.servers": bootstrap(secured), **java_kafka_config(sec)}
     props.write_text("".join(f"{k}={v}\n".replace("\\", "\\\\") for k, v in conf.items()))
-    topic = f"oauth-java-{uuid.uuid4().hex[:8]}"
-    assert kafka.ensure_topic(bootstrap(secured), topic, partitions=1)
+    topic = tenant_topic(secured)
 
     def run(*jvm: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["java", "-cp", f"{round_trip}:{java_classpath(client)}", *jvm,

@@ -23,9 +23,11 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 import devstack
+import secure_stack
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, Producer
 from dwell.core.topics import TopicName
 from dwell.security import KafkaSecurity, kafka_python_config
+from secure.conftest import tenant_user
 
 TICK_MS = 1000
 # A delivery may be late by a tick (Pulsar's bound) plus a drain trigger and round; the
@@ -45,8 +47,8 @@ def now_ms() -> int:
 
 def secrets_of(s: devstack.Stack) -> dict[str, str]:
     out = {name: (s.pki / name).read_text()
-           for name in ("kafka-password", "kafka-broker-password", "redis-password",
-                        "admin.token")}
+           for name in ("kafka-broker-password", "redis-password", "admin.token")}
+    out |= {f.name: f.read_text() for f in s.pki.glob("kafka-*-password")}
     key = (s.pki / "token-secret.key").read_bytes()
     out["token secret key (base64)"] = base64.b64encode(key).decode()
     out["token secret key (base64url)"] = base64.urlsafe_b64encode(key).decode().rstrip("=")
@@ -98,11 +100,18 @@ def app_token(secured: devstack.Stack) -> str:
 
 
 def test_delayed_message_and_nack_redelivery_over_sasl_ssl(
-        secured: devstack.Stack, namespace: str, app_token: str) -> None:
+        secured: devstack.Stack, namespace: str, app_token: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the tenant's own Kafka principal, which may read its ready and retry topics in
+    its own groups and create nothing: the tracker makes both topics on registration."""
+    tenant = namespace.split("/")[0]
+    for k, v in tenant_user(secured, f"app-{tenant}", tenant).items():
+        monkeypatch.setenv(k, v)
     topic = f"persistent://{namespace}/orders-{uuid.uuid4().hex[:6]}"
     backoff = ExponentialRedeliveryBackoff.builder().min_delay_ms(NACK_MIN_MS).max_delay_ms(
         NACK_MIN_MS).multiplier(2).build()
-    with Consumer(topic, "secure-app", negative_ack_redelivery_backoff=backoff,
+    # Named under the tenant's Kafka prefix, as the tenant's consumer groups are.
+    with Consumer(topic, f"{tenant}.secure-app", negative_ack_redelivery_backoff=backoff,
                   initial_position="earliest", token=app_token) as consumer, \
             Producer(topic, token=app_token) as producer:
         sent = now_ms()
@@ -179,7 +188,8 @@ def test_plain_text_kafka_client_is_refused(secured: devstack.Stack) -> None:
         plain.list_topics(timeout=5)
     wrong = AdminClient({"bootstrap.servers": secured.kafka_bootstrap,
                          "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
-                         "sasl.username": "dwell", "sasl.password": "not-the-password",
+                         "sasl.username": "dwell-admission",
+                         "sasl.password": "not-the-password",
                          "ssl.ca.location": str(secured.pki / "ca.pem")})
     with pytest.raises(KafkaException):
         wrong.list_topics(timeout=5)
@@ -257,7 +267,8 @@ def test_smoke_hook_authenticates_with_the_super_users_token(secured: devstack.S
     """`python -m dwell.smoke` (the chart's `helm test` hook) over HTTPS and SASL_SSL with
     the token DWELL_AUTH_PARAMS names, as the chart's auth.testToken gives it; without
     one it fails and says what to set."""
-    env = dict(os.environ) | secured.service_env()
+    env = dict(os.environ) | secured.service_env() | secure_stack.kafka_user_env(
+        secured.pki, "app-dwell-smoke")
     assert env["DWELL_AUTH_PARAMS"].startswith("file:")
     smoke = [sys.executable, "-m", "dwell.smoke", "--delay-ms", "2000", "--timeout-s", "90"]
     got = subprocess.run(smoke, env=env, capture_output=True, text=True, timeout=150)

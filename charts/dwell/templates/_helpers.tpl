@@ -376,6 +376,15 @@ spec:
      an endpoint allowed by a system property (dwell.security.java_oauth_system_properties). */}}
 {{- define "dwell.sparkConf" -}}
 {{- $conf := deepCopy (.Values.spark.sparkConf | default dict) -}}
+{{- if .Values.spark.authenticate.enabled }}
+{{- /* The driver's RPC port takes only peers holding the secret (a pod that reaches it
+       could otherwise run code in the driver, whose ServiceAccount creates pods), and the
+       traffic is encrypted. A file both sides mount, not Spark's generated secret, which
+       it hands the executors in an environment variable anyone listing pods can read. */}}
+{{- $_ := set $conf "spark.authenticate" "true" }}
+{{- $_ := set $conf "spark.network.crypto.enabled" "true" }}
+{{- $_ := set $conf "spark.authenticate.secret.file" (printf "%s/%s" (include "dwell.sparkAuthDir" .) (include "dwell.sparkAuthKey" .)) }}
+{{- end }}
 {{- $k := .Values.kafka.security -}}
 {{- if and (hasPrefix "SASL_" $k.protocol) (eq $k.saslMechanism "OAUTHBEARER") }}
 {{- $opt := printf "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=%s" $k.oauthbearer.tokenEndpointUrl }}
@@ -384,4 +393,32 @@ spec:
 {{- end }}
 {{- end }}
 {{- toYaml $conf }}
+{{- end -}}
+
+{{/* Spark's RPC authentication secret (spark.authenticate): the Secret, the key, where
+     the driver and the executors mount it. */}}
+{{- define "dwell.sparkAuthSecret" -}}
+{{- default (printf "%s-auth" (include "dwell.component" (dict "root" . "component" "spark"))) .Values.spark.authenticate.existingSecret -}}
+{{- end -}}
+{{- define "dwell.sparkAuthKey" -}}spark-auth-secret{{- end -}}
+{{- define "dwell.sparkAuthDir" -}}/etc/dwell/spark-auth{{- end -}}
+
+{{- define "dwell.sparkAuthVolumeMount" -}}
+{{- if .Values.spark.authenticate.enabled }}
+- name: spark-auth
+  mountPath: {{ include "dwell.sparkAuthDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "dwell.sparkAuthVolume" -}}
+{{- if .Values.spark.authenticate.enabled }}
+- name: spark-auth
+  secret:
+    secretName: {{ include "dwell.sparkAuthSecret" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ include "dwell.sparkAuthKey" . }}
+        path: {{ include "dwell.sparkAuthKey" . }}
+{{- end }}
 {{- end -}}

@@ -13,12 +13,13 @@ import redis as redislib
 from fastapi import FastAPI, Request, Response
 
 from dwell import keys, liveness
+from dwell.adapters import kafka
 from dwell.auth.guard import Guard
 from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
 from dwell.core.policy import MAX_SUBSCRIPTIONS_FIELD, applied_limit
 from dwell.core.subscriptions import SubscriptionSettings
-from dwell.core.topics import InvalidTopicName, TopicName, validate_subscription
+from dwell.core.topics import InvalidTopicName, TopicName, retry_topic, validate_subscription
 from dwell.http import ApiError, BodyLimit, create_app, errors
 from dwell.policy_feed import PolicyCache, PolicyFollower
 from dwell.tracker import metrics
@@ -136,7 +137,26 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             TopicName.parse(name).namespace_name, MAX_SUBSCRIPTIONS_FIELD),
             settings.max_subscriptions_per_topic)
         await asyncio.to_thread(reg.put, name, sub, settings_, limit)
+        await asyncio.to_thread(subscription_topics, name, sub)
         return settings_.to_json()
+
+    def subscription_topics(name: str, sub: str) -> None:
+        """The ready and retry topics a consumer subscribes to, made here because with
+        Kafka ACLs a user's principal may read them but not create them."""
+        t = TopicName.parse(name)
+        wanted = [retry_topic(t, sub)]
+        if settings.allow_auto_topic_creation:
+            wanted.insert(0, t.kafka_topic)
+        try:
+            for kafka_topic in wanted:
+                kafka.ensure_topic(settings.kafka_bootstrap, kafka_topic,
+                                   settings.ready_topic_partitions,
+                                   settings.kafka_replication_factor)
+        except kafka.TopicRefused as exc:
+            raise ApiError(409, f"topic: {name} maps to a Kafka topic Kafka refuses "
+                                f"({exc})") from None
+        except kafka.KafkaUnavailable as exc:
+            raise ApiError(503, f"Kafka: {exc}") from None
 
     @app.get(base + "/subscriptions/{sub}",
              dependencies=[guard.require(Op.GET_SUBSCRIPTION)],

@@ -18,6 +18,10 @@ class TrackerSettings(CommonSettings):
     # "<delayed_topic>.refiled" for another delayed topic.
     refiled_topic: str = ""
     tracker_group_id: str = "dwell-tracker"
+    # A subscription's registration makes its ready topic (as admission's first publish
+    # would) and its retry topic, which users' principals may not create.
+    allow_auto_topic_creation: bool = True
+    ready_topic_partitions: int = Field(4, ge=1)
     # One batch is one Redis pipeline: larger batches mean fewer APPENDs per message, which
     # matters most when delays are random (each bucket gets a few positions per batch).
     ingest_batch_max: int = Field(50000, ge=1)

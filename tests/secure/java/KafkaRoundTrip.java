@@ -37,7 +37,8 @@ public class KafkaRoundTrip {
         c.putAll(base);
         c.put("key.deserializer", StringDeserializer.class.getName());
         c.put("value.deserializer", StringDeserializer.class.getName());
-        c.put("group.id", "round-trip-" + System.nanoTime());
+        // Under the topic's name: with Kafka ACLs a user's groups share its topics' prefix.
+        c.put("group.id", topic + "-round-trip-" + System.nanoTime());
         c.put("auto.offset.reset", "earliest");
         int read = 0;
         try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(c)) {

@@ -1,0 +1,262 @@
+"""The Kafka ACLs of a secured dwell: one table of (principal, resource, pattern,
+operation) rules for dwell's components and for users' principals, applied idempotently
+with confluent-kafka's AdminClient (`devstack.py up --secure`) and read back from the
+broker as an operator would read them (`make acls`, `devstack.py acls`).
+
+Every rule ALLOWs from any host; the broker runs KRaft's StandardAuthorizer with no rule
+for anyone else, so whatever the table does not name is refused. docs/kubernetes.md
+gives the same table for an operator's own Kafka.
+
+Needs the venv (confluent-kafka): devstack.py runs it with the venv's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from dwell.core.topics import (
+    ACKS,
+    DELAYED,
+    DELIVERED,
+    INVALID,
+    POLICIES,
+    PUBLISH,
+    PUBLISH_RESULTS,
+    REFILED,
+    SUBSCRIPTIONS,
+    escape_kafka_part,
+)
+
+# The principal of each dwell process (SCRAM user names); `User:` is Kafka's type.
+COMPONENTS = ("dwell-policy", "dwell-admission", "dwell-tracker", "dwell-spark")
+DWELL_TOPICS = (POLICIES, PUBLISH, PUBLISH_RESULTS, DELAYED, REFILED, ACKS, DELIVERED,
+                INVALID, SUBSCRIPTIONS)
+# Ready, retry and DLQ topics of every tenant have no common prefix: the components that
+# make and fill them hold these rights on every topic name.
+ANY = "*"
+
+
+@dataclass(frozen=True, order=True)
+class Rule:
+    principal: str  # "User:dwell-admission"
+    resource: str  # topic | group | transactional-id | cluster
+    name: str
+    pattern: str  # literal | prefixed
+    operation: str  # Kafka's operation name: READ, WRITE, CREATE, ...
+
+    def binding(self) -> AclBinding:
+        return AclBinding(_RESOURCE[self.resource], self.name, _PATTERN[self.pattern],
+                          self.principal, "*", AclOperation[self.operation],
+                          AclPermissionType.ALLOW)
+
+
+_RESOURCE = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
+             "transactional-id": ResourceType.TRANSACTIONAL_ID,
+             "cluster": ResourceType.BROKER}
+_PATTERN = {"literal": ResourcePatternType.LITERAL, "prefixed": ResourcePatternType.PREFIXED}
+
+
+def _rules(principal: str, resource: str, names: Iterable[str], ops: Iterable[str],
+           pattern: str = "literal") -> list[Rule]:
+    return [Rule(f"User:{principal}", resource, n, pattern, op)
+            for n in names for op in ops]
+
+
+def component_rules() -> list[Rule]:
+    """What each dwell component needs, read from the code: the topics it creates, reads
+    and writes, the consumer groups it joins or whose offsets it reads, its transactional
+    ids. Creating a topic that exists is part of every component's start (idempotent
+    ensure), so CREATE is granted on the topics each one ensures."""
+    r: list[Rule] = []
+    # policy: the change feed (writes, and reads it back for catch-up and rebuild), and
+    # Pulsar's admin API on partitioned topics (create, add partitions, delete).
+    r += _rules("dwell-policy", "topic", [POLICIES],
+                ["CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "WRITE", "READ"])
+    r += _rules("dwell-policy", "topic", [ANY], ["CREATE", "DESCRIBE", "ALTER", "DELETE"])
+    r += _rules("dwell-policy", "group", ["dwell-policy"], ["READ", "DESCRIBE"], "prefixed")
+    # admission: reads publish requests and the policy feed, writes results, the delay
+    # log and set-aside records, and every tenant's ready topics, in transactions.
+    r += _rules("dwell-admission", "topic", DWELL_TOPICS, ["CREATE", "DESCRIBE",
+                                                           "DESCRIBE_CONFIGS"])
+    r += _rules("dwell-admission", "topic", [PUBLISH, POLICIES], ["READ"])
+    r += _rules("dwell-admission", "topic", [PUBLISH_RESULTS, DELAYED, INVALID], ["WRITE"])
+    r += _rules("dwell-admission", "topic", [ANY], ["CREATE", "DESCRIBE", "WRITE"])
+    r += _rules("dwell-admission", "group", ["dwell-admission"], ["READ", "DESCRIBE"],
+                "prefixed")
+    r += _rules("dwell-admission", "transactional-id", ["dwell-admission"],
+                ["WRITE", "DESCRIBE"], "prefixed")
+    # tracker: indexes the delay log and its re-filed copies, keeps the subscription
+    # registry, follows the policy feed, re-files long delays.
+    r += _rules("dwell-tracker", "topic", [DELAYED, REFILED, SUBSCRIPTIONS, POLICIES],
+                ["CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"])
+    r += _rules("dwell-tracker", "topic", [REFILED, SUBSCRIPTIONS], ["WRITE"])
+    # A subscription's registration makes its ready and retry topics.
+    r += _rules("dwell-tracker", "topic", [ANY], ["CREATE", "DESCRIBE"])
+    r += _rules("dwell-tracker", "group", ["dwell-tracker", "dwell-restage-",
+                                           "dwell-admission-policies-"],
+                ["READ", "DESCRIBE"], "prefixed")
+    # the Spark app: drains the delay logs onto ready topics, reads ack events, copies
+    # records of ready and retry topics to retry and DLQ topics; its Kafka source makes
+    # group ids `spark-kafka-source-*`.
+    r += _rules("dwell-spark", "topic", DWELL_TOPICS, ["CREATE", "DESCRIBE",
+                                                       "DESCRIBE_CONFIGS"])
+    r += _rules("dwell-spark", "topic", [DELAYED, REFILED, ACKS], ["READ"])
+    r += _rules("dwell-spark", "topic", [DELIVERED, INVALID], ["WRITE"])
+    r += _rules("dwell-spark", "topic", [ANY], ["CREATE", "DESCRIBE", "READ", "WRITE"])
+    r += _rules("dwell-spark", "group", ["spark-kafka-source-", "dwell-drain-"],
+                ["READ", "DESCRIBE"], "prefixed")
+    # dwell.adapters.kafka's scans read by offset in this group, committing nothing.
+    for component in COMPONENTS:
+        r += _rules(component, "group", ["dwell-reader"], ["READ", "DESCRIBE"])
+    return sorted(set(r))
+
+
+def tenant_prefixes(tenant: str) -> list[str]:
+    """The Kafka name prefixes of a tenant's topics: persistent and non-persistent ready
+    topics and, after them, their retry and DLQ topics."""
+    t = escape_kafka_part(tenant)
+    return [f"{t}.", f"non-persistent.{t}."]
+
+
+def user_rules(principal: str, tenant: str) -> list[Rule]:
+    """A user's principal: sends publish requests and ack events, reads publish results,
+    reads its own tenant's ready, retry and DLQ topics in its own tenant's consumer
+    groups (all named by the tenant's prefix). Nothing else: above all not READ on
+    dwell.publish or dwell.acks, whose records are other clients' requests."""
+    r = _rules(principal, "topic", [PUBLISH, ACKS], ["WRITE", "DESCRIBE"])
+    r += _rules(principal, "topic", [PUBLISH_RESULTS], ["READ", "DESCRIBE"])
+    r += _rules(principal, "topic", tenant_prefixes(tenant), ["READ", "DESCRIBE"], "prefixed")
+    r += _rules(principal, "group", tenant_prefixes(tenant), ["READ", "DESCRIBE"], "prefixed")
+    return sorted(set(r))
+
+
+def table(users: Mapping[str, str] | None = None) -> list[Rule]:
+    """Every rule: the components' and, for each user principal, its tenant's."""
+    rules = component_rules()
+    for principal, tenant in sorted((users or {}).items()):
+        rules += user_rules(principal, tenant)
+    return rules
+
+
+def upsert_users(admin: AdminClient, passwords: Mapping[str, str],
+                 timeout: float = 30.0) -> None:
+    """Create or update SCRAM-SHA-512 users (name -> password)."""
+    if not passwords:
+        return
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    futures = admin.alter_user_scram_credentials(
+        [UserScramCredentialUpsertion(u, info, p.encode()) for u, p in passwords.items()],
+        request_timeout=timeout)
+    for f in futures.values():
+        f.result(timeout)
+
+
+def apply(admin: AdminClient, rules: Iterable[Rule], timeout: float = 30.0) -> int:
+    """Create the rules the broker does not hold yet (creating one it holds is a no-op
+    for Kafka); returns how many were asked for."""
+    bindings = [r.binding() for r in rules]
+    if not bindings:
+        return 0
+    for f in admin.create_acls(bindings, request_timeout=timeout).values():
+        f.result(timeout)
+    return len(bindings)
+
+
+def prune(admin: AdminClient, keep: Iterable[Rule], principals: Iterable[str],
+          timeout: float = 30.0) -> int:
+    """Delete the ALLOW rules the broker holds for ``principals`` (`User:<name>`) that
+    ``keep`` does not name, so that a rule taken out of the table leaves the broker too;
+    returns how many."""
+    kept, who = set(keep), set(principals)
+    stale = [r for r in held(admin, timeout) if r.principal in who and r not in kept
+             and r.resource in _RESOURCE and r.operation in AclOperation.__members__]
+    if stale:
+        filters = [AclBindingFilter(_RESOURCE[r.resource], r.name, _PATTERN[r.pattern],
+                                    r.principal, "*", AclOperation[r.operation],
+                                    AclPermissionType.ALLOW) for r in stale]
+        for f in admin.delete_acls(filters, request_timeout=timeout).values():
+            f.result(timeout)
+    return len(stale)
+
+
+def grant_user(admin: AdminClient, principal: str, tenant: str,
+               password: str | None = None) -> None:
+    """Make ``principal`` a user of ``tenant``: its rules and, given a password, its SCRAM
+    login (a principal an OIDC provider vouches for has none)."""
+    if password is not None:
+        upsert_users(admin, {principal: password})
+    apply(admin, user_rules(principal, tenant))
+
+
+def held(admin: AdminClient, timeout: float = 30.0) -> list[Rule]:
+    """The ALLOW rules the broker holds (describe_acls), as table rows."""
+    anything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                                AclOperation.ANY, AclPermissionType.ANY)
+    kinds = {v: k for k, v in _RESOURCE.items()}
+    patterns = {v: k for k, v in _PATTERN.items()}
+    out = []
+    for b in admin.describe_acls(anything, request_timeout=timeout).result(timeout):
+        out.append(Rule(b.principal, kinds.get(b.restype, b.restype.name.lower()), b.name,
+                        patterns.get(b.resource_pattern_type,
+                                     b.resource_pattern_type.name.lower()),
+                        b.operation.name if b.permission_type == AclPermissionType.ALLOW
+                        else f"{b.operation.name} ({b.permission_type.name})"))
+    return sorted(out)
+
+
+def render(rules: Iterable[Rule]) -> str:
+    """The rules as an operator reads them: one line per principal and resource, its
+    operations together."""
+    grouped: dict[tuple[str, str, str, str], list[str]] = {}
+    for r in rules:
+        grouped.setdefault((r.principal, r.resource, r.pattern, r.name), []).append(
+            r.operation)
+    rows = [("principal", "resource", "pattern", "name", "operations")]
+    rows += [(p, res, pat, name, ",".join(sorted(ops)))
+             for (p, res, pat, name), ops in sorted(grouped.items())]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True))
+                     + "  " + row[4] for row in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Reads {"admin": <librdkafka config>, "users": {principal: tenant}, "passwords":
+    {user: password}} as JSON on stdin (passwords stay off the command line); `apply`
+    creates the users and the table's rules, `show` prints the rules the broker holds."""
+    ap = argparse.ArgumentParser(prog="kafka_acls", description=__doc__)
+    ap.add_argument("cmd", choices=["apply", "show"])
+    args = ap.parse_args(argv)
+    spec = json.loads(sys.stdin.read())
+    admin = AdminClient(spec["admin"])
+    if args.cmd == "apply":
+        users = spec.get("users", {})
+        upsert_users(admin, spec.get("passwords", {}))
+        rules = table(users)
+        n = apply(admin, rules)
+        gone = prune(admin, rules, [f"User:{p}" for p in (*COMPONENTS, *users)])
+        print(f"kafka acls: {n} rules applied for {len(COMPONENTS)} components and "
+              f"{len(users)} user principals, {gone} stale ones deleted")
+    else:
+        print(render(held(admin)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
