@@ -3,18 +3,27 @@ offsets, reachability, and starting a consumer group at the end of its topics.""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from dwell.core import topics as names
 
 from .config import connection
 from .consumer import Consumer, close_within, watermarks
-from .errors import KafkaUnavailable, TopicRefused
+from .errors import KafkaUnavailable, RetentionRefused, TopicRefused
+
+log = logging.getLogger("dwell.adapters.kafka")
 
 
 def admin(bootstrap: str) -> AdminClient:
@@ -60,15 +69,79 @@ def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: in
     raise KafkaUnavailable(f"topic {name} not visible after {timeout}s")
 
 
+# The delay logs and the delivered marks hold what a pending message or a rebuild needs,
+# however old it is: no age or size limit may remove it. Disk is given back by the
+# tracker's trim below the low watermarks (docs/internals.md, "Retention and trim").
+KEEP_UNTIL_DELIVERED: dict[str, str] = {"retention.ms": "-1", "retention.bytes": "-1",
+                                        "cleanup.policy": "delete"}
+KEPT_TOPICS = (names.DELAYED, names.REFILED, names.DELIVERED)
+
+
+def retention_risks(config: Mapping[str, str]) -> dict[str, str]:
+    """The settings of a topic's config (as describe_configs gives it, broker defaults
+    included) that could remove records dwell still needs, each with the value it needs
+    instead; empty when there is none. Compaction would keep one record per Pulsar topic."""
+    return {k: v for k, v in KEEP_UNTIL_DELIVERED.items() if config.get(k) != v}
+
+
+def retention_refusal(topic: str, config: Mapping[str, str], risks: Mapping[str, str],
+                      cause: str) -> str:
+    """Why a process refuses to start against ``topic``: the settings, and what to do."""
+    found = ", ".join(f"{k}={config.get(k, '(unknown)')}" for k in risks)
+    wanted = ", ".join(f"{k}={v}" for k, v in risks.items())
+    return (f"topic {topic} has {found}, which could drop pending messages, and dwell "
+            f"cannot change it ({cause}): set {wanted} on {topic}, or grant dwell "
+            "DESCRIBE_CONFIGS and ALTER_CONFIGS on it")
+
+
+def _config_error(exc: KafkaException, what: str) -> str:
+    err = exc.args[0]
+    if err.retriable() or err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                                         KafkaError._ALL_BROKERS_DOWN):
+        raise KafkaUnavailable(f"{what}: {err.str()}") from exc
+    return err.name()
+
+
+def ensure_retention(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[str, str]:
+    """Make an existing ``topic`` keep its records until dwell removes them, altering what
+    an operator (or the broker's defaults) set; returns the settings changed. Raises
+    RetentionRefused when Kafka refuses to show or change them, KafkaUnavailable when it
+    cannot answer."""
+    client = admin(bootstrap)
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        entries = client.describe_configs([res])[res].result(timeout)
+    except KafkaException as exc:
+        cause = _config_error(exc, f"describe configs of {topic}")
+        raise RetentionRefused(retention_refusal(topic, {}, KEEP_UNTIL_DELIVERED,
+                                                 cause)) from exc
+    config = {k: e.value for k, e in entries.items()}
+    risks = retention_risks(config)
+    if not risks:
+        return {}
+    alter = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+        for k, v in risks.items()])
+    try:
+        client.incremental_alter_configs([alter])[alter].result(timeout)
+    except KafkaException as exc:
+        cause = _config_error(exc, f"alter configs of {topic}")
+        raise RetentionRefused(retention_refusal(topic, config, risks, cause)) from exc
+    log.warning("topic %s had %s; set to %s so that no pending message is dropped", topic,
+                ", ".join(f"{k}={config.get(k)}" for k in risks),
+                ", ".join(f"{k}={v}" for k, v in risks.items()))
+    return risks
+
+
 DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
     names.POLICIES: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                          "segment.ms": "3600000"}),
     names.PUBLISH: (4, {}),
     names.PUBLISH_RESULTS: (4, {}),
-    names.DELAYED: (4, {}),
-    names.REFILED: (4, {}),
+    names.DELAYED: (4, KEEP_UNTIL_DELIVERED),
+    names.REFILED: (4, KEEP_UNTIL_DELIVERED),
     names.ACKS: (4, {}),
-    names.DELIVERED: (4, {}),
+    names.DELIVERED: (4, KEEP_UNTIL_DELIVERED),
     names.INVALID: (1, {}),
     names.SUBSCRIPTIONS: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                               "segment.ms": "3600000"}),
@@ -80,6 +153,8 @@ def ensure_dwell_topics(bootstrap: str, replication: int = 1,
     for name, (default_parts, config) in DWELL_TOPIC_DEFAULTS.items():
         parts = (partitions or {}).get(name, default_parts)
         ensure_topic(bootstrap, name, parts, replication, config)
+    for name in KEPT_TOPICS:
+        ensure_retention(bootstrap, name)
 
 
 def topic_names(bootstrap: str, timeout: float = 15.0) -> set[str]:
