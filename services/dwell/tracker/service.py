@@ -29,6 +29,7 @@ from dwell.tracker.registry import SubscriptionRegistry
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import StatsRefresher
+from dwell.tracker.trim import Trimmer
 
 log = logging.getLogger("dwell.tracker")
 
@@ -79,6 +80,11 @@ def main() -> None:
                            refiled_topic=settings.refile_log,
                            interval_s=settings.lowmark_interval_ms / 1000)
     threading.Thread(target=keeper.run, name="tracker-lowmark", daemon=True).start()
+    trimmer = Trimmer(settings.kafka_bootstrap, settings.tracker_group_id,
+                      delayed_topic=settings.delayed_topic, refiled_topic=settings.refile_log,
+                      interval_s=settings.trim_interval_ms / 1000)
+    if settings.trim_interval_ms:
+        threading.Thread(target=trimmer.run, name="tracker-trim", daemon=True).start()
     parts, config = DWELL_TOPIC_DEFAULTS[topics.SUBSCRIPTIONS]
     ensure_topic(settings.kafka_bootstrap, topics.SUBSCRIPTIONS, parts,
                  settings.kafka_replication_factor, config)
@@ -113,6 +119,7 @@ def main() -> None:
         registry_stop.set()
         registry.close()
         keeper.stop()
+        trimmer.stop()
         loop.stop()
         refiled.stop()
         collector.stop()

@@ -231,6 +231,32 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, 
         close_within(c)
 
 
+def delete_below(bootstrap: str, offsets: Mapping[tuple[str, int], int],
+                 timeout: float = 15.0) -> dict[tuple[str, int], int]:
+    """Delete the records of each (topic, partition) below its offset (Kafka's
+    DeleteRecords: the partition's start offset moves up, its segments below go);
+    returns how many records each partition lost, for those whose start was below."""
+    c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader"})
+    try:
+        starts = {tp: watermarks(c, tp[0], tp[1], timeout)[0] for tp in offsets}
+    finally:
+        close_within(c)
+    wanted = [TopicPartition(t, p, o) for (t, p), o in offsets.items() if o > starts[(t, p)]]
+    if not wanted:
+        return {}
+    client = admin(bootstrap)
+    out: dict[tuple[str, int], int] = {}
+    for tp, fut in client.delete_records(wanted, request_timeout=timeout,
+                                         operation_timeout=timeout).items():
+        try:
+            low = fut.result(timeout).low_watermark
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"delete records of {tp.topic}[{tp.partition}] below "
+                                   f"{tp.offset}: {exc.args[0].str()}") from exc
+        out[(tp.topic, tp.partition)] = low - starts[(tp.topic, tp.partition)]
+    return out
+
+
 def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) -> dict[int, int]:
     """Per partition of an existing topic, the first offset whose record timestamp is at or
     after ``ts_ms`` (the partition's end offset when there is none)."""
