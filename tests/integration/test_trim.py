@@ -23,7 +23,7 @@ from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
 
 pytestmark = pytest.mark.integration
 
-DB = 11
+DB = 5
 
 
 @pytest.fixture()
