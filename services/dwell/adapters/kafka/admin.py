@@ -257,6 +257,21 @@ def delete_below(bootstrap: str, offsets: Mapping[tuple[str, int], int],
     return out
 
 
+class LogStarts:
+    """The first offset each partition still holds: below it, records were removed (by
+    retention, an operator's DeleteRecords, the trim). One consumer, kept open."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader"})
+
+    def get(self, tps: Iterable[tuple[str, int]],
+            timeout: float = 15.0) -> dict[tuple[str, int], int]:
+        return {(t, p): watermarks(self._c, t, p, timeout)[0] for t, p in tps}
+
+    def close(self) -> None:
+        close_within(self._c)
+
+
 def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) -> dict[int, int]:
     """Per partition of an existing topic, the first offset whose record timestamp is at or
     after ``ts_ms`` (the partition's end offset when there is none)."""
