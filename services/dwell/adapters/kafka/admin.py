@@ -15,6 +15,7 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
 )
 
 from dwell.core import topics as names
@@ -259,17 +260,25 @@ def delete_below(bootstrap: str, offsets: Mapping[tuple[str, int], int],
 
 class LogStarts:
     """The first offset each partition still holds: below it, records were removed (by
-    retention, an operator's DeleteRecords, the trim). One consumer, kept open."""
+    retention, an operator's DeleteRecords, the trim). One admin client, kept open; one
+    ListOffsets request per broker for any number of partitions."""
 
     def __init__(self, bootstrap: str) -> None:
-        self._c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader"})
+        self._admin = admin(bootstrap)
 
     def get(self, tps: Iterable[tuple[str, int]],
             timeout: float = 15.0) -> dict[tuple[str, int], int]:
-        return {(t, p): watermarks(self._c, t, p, timeout)[0] for t, p in tps}
-
-    def close(self) -> None:
-        close_within(self._c)
+        wanted = {TopicPartition(t, p): OffsetSpec.earliest() for t, p in tps}
+        if not wanted:
+            return {}
+        out: dict[tuple[str, int], int] = {}
+        for tp, fut in self._admin.list_offsets(wanted, request_timeout=timeout).items():
+            try:
+                out[(tp.topic, tp.partition)] = fut.result(timeout).offset
+            except KafkaException as exc:
+                raise KafkaUnavailable(f"first offset of {tp.topic}[{tp.partition}]: "
+                                       f"{exc.args[0].str()}") from exc
+        return out
 
 
 def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) -> dict[int, int]:
