@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import groupby
 
 import numpy as np
@@ -193,6 +193,23 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket,
     return out
 
 
+def lost_below(r: Range, start: int) -> tuple[int, Range | None]:
+    """How many of ``r``'s records lie below ``start``, and what is left of ``r`` from it
+    (None when nothing is)."""
+    if r.first >= start:
+        return 0, r
+    if r.offsets is not None:
+        gone = int(r.offsets.rank(start - 1))
+    else:
+        gone = min(r.last, start - 1) - r.first + 1
+    if r.last < start:
+        return gone, None
+    offsets = None if r.offsets is None else BitMap64(o for o in r.offsets if o >= start)
+    counts = {o: n for o, n in r.counts.items() if o >= start}
+    return gone, replace(r, first=start if offsets is None else offsets.min(),
+                         offsets=offsets, counts=counts)
+
+
 @dataclass
 class _Failing:
     """A topic whose last copy failed: how many times in a row, how many of those alone
@@ -224,6 +241,7 @@ class Drainer:
         self.marks = kafka.BulkProducer(settings.kafka_bootstrap, linger_ms=0,
                                         compression_type=settings.kafka_compression_type)
         self.failing: dict[str, _Failing] = {}
+        self.starts = kafka.LogStarts(settings.kafka_bootstrap)
 
     def _waiting(self, topic: str, now_ms: int) -> bool:
         f = self.failing.get(topic)
@@ -325,6 +343,7 @@ class Drainer:
         fails (RoundExpired) past the round's maximum time."""
         started = time.monotonic()
         keeper.check()  # a group that starts after the round's maximum time fails at once
+        self._drop_lost(claims)
         ranges = [r for c in claims for r in c.ranges]
         path = path or choose_path(self.settings, ranges)
         stats = copy(self.spark, self.settings, self.topics, ranges, path, self.copier,
@@ -357,6 +376,29 @@ class Drainer:
                  "%.0f ms)", written, len(claims), (time.monotonic() - started) * 1000, path,
                  (copied - started) * 1000, (time.monotonic() - copied) * 1000)
         return written
+
+    def _drop_lost(self, claims: Sequence[Claim]) -> None:
+        """Take out of ``claims`` the positions whose records are gone from their log (below
+        its first offset): they can never be copied, and waiting for them would hold the
+        topic back for good. Reported once, as the claims then complete without them."""
+        starts = self.starts.get({(r.source, r.partition) for c in claims for r in c.ranges})
+        lost: dict[str, int] = {}
+        for c in claims:
+            kept = []
+            for r in c.ranges:
+                start = starts[(r.source, r.partition)]
+                if r.first >= start:
+                    kept.append(r)
+                    continue
+                gone, rest = lost_below(r, start)
+                lost[c.index.topic] = lost.get(c.index.topic, 0) + gone
+                if rest is not None:
+                    kept.append(rest)
+            c.ranges = kept
+        for topic, n in lost.items():
+            metrics.MESSAGES_LOST.labels(topic).inc(n)
+            log.error("topic %s: %d pending messages lost, their records are gone from the "
+                      "log (deleted or truncated); delivering the rest", topic, n)
 
     def _failed(self, group: Sequence[str], now_ms: int, exc: Exception,
                 own_fault: bool) -> None:

@@ -41,6 +41,10 @@ TOPIC_FAILURES = Counter("dwell_drain_topic_failures_total", "Copies of a topic'
                          ["topic"], registry=REGISTRY)
 FAILING_TOPICS = Gauge("dwell_drain_failing_topics", "Topics whose last drain copy failed, "
                        "retried alone with a growing wait", registry=REGISTRY)
+MESSAGES_LOST = Counter("dwell_messages_lost_total", "Pending messages whose records were "
+                        "gone from their log when due (deleted by an operator, a truncated "
+                        "log): reported once, and the drain goes on with the rest",
+                        ["topic"], registry=REGISTRY)
 LEASE_RENEWALS = Counter("dwell_drain_lease_renewals_total", "Leases of claimed buckets "
                          "renewed while a drain round wrote them", registry=REGISTRY)
 LEASES_LOST = Counter("dwell_drain_leases_lost_total", "Claimed buckets whose lease another "

@@ -94,6 +94,11 @@ class Admission:
                 self.startup_error = str(exc)
                 log.warning("creating dwell topics: %s; retrying", exc)
                 time.sleep(1.0)
+            except kafka.RetentionRefused as exc:
+                # Accepting messages the delay log may then drop is worse than not starting.
+                self.startup_error = str(exc)
+                log.error("refusing to start: %s", exc)
+                return
         self.startup_error = None
         self.topics_ready.set()
         self.follower.start()

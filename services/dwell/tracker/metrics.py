@@ -50,6 +50,12 @@ REGISTRY_REBUILDS = Counter("dwell_tracker_subscription_registry_rebuilds_total"
 REGISTRY_REBUILD_SECONDS = Histogram("dwell_tracker_subscription_registry_rebuild_seconds",
                                      "One rebuild of the subscription registry",
                                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+TRIMMED = Counter("dwell_tracker_trimmed_records_total",
+                  "Records deleted below what is pending (DeleteRecords): delay-log records "
+                  "below the low watermarks, dwell.delivered marks no rebuild needs",
+                  ["topic"])
+TRIM_ROUNDS = Counter("dwell_tracker_trim_rounds_total", "Rounds of the trim, by outcome",
+                      ["outcome"])
 MARKS_WRITTEN = Counter("dwell_delivered_marks_total",
                         "Completed buckets whose positions went to dwell.delivered")
 

@@ -4,12 +4,19 @@ refresher and the HTTP API in one process."""
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from prometheus_client import REGISTRY
 
 from dwell import memory
-from dwell.adapters.kafka import DWELL_TOPIC_DEFAULTS, ensure_topic
+from dwell.adapters.kafka import (
+    DWELL_TOPIC_DEFAULTS,
+    KEEP_UNTIL_DELIVERED,
+    RetentionRefused,
+    ensure_retention,
+    ensure_topic,
+)
 from dwell.adapters.redis import connect
 from dwell.core import topics
 from dwell.core.positions import REFILED_FIELD_BASE
@@ -22,13 +29,31 @@ from dwell.tracker.registry import SubscriptionRegistry
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 from dwell.tracker.stats import StatsRefresher
+from dwell.tracker.trim import Trimmer
+
+log = logging.getLogger("dwell.tracker")
+
+
+def keep_logs(settings: TrackerSettings) -> None:
+    """Create the delay logs and dwell.delivered, or make the existing ones keep their
+    records until the trim removes them; SystemExit naming the topic and the setting when
+    Kafka refuses (the tracker would index messages that retention then drops)."""
+    for topic in (settings.delayed_topic, settings.refile_log, topics.DELIVERED):
+        ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor,
+                     KEEP_UNTIL_DELIVERED)
+        try:
+            ensure_retention(settings.kafka_bootstrap, topic)
+        except RetentionRefused as exc:
+            log.error("refusing to start: %s", exc)
+            raise SystemExit(f"dwell tracker refuses to start: {exc}") from exc
 
 
 def start_ingest(settings: TrackerSettings, topic: str, thread: str,
                  field_base: int = 0) -> IngestLoop:
     """An ingest loop of the delay log ``topic`` (created if missing) on a thread of its own;
     its positions are indexed as ``settings.delayed_topic``'s, fields from ``field_base``."""
-    ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor)
+    ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor,
+                 KEEP_UNTIL_DELIVERED)
     loop = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap, topic,
                       settings.tracker_group_id, source=settings.delayed_topic,
                       field_base=field_base, batch_max=settings.ingest_batch_max,
@@ -45,6 +70,7 @@ def main() -> None:
     memory.configure()  # before the ingest's first fetch
     settings = TrackerSettings()
     r = connect(settings.redis_url)
+    keep_logs(settings)
     loop = start_ingest(settings, settings.delayed_topic, "tracker-ingest")
     # The restage's copies, indexed under the delay log's name with fields of their own.
     refiled = start_ingest(settings, settings.refile_log, "tracker-ingest-refiled",
@@ -54,6 +80,11 @@ def main() -> None:
                            refiled_topic=settings.refile_log,
                            interval_s=settings.lowmark_interval_ms / 1000)
     threading.Thread(target=keeper.run, name="tracker-lowmark", daemon=True).start()
+    trimmer = Trimmer(settings.kafka_bootstrap, settings.tracker_group_id,
+                      delayed_topic=settings.delayed_topic, refiled_topic=settings.refile_log,
+                      interval_s=settings.trim_interval_ms / 1000)
+    if settings.trim_interval_ms:
+        threading.Thread(target=trimmer.run, name="tracker-trim", daemon=True).start()
     parts, config = DWELL_TOPIC_DEFAULTS[topics.SUBSCRIPTIONS]
     ensure_topic(settings.kafka_bootstrap, topics.SUBSCRIPTIONS, parts,
                  settings.kafka_replication_factor, config)
@@ -88,6 +119,7 @@ def main() -> None:
         registry_stop.set()
         registry.close()
         keeper.stop()
+        trimmer.stop()
         loop.stop()
         refiled.stop()
         collector.stop()

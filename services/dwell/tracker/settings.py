@@ -55,6 +55,9 @@ class TrackerSettings(CommonSettings):
     # holds what it indexed, and how often the low watermarks are committed to Kafka.
     redis_check_interval_ms: int = Field(1000, ge=50)
     lowmark_interval_ms: int = Field(10_000, ge=100)
+    # How often the records below the committed low watermarks are deleted from the
+    # delay logs and dwell.delivered (dwell.tracker.trim); 0 turns the trim off.
+    trim_interval_ms: int = Field(60_000, ge=0)
     # A loop of the ingest that has not gone round for this long is stuck inside one call:
     # /healthz answers 503 (Kubernetes restarts the process) and its stack is logged. Every
     # call it makes has a shorter deadline of its own; a rebuild's long read of

@@ -3,6 +3,7 @@ offsets, reachability, and starting a consumer group at the end of its topics.""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -15,13 +16,16 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
 )
 
 from dwell.core import topics as names
 
 from .config import connection
 from .consumer import Consumer, close_within, watermarks
-from .errors import KafkaUnavailable, TopicRefused
+from .errors import KafkaUnavailable, RetentionRefused, TopicRefused
+
+log = logging.getLogger("dwell.adapters.kafka")
 
 
 def admin(bootstrap: str) -> AdminClient:
@@ -72,15 +76,80 @@ def ensure_topic(bootstrap: str, name: str, partitions: int = 1, replication: in
 # an expired token be sent again as if it were old.
 BROKER_TIMESTAMPS: Final = {"message.timestamp.type": "LogAppendTime"}
 
+
+# The delay logs and the delivered marks hold what a pending message or a rebuild needs,
+# however old it is: no age or size limit may remove it. Disk is given back by the
+# tracker's trim below the low watermarks (docs/internals.md, "Retention and trim").
+KEEP_UNTIL_DELIVERED: dict[str, str] = {"retention.ms": "-1", "retention.bytes": "-1",
+                                        "cleanup.policy": "delete"}
+KEPT_TOPICS = (names.DELAYED, names.REFILED, names.DELIVERED)
+
+
+def retention_risks(config: Mapping[str, str]) -> dict[str, str]:
+    """The settings of a topic's config (as describe_configs gives it, broker defaults
+    included) that could remove records dwell still needs, each with the value it needs
+    instead; empty when there is none. Compaction would keep one record per Pulsar topic."""
+    return {k: v for k, v in KEEP_UNTIL_DELIVERED.items() if config.get(k) != v}
+
+
+def retention_refusal(topic: str, config: Mapping[str, str], risks: Mapping[str, str],
+                      cause: str) -> str:
+    """Why a process refuses to start against ``topic``: the settings, and what to do."""
+    found = ", ".join(f"{k}={config.get(k, '(unknown)')}" for k in risks)
+    wanted = ", ".join(f"{k}={v}" for k, v in risks.items())
+    return (f"topic {topic} has {found}, which could drop pending messages, and dwell "
+            f"cannot change it ({cause}): set {wanted} on {topic}, or grant dwell "
+            "DESCRIBE_CONFIGS and ALTER_CONFIGS on it")
+
+
+def _config_error(exc: KafkaException, what: str) -> str:
+    err = exc.args[0]
+    if err.retriable() or err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                                         KafkaError._ALL_BROKERS_DOWN):
+        raise KafkaUnavailable(f"{what}: {err.str()}") from exc
+    return err.name()
+
+
+def ensure_retention(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[str, str]:
+    """Make an existing ``topic`` keep its records until dwell removes them, altering what
+    an operator (or the broker's defaults) set; returns the settings changed. Raises
+    RetentionRefused when Kafka refuses to show or change them, KafkaUnavailable when it
+    cannot answer."""
+    client = admin(bootstrap)
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        entries = client.describe_configs([res])[res].result(timeout)
+    except KafkaException as exc:
+        cause = _config_error(exc, f"describe configs of {topic}")
+        raise RetentionRefused(retention_refusal(topic, {}, KEEP_UNTIL_DELIVERED,
+                                                 cause)) from exc
+    config = {k: e.value for k, e in entries.items()}
+    risks = retention_risks(config)
+    if not risks:
+        return {}
+    alter = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+        for k, v in risks.items()])
+    try:
+        client.incremental_alter_configs([alter])[alter].result(timeout)
+    except KafkaException as exc:
+        cause = _config_error(exc, f"alter configs of {topic}")
+        raise RetentionRefused(retention_refusal(topic, config, risks, cause)) from exc
+    log.warning("topic %s had %s; set to %s so that no pending message is dropped", topic,
+                ", ".join(f"{k}={config.get(k)}" for k in risks),
+                ", ".join(f"{k}={v}" for k, v in risks.items()))
+    return risks
+
+
 DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
     names.POLICIES: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                          "segment.ms": "3600000"}),
     names.PUBLISH: (4, BROKER_TIMESTAMPS),
     names.PUBLISH_RESULTS: (4, {}),
-    names.DELAYED: (4, {}),
-    names.REFILED: (4, {}),
+    names.DELAYED: (4, KEEP_UNTIL_DELIVERED),
+    names.REFILED: (4, KEEP_UNTIL_DELIVERED),
     names.ACKS: (4, BROKER_TIMESTAMPS),
-    names.DELIVERED: (4, {}),
+    names.DELIVERED: (4, KEEP_UNTIL_DELIVERED),
     names.INVALID: (1, {}),
     names.SUBSCRIPTIONS: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                               "segment.ms": "3600000"}),
@@ -90,13 +159,15 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
 def ensure_dwell_topics(bootstrap: str, replication: int = 1,
                         partitions: Mapping[str, int] | None = None) -> None:
     """Create dwell's own topics; an existing dwell.publish or dwell.acks without broker
-    timestamps is altered to have them."""
+    timestamps is altered to have them, and the kept topics to keep their records."""
     for name, (default_parts, config) in DWELL_TOPIC_DEFAULTS.items():
         parts = (partitions or {}).get(name, default_parts)
         if not ensure_topic(bootstrap, name, parts, replication, config):
             enforced = {k: v for k, v in config.items() if k in BROKER_TIMESTAMPS}
             if enforced:
                 ensure_topic_config(bootstrap, name, enforced)
+    for name in KEPT_TOPICS:
+        ensure_retention(bootstrap, name)
 
 
 def ensure_topic_config(bootstrap: str, name: str, config: Mapping[str, str],
@@ -191,6 +262,55 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[int, 
                 for p in partitions(bootstrap, topic, timeout)}
     finally:
         close_within(c)
+
+
+def delete_below(bootstrap: str, offsets: Mapping[tuple[str, int], int],
+                 timeout: float = 15.0) -> dict[tuple[str, int], int]:
+    """Delete the records of each (topic, partition) below its offset (Kafka's
+    DeleteRecords: the partition's start offset moves up, its segments below go);
+    returns how many records each partition lost, for those whose start was below."""
+    c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader"})
+    try:
+        starts = {tp: watermarks(c, tp[0], tp[1], timeout)[0] for tp in offsets}
+    finally:
+        close_within(c)
+    wanted = [TopicPartition(t, p, o) for (t, p), o in offsets.items() if o > starts[(t, p)]]
+    if not wanted:
+        return {}
+    client = admin(bootstrap)
+    out: dict[tuple[str, int], int] = {}
+    for tp, fut in client.delete_records(wanted, request_timeout=timeout,
+                                         operation_timeout=timeout).items():
+        try:
+            low = fut.result(timeout).low_watermark
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"delete records of {tp.topic}[{tp.partition}] below "
+                                   f"{tp.offset}: {exc.args[0].str()}") from exc
+        out[(tp.topic, tp.partition)] = low - starts[(tp.topic, tp.partition)]
+    return out
+
+
+class LogStarts:
+    """The first offset each partition still holds: below it, records were removed (by
+    retention, an operator's DeleteRecords, the trim). One admin client, kept open; one
+    ListOffsets request per broker for any number of partitions."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._admin = admin(bootstrap)
+
+    def get(self, tps: Iterable[tuple[str, int]],
+            timeout: float = 15.0) -> dict[tuple[str, int], int]:
+        wanted = {TopicPartition(t, p): OffsetSpec.earliest() for t, p in tps}
+        if not wanted:
+            return {}
+        out: dict[tuple[str, int], int] = {}
+        for tp, fut in self._admin.list_offsets(wanted, request_timeout=timeout).items():
+            try:
+                out[(tp.topic, tp.partition)] = fut.result(timeout).offset
+            except KafkaException as exc:
+                raise KafkaUnavailable(f"first offset of {tp.topic}[{tp.partition}]: "
+                                       f"{exc.args[0].str()}") from exc
+        return out
 
 
 def offsets_at(bootstrap: str, topic: str, ts_ms: int, timeout: float = 15.0) -> dict[int, int]:

@@ -10,3 +10,9 @@ class KafkaUnavailable(Exception):
 class TopicRefused(Exception):
     """Kafka refuses to create a topic of this name, for good: typically it collides with
     an existing topic (Kafka treats '.' and '_' in topic names alike)."""
+
+
+class RetentionRefused(Exception):
+    """A topic dwell keeps pending messages in (or what a rebuild needs) could drop records
+    by age or size, and Kafka refuses to change that (no ALTER_CONFIGS right, a broker
+    policy): a process that started anyway would lose messages silently."""

@@ -43,9 +43,11 @@ def iter_from(bootstrap: str, topic: str, starts: Mapping[int, int],
     records are held at a time. KafkaUnavailable once the read has not moved on for
     ``timeout`` s; a read of any size goes on while records keep coming, and the time
     the caller spends between records does not count."""
+    # The tracker's trim may delete the records below the read's position meanwhile: the
+    # read then goes on from the partition's new start, not from its end.
     c = _Consumer({**connection(bootstrap), "group.id": "dwell-reader",
                    "enable.auto.commit": False, "isolation.level": "read_committed",
-                   "fetch.wait.max.ms": 50})
+                   "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest"})
     try:
         marks = {p: watermarks(c, topic, p, timeout)
                  for p in partitions(bootstrap, topic, timeout)}

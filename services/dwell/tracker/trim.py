@@ -1,0 +1,111 @@
+"""Disk given back as messages are delivered (docs/internals.md, "Retention and trim"):
+the records of the delay logs below their committed low watermarks, and the records of
+`dwell.delivered` that name only positions below them, are deleted (Kafka's
+DeleteRecords). Nothing a pending message or a rebuild needs is below those marks."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+
+import orjson
+
+from dwell.adapters import kafka
+from dwell.core import topics as names
+from dwell.core.positions import field_partition
+from dwell.index.roaring import decode
+from dwell.tracker.metrics import TRIM_ROUNDS, TRIMMED
+from dwell.tracker.recovery import committed_lowmarks
+
+log = logging.getLogger("dwell.tracker.trim")
+
+# dwell.delivered records one round reads per partition at most: the round stops there
+# and the next one goes on, so a long backlog of marks costs bounded work per round.
+MAX_MARKS_READ = 100_000
+_SKIP = 1 << 62  # a start past any end: iter_from leaves that partition out
+
+
+class Trimmer:
+    """Every ``interval_s``, deletes what is below the committed low watermarks of
+    ``delayed_topic`` and ``refiled_topic`` and the marks of `dwell.delivered` no rebuild
+    can need any more."""
+
+    def __init__(self, bootstrap: str, tracker_group: str, *, delayed_topic: str,
+                 refiled_topic: str, interval_s: float) -> None:
+        self.bootstrap = bootstrap
+        self.tracker_group = tracker_group
+        self.delayed_topic = delayed_topic
+        self.refiled_topic = refiled_topic
+        self.interval_s = interval_s
+        self.error: str | None = None
+        self._stop = threading.Event()
+
+    def log_of(self, field: int) -> tuple[str, int]:
+        refiled, partition = field_partition(field)
+        return (self.refiled_topic if refiled else self.delayed_topic), partition
+
+    def run_once(self) -> dict[tuple[str, int], int]:
+        """One round; the records deleted per (topic, partition)."""
+        logs = [(t, p) for t in (self.delayed_topic, self.refiled_topic)
+                for p in kafka.partitions(self.bootstrap, t)]
+        lows = committed_lowmarks(self.bootstrap, self.tracker_group, logs)
+        deleted = kafka.delete_below(self.bootstrap, lows)
+        deleted |= kafka.delete_below(self.bootstrap, self.unneeded_marks(lows))
+        for (topic, _), n in deleted.items():
+            TRIMMED.labels(topic).inc(n)
+        return deleted
+
+    def unneeded_marks(self, lows: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Per partition of `dwell.delivered`, the offset of its first record a rebuild may
+        still need (one that names a position at or above its low watermark, or of another
+        delay log, whose marks are not this tracker's to judge)."""
+        cut: dict[tuple[str, int], int] = {}
+        parts = kafka.partitions(self.bootstrap, names.DELIVERED)
+        for p in parts:
+            others = {q: _SKIP for q in parts if q != p}
+            for i, r in enumerate(kafka.iter_from(self.bootstrap, names.DELIVERED, others)):
+                if i >= MAX_MARKS_READ or self.needed(r.value, lows):
+                    cut[(names.DELIVERED, p)] = r.offset
+                    break
+                cut[(names.DELIVERED, p)] = r.offset + 1
+        return cut
+
+    def needed(self, value: bytes | None, lows: dict[tuple[str, int], int]) -> bool:
+        try:
+            body = orjson.loads(value or b"")
+            if body["log"] != self.delayed_topic:
+                return True
+            fields = [(int(f), blob) for f, blob in body["fields"].items()]
+        except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError):
+            return False  # a rebuild skips it too
+        for field, blob in fields:
+            low = lows.get(self.log_of(field))
+            if low is None:
+                return True
+            try:
+                bm = decode(base64.b64decode(blob))
+            except (ValueError, TypeError):
+                continue  # the rebuild cannot use it either
+            if len(bm) and bm.max() >= low:
+                return True
+        return False
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                deleted = self.run_once()
+                self.error = None
+                TRIM_ROUNDS.labels("ok").inc()
+                if deleted:
+                    log.info("trimmed %d records below what is pending (%s)",
+                             sum(deleted.values()),
+                             ", ".join(f"{t}[{p}]" for t, p in sorted(deleted)[:4])
+                             + (f" and {len(deleted) - 4} more" if len(deleted) > 4 else ""))
+            except (OSError, kafka.KafkaUnavailable) as exc:
+                self.error = str(exc)
+                TRIM_ROUNDS.labels("failed").inc()
+                log.warning("trim failed, retried in %.0f s: %s", self.interval_s, exc)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,57 @@
+"""The retention of what dwell relies on (real Kafka, real tracker): the delay logs and
+`dwell.delivered` keep their records until dwell removes them, on topics dwell creates
+and on topics an operator made with a retention of their own."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import ConfigResource
+
+from dwell.adapters import kafka
+
+pytestmark = pytest.mark.integration
+
+
+def _config(bootstrap: str, topic: str) -> dict[str, str]:
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    client = kafka.admin(bootstrap)  # held until the answer comes
+    entries = client.describe_configs([res])[res].result(15)
+    return {k: e.value for k, e in entries.items()}
+
+
+def _kept(config: dict[str, str]) -> bool:
+    return all(config[k] == v for k, v in kafka.KEEP_UNTIL_DELIVERED.items())
+
+
+def test_an_operators_short_retention_is_reset(kafka_bootstrap: str, unique: str) -> None:
+    topic = f"dwell.delayed.{unique}"
+    kafka.ensure_topic(kafka_bootstrap, topic, 4, config={
+        "retention.ms": "30000", "segment.ms": "5000"})
+    assert _config(kafka_bootstrap, topic)["retention.ms"] == "30000"
+    assert kafka.ensure_retention(kafka_bootstrap, topic) == {"retention.ms": "-1"}
+    config = _config(kafka_bootstrap, topic)
+    assert _kept(config), config
+    assert config["segment.ms"] == "5000"  # what does not drop records is left alone
+    assert kafka.ensure_retention(kafka_bootstrap, topic) == {}
+
+
+def test_the_tracker_resets_the_retention_of_its_logs(services, stack, unique: str) -> None:  # type: ignore[no-untyped-def]
+    delayed, refiled = f"dwell.delayed.{unique}", f"dwell.delayed.{unique}.refiled"
+    for t in (delayed, refiled):
+        kafka.ensure_topic(stack.kafka_bootstrap, t, 4, config={
+            "retention.ms": "30000", "cleanup.policy": "compact,delete"})
+    svc = services.start("tracker", env={
+        "DWELL_DELAYED_TOPIC": delayed, "DWELL_TRACKER_GROUP_ID": f"trk-{unique}",
+        "DWELL_RESTAGE_ENABLED": "false"})
+    try:
+        for t in (delayed, refiled, "dwell.delivered"):
+            config = _config(stack.kafka_bootstrap, t)
+            assert _kept(config), (t, config)
+    finally:
+        svc.stop()
+
+
+def test_dwells_own_topics_are_created_kept(kafka_bootstrap: str) -> None:
+    kafka.ensure_dwell_topics(kafka_bootstrap)
+    for t in kafka.KEPT_TOPICS:
+        assert _kept(_config(kafka_bootstrap, t)), t

@@ -1,0 +1,134 @@
+"""Disk given back as messages are delivered (real Redis, Kafka and tracker process): the
+tracker's trim deletes the delay log's records below the committed low watermarks and
+the `dwell.delivered` marks no rebuild needs, and a Redis that loses everything after a
+trim still rebuilds every pending message, without what was delivered. The test plays
+the drain through the index's own API, as tests/integration/test_index_rebuild.py does."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import orjson
+import pytest
+
+from conftest import wait_for
+from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
+from dwell.core import topics as names
+from dwell.index.roaring import decode
+from dwell.index.topic import TopicIndex
+from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
+
+pytestmark = pytest.mark.integration
+
+DB = 5
+
+
+@pytest.fixture()
+def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
+    env = {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+           "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
+           "DWELL_TRACKER_GROUP_ID": f"trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
+           "DWELL_LOWMARK_INTERVAL_MS": "300", "DWELL_REDIS_CHECK_INTERVAL_MS": "200",
+           "DWELL_TRIM_INTERVAL_MS": "500"}
+    r = redis_adapter.connect(env["DWELL_REDIS_URL"])
+    r.flushdb()
+    svc = services.start("tracker", env=env)
+    yield svc, r, env["DWELL_DELAYED_TOPIC"], env["DWELL_TRACKER_GROUP_ID"]
+    svc.stop()
+
+
+def _publish(bootstrap: str, log: str, topic: str, deliver_at: list[int]) -> None:
+    p = kafka.Producer(bootstrap)
+    try:
+        futs = [p.send(log, b"m", key=topic, headers={
+            "dwell-topic": topic, "dwell-deliver-at": str(at), "dwell-tick-time": "1000"})
+            for at in deliver_at]
+        for f in futs:
+            f.result(30)
+    finally:
+        p.close()
+
+
+def _positions(r, topic: str) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    idx = TopicIndex(r, topic)
+    return {(int(f), int(o)) for b in idx.buckets()
+            for f, bm in idx.read_bucket(b).items() for o in bm}
+
+
+def _drain_due(r, bootstrap: str, log: str, topic: str) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    idx = TopicIndex(r, topic)
+    claims = idx.claim(int(time.time() * 1000), 1000, 30_000, strict=False)
+    marks = kafka.BulkProducer(bootstrap)
+    try:
+        write_marks(marks, [mark_record(log, topic, b.bucket_start, b.positions)
+                            for b in claims])
+    finally:
+        marks.close()
+    for b in claims:
+        assert idx.complete(b.bucket_start, b.lease_id)
+    return {(int(f), int(o)) for b in claims for f, bm in b.positions.items() for o in bm}
+
+
+def _starts(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's first offset (its low watermark: the first record timestamped
+    at or after 0)."""
+    return kafka.offsets_at(bootstrap, topic, 0)
+
+
+def _marks_of(bootstrap: str, log: str) -> list[tuple[int, int, bool]]:
+    """(lowest, highest offset named, trimmable) of each dwell.delivered record of ``log``;
+    trimmable when no record of another log comes before it in its partition (those
+    after one are not this tracker's to trim)."""
+    out, blocked = [], set()
+    for rec in kafka.iter_from(bootstrap, names.DELIVERED, {}):
+        body = orjson.loads(rec.value)
+        if body["log"] != log:
+            blocked.add(rec.partition)
+            continue
+        bms = [decode(base64.b64decode(b)) for b in body["fields"].values()]
+        out.append((min(bm.min() for bm in bms), max(bm.max() for bm in bms),
+                    rec.partition not in blocked))
+    return out
+
+
+def test_trim_gives_disk_back_and_a_flush_still_rebuilds(tracker, kafka_bootstrap: str,
+                                                         unique: str) -> None:
+    svc, r, log, group = tracker
+    topic = f"persistent://{unique}/ns/x"
+    now = int(time.time() * 1000)
+    # One partition (the records share their key): offsets 0..499 due now and delivered.
+    _publish(kafka_bootstrap, log, topic, [now - 5000] * 500)
+    wait_for(lambda: len(_positions(r, topic)) == 500, 30, "500 positions indexed")
+    first = _drain_due(r, kafka_bootstrap, log, topic)
+    # 500..1999 pending for ten minutes, then 2000..2199 due now and delivered: their mark
+    # names positions above the low watermark, which a rebuild needs.
+    _publish(kafka_bootstrap, log, topic,
+             [now + 600_000 + i * 40 for i in range(1500)] + [now - 3000] * 200)
+    wait_for(lambda: len(_positions(r, topic)) == 1700, 30, "1,700 positions indexed")
+    second = _drain_due(r, kafka_bootstrap, log, topic)
+    assert len(first) == 500 and len(second) == 200
+    pending = _positions(r, topic)
+    (part,) = {f for f, _ in pending}
+    assert len(pending) == 1500 and min(o for _, o in pending) == 500
+
+    wait_for(lambda: _starts(kafka_bootstrap, log)[part] == 500, 60,
+             "the delay log's records below the low watermark deleted")
+    print(f"\n{log} start offsets after the trim: {_starts(kafka_bootstrap, log)}")
+    lows = committed_lowmarks(kafka_bootstrap, group, [(log, p) for p in range(4)])
+    assert lows[(log, part)] == 500  # never past what is pending
+    wait_for(lambda: not [m for m in _marks_of(kafka_bootstrap, log) if m[2] and m[1] < 500],
+             60, "the delivered mark of offsets 0..499 deleted")
+    assert any(lo >= 2000 for lo, _, _ in _marks_of(kafka_bootstrap, log)), \
+        "the mark a rebuild needs is kept"
+
+    # Redis loses everything: the rebuild reads the log from its low watermark (its new
+    # start) and skips what the kept mark says was delivered.
+    r.flushdb()
+    wait_for(lambda: _positions(r, topic) == pending, 120,
+             "the index rebuilt with exactly the pending positions")
+    assert not (_positions(r, topic) & (first | second))
+    assert f'dwell_tracker_trimmed_records_total{{topic="{log}"}} 500.0' in (
+        httpx.get(svc.url + "/metrics").text)
