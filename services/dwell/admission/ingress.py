@@ -34,8 +34,8 @@ record's broker-assigned timestamp (dwell.publish has message.timestamp.type=
 LogAppendTime), so a request that waited in a backlog is still accepted and an expired
 token copied out of the topic is refused. It verifies the token before it parses the
 value, and checks `produce` on the namespace (with authorization on) before it plans or
-writes anything; a request refused gets Pulsar's ServerError code: AuthenticationError (3) or AuthorizationError (4), with
-the reason.
+writes anything; a request refused gets one result with Pulsar's ServerError code:
+AuthenticationError (3) or AuthorizationError (4), and the reason.
 Metrics count every attempt, so a re-processed batch is counted again.
 """
 
