@@ -35,6 +35,12 @@ MESSAGE_IDS = (f"{OWN}.ns.x:0:0", f"{VICTIM}.ns.secret:0:0", "dwell.delayed:0:0"
                f"{OWN}.ns.x:{LONG_MAX}:{LONG_MAX}", f"{OWN}.ns.x:0:{2**64}", "a:b:c", "",
                f"{OWN}.ns.x-s-DLQ:0:0", "::", "x" * 1000 + ":0:0")
 
+# Objects nested past Python's recursion limit: JSON parsers that recurse fail on it with
+# RecursionError, which is not a ValueError.
+DEEP_OBJECT = b'{"a":' * 1000 + b"1" + b"}" * 1000
+# Arrays nested deeper still: a parser that recurses in native code overflows its stack.
+DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
+
 _NUMBERS = (0, 1, -1, 2**31 - 1, 2**31, -(2**31), 2**53 + 1, LONG_MAX, LONG_MIN, LONG_MAX + 1,
             2**64, 10**30, -(10**30))
 
@@ -107,8 +113,10 @@ def encoded(doc: st.SearchStrategy[Any]) -> st.SearchStrategy[bytes]:
         st.builds(lambda b, at: b[:at % (len(b) + 1)] + b"\xff\xfe" + b[at % (len(b) + 1):],
                   as_json, st.integers(0, 10_000)),
         st.builds(lambda b, at: b[:at % (len(b) + 1)], as_json, st.integers(0, 10_000)),
-        st.builds(lambda n: b"[" * n + b"]" * n, st.sampled_from([1_000, 100_000])),
-        st.builds(lambda n: b'{"a":' * n + b"1" + b"}" * n, st.sampled_from([1_000, 50_000])),
+        st.builds(lambda n: b"[" * n + b"]" * n, st.sampled_from([1_000, 10_000])),
+        st.just(DEEP_ARRAY),
+        st.just(DEEP_OBJECT), st.builds(lambda n: b'{"a":' * n + b"1" + b"}" * n,
+                                        st.sampled_from([100, 50_000])),
         st.just(b'{"ts": NaN, "x": Infinity}'), st.binary(max_size=64), st.just(b""))
 
 
