@@ -63,8 +63,8 @@ test-unit: install ## the unit tests only (no servers)
 faults: install ## the fault suite at full size (200 msg/s, delays 0-60 s, 2M same-tick burst)
 	DWELL_FAULTS_FULL=1 $(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
-fuzz: install ## schemathesis against the three services' OpenAPI specs, >= 2,000 cases each, summaries printed
-	DWELL_FUZZ_FULL=1 $(PY) -m pytest tests/integration/test_fuzz_openapi.py -s $(PYTEST_ARGS)
+fuzz: install ## schemathesis on the OpenAPI specs and the hostile-input fuzz, >= 2,000 cases each, summaries printed
+	DWELL_FUZZ_FULL=1 $(PY) -m pytest tests/integration/test_fuzz_openapi.py tests/hostile/test_fuzz.py -s $(PYTEST_ARGS)
 
 soak: install ## 10 min at 2,000 msg/s, a process killed every minute, a Redis FLUSHALL half-way
 	$(PY) bench/soak.py

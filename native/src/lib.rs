@@ -30,6 +30,10 @@ use serde::Deserialize;
 /// Java's Long.MAX_VALUE: the largest time or id a request may carry.
 const MAX_LONG: u64 = i64::MAX as u64;
 const RESERVED_PREFIX: &str = "dwell-";
+/// The deepest nesting of arrays and objects `plan` parses. sonic-rs recurses once per
+/// level, so a small body nested deep enough (`[` x 100,000) would overflow the thread's
+/// stack and take the process down; a publish request nests 4 levels.
+const MAX_DEPTH: usize = 128;
 
 /// Pulsar's fields that dwell reads for their type only (as `schema.py` types them), so
 /// that a body the Python schema refuses is refused here too; unknown fields are skipped.
@@ -316,6 +320,9 @@ fn plan<'py>(
     max_payload_bytes: usize,
     max_messages: usize,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    if nested_deeper_than(body, MAX_DEPTH) {
+        return Ok(None);
+    }
     let Ok(req) = sonic_rs::from_slice::<Body>(body) else {
         return Ok(None);
     };
@@ -326,6 +333,36 @@ fn plan<'py>(
         Ok(planned) => Ok(Some(planned)),
         Err(NotCommon) => Ok(None),
     }
+}
+
+/// Whether `body` opens more than `max` arrays or objects at once (outside strings): one
+/// pass over the bytes, before a parser that recurses sees them.
+fn nested_deeper_than(body: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// What `plan` was given besides the body.
