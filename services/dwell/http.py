@@ -287,6 +287,12 @@ def create_app(title: str, description: str, ready: ReadyCheck,
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
+    # Only parsing a body nested past the parser's depth recurses that far: the sender's
+    # input, so a 400, never a 500.
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_: Request, exc: RecursionError) -> JSONResponse:
+        return error(400, "body: nested too deeply")
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)

@@ -115,7 +115,7 @@ class PolicyCache:
             version = self._apply(scope, value, headers)
         except (ValueError, KeyError, TypeError, AttributeError,
                 pydantic.ValidationError) as exc:
-            log.warning("skipping malformed dwell.policies record %r: %s", scope, exc)
+            log.warning("skipping malformed dwell.policies record %r: %s", scope[:200], exc)
             return
         self._resolved = {}
         self._grants = {}

@@ -42,7 +42,7 @@ from dwell_spark.state import STATE_SCHEMA
 from e2e.conftest import SparkApp
 
 # This module's own Redis database: its drainer and Spark app claim every due bucket there.
-DB = 15
+DB = 3
 TICK_MS = 100
 FAST_NACK = {"minDelayMs": 100, "maxDelayMs": 100, "multiplier": 2.0}
 MAX_EVENT_BYTES = 65536

@@ -24,7 +24,7 @@ from dwell.policy.store import PolicyStore, TenantInfo
 
 pytestmark = pytest.mark.integration
 
-DB = 15
+DB = 6
 RECORD_LIMIT = 16 * 1024
 
 

@@ -51,7 +51,7 @@ def test_the_ingress_checks_the_token_before_it_parses(services: Any,
                 if res.get("requestId") in ids]
         # Refused for the missing token, not for what the body holds: it was never read.
         assert len(mine) == 2, mine
-        assert all(res["errorCode"] == 3 and "Authorization" in res["errorMsg"]
+        assert all(res["errorCode"] == 3 and "dwell-authorization" in res["errorMsg"]
                    for res in mine), mine
     finally:
         admission.stop()

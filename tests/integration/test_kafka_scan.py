@@ -31,3 +31,25 @@ def test_a_read_longer_than_its_timeout_goes_on_while_records_come(
     assert time.monotonic() - started > 3.0
     assert sorted(got) == list(range(3000))
 
+
+
+def test_offsets_at_or_past_a_partitions_end_are_passed_over_at_once(
+        kafka_bootstrap: str, unique: str) -> None:
+    """A span past the end (a messageId forged on dwell.acks) ends the read at once with
+    what exists, instead of waiting for records that will never come."""
+    topic = f"test.scan.{unique}"
+    kafka.ensure_topic(kafka_bootstrap, topic, 1)
+    p = kafka.Producer(kafka_bootstrap, linger_ms=0)
+    for i in range(3):
+        p.send(topic, b"%d" % i).result(30)
+    p.close()
+    consumer = kafka.Consumer(kafka_bootstrap, f"test-scan-{unique}")
+    try:
+        started = time.monotonic()
+        got = [m.offset() for m in kafka.read_offsets(
+            consumer, topic, {0: [1, 2, 3, 999_999]}, max_gap=2, timeout=20.0)]
+        took = time.monotonic() - started
+    finally:
+        consumer.close()
+    assert got == [1, 2]
+    assert took < 10, f"the read waited {took:.1f} s for offsets that cannot exist"

@@ -181,6 +181,8 @@ def parse_request(body: bytes, kind: type[Req], max_messages: int | None = None)
         return _DECODERS[kind].decode(body)  # type: ignore[no-any-return]
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass
+    except RecursionError:
+        raise PublishError(400, "body: nested too deeply") from None
     if max_messages is not None:
         try:
             count = len(_COUNT.decode(body).messages)

@@ -122,6 +122,8 @@ def json_object(value: bytes | None) -> dict[str, Any]:
         doc = json.loads(value or b"")
     except (ValueError, UnicodeDecodeError) as exc:
         raise Malformed(NOT_JSON, f"value: not JSON ({exc})") from None
+    except RecursionError:
+        raise Malformed(NOT_JSON, "value: nested too deeply") from None
     if not isinstance(doc, dict):
         raise Malformed(WRONG_TYPE, f"value: must be a JSON object, not {_json_type(doc)}")
     return doc

@@ -129,6 +129,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             body = await request.json()
         except ValueError:
             raise ApiError(400, "body: is not valid JSON") from None
+        except RecursionError:
+            raise ApiError(400, "body: nested too deeply") from None
         try:
             settings_ = SubscriptionSettings.from_json(body)
         except ValueError as exc:

@@ -107,13 +107,27 @@ def read_spans(consumer: Consumer, spans: Mapping[tuple[str, int], Sequence[Span
     side so that their fetches overlap. A span is read in one pass; the consumer is
     sought from one span to the next (a seek costs a fetch round trip, which is why
     callers make a span of offsets a few unwanted records apart). An offset with no
-    record (a transaction marker, an aborted or expired record) is passed over.
+    record (a transaction marker, an aborted or expired record, one at or past the
+    partition's end) is passed over.
     KafkaUnavailable once no span moved on for ``timeout`` s: a read of any size goes
     on while records keep coming. The consumer is unassigned when the read ends."""
     todo = {tp: list(s)[::-1] for tp, s in spans.items() if s}  # spans left, popped
     if not todo:
         return
     consumer.learn({t for t, _ in todo})
+    # Nothing lies at or past a partition's end: a span there (a messageId forged or left
+    # by a truncated log) is passed over at once, where waiting for it would fail the read
+    # for good. The end is the broker's ListOffsets answer, which a new leader gives only
+    # once it holds every record acknowledged before (KIP-207).
+    for (t, p), left in list(todo.items()):
+        end = consumer.end_offsets(t, [p], timeout)[p]
+        kept = [(first, min(last, end - 1)) for first, last in left if first < end]
+        if kept:
+            todo[(t, p)] = kept
+        else:
+            del todo[(t, p)]
+    if not todo:
+        return
     expect = {tp: s[-1][0] for tp, s in todo.items()}  # next offset wanted
     consumer.assign([(t, p, o) for (t, p), o in expect.items()])
 
