@@ -30,6 +30,7 @@ from dwell.auth.tokens import KAFKA_AUDIENCE, create_kafka_token, create_secret_
 from dwell.client import Consumer
 from dwell.core import invalid
 from dwell.core import topics as names
+from dwell.core.topics import TopicName
 
 TTL_MS = 3000  # Kafka tokens short enough to outlive in a test
 
@@ -237,8 +238,9 @@ def test_the_ack_check_judges_kafka_tokens_when_written(
     own = create_token(secret, "HS256", "app")
     fresh, expires_ms = kafka_token(policy, own)
     forged, _ = create_kafka_token(create_secret_key(), "app", 60_000)
+    ready = TopicName.parse(topic).kafka_topic
     event = json.dumps({"event": "ack", "topic": topic, "subscription": "s",
-                        "messageId": "t.ns.x:0:1", "ts": int(time.time() * 1000)}).encode()
+                        "messageId": f"{ready}:0:1", "ts": int(time.time() * 1000)}).encode()
     p = kafka.Producer(kafka_bootstrap, linger_ms=0)
     key = f"{topic}/s".encode()
     sent: dict[tuple[int, int], str | None] = {}

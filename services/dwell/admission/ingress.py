@@ -88,7 +88,7 @@ def _request_level_result(value: bytes | None, reason: str,
         messages = _RAWS.decode(head.messages)
         first = msgspec.json.decode(messages[0]) if messages else None
         seq = first.get("sequenceId") if isinstance(first, dict) else None
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         pass
     return producer, failed(error_code, reason) | {
         "sequenceId": seq if isinstance(seq, int) else None, "index": None}
@@ -223,12 +223,7 @@ class Ingress:
                                 [m.sequenceId for m in req.messages]))
                 pub.count(plan, "kafka")
             except invalid.Malformed as exc:
-                self._refuse(r, request_id, exc.reason, planned)
-                invalids.append(invalid.invalid_record(r.topic, r.partition, r.offset, r.key,
-                                                       r.value, exc.kind, exc.reason))
-                metrics.INVALID_RECORDS.labels(r.topic, exc.kind).inc()
-                status = 413 if exc.kind == invalid.OVERSIZED else 400
-                metrics.REQUESTS.labels("kafka", str(status)).inc()
+                self._set_aside(r, request_id, exc, planned, invalids)
             except PublishError as exc:
                 if exc.status == 503:
                     raise kafka.KafkaUnavailable(exc.reason) from None
@@ -236,6 +231,16 @@ class Ingress:
                     exc.status, INVALID_MESSAGE)
                 self._refuse(r, request_id, exc.reason, planned, code)
                 metrics.REQUESTS.labels("kafka", str(exc.status)).inc()
+            except kafka.KafkaUnavailable:
+                raise
+            except Exception as exc:
+                # A record no check foresaw must not stop the ingress: re-read, it would
+                # fail the same way on every replica, for good.
+                log.exception("dwell.publish record %s failed; set aside on %s", request_id,
+                              names.INVALID)
+                self._set_aside(r, request_id, invalid.Malformed(
+                    invalid.FAILED, f"{type(exc).__name__} while reading the request"),
+                    planned, invalids)
         timeout = self.settings.publish_timeout_ms / 1000
         _, not_done = wait(futures, timeout=timeout)
         if not_done or any(f.exception() is not None for f in futures):
@@ -317,6 +322,18 @@ class Ingress:
                                       self.grants)
         except ApiError as exc:
             raise PublishError(exc.status, exc.reason) from None
+
+    def _set_aside(self, r: kafka.Record, request_id: str, exc: invalid.Malformed,
+                   planned: list[tuple[kafka.Record, Plan | None, str | None,
+                                       list[dict[str, Any]], str, list[Any]]],
+                   invalids: list[kafka.OutRecord]) -> None:
+        """A malformed request: its refusal on the results, the record on dwell.invalid."""
+        self._refuse(r, request_id, exc.reason, planned)
+        invalids.append(invalid.invalid_record(r.topic, r.partition, r.offset, r.key,
+                                               r.value, exc.kind, exc.reason))
+        metrics.INVALID_RECORDS.labels(r.topic, exc.kind).inc()
+        status = 413 if exc.kind == invalid.OVERSIZED else 400
+        metrics.REQUESTS.labels("kafka", str(status)).inc()
 
     @staticmethod
     def _refuse(r: kafka.Record, request_id: str, reason: str,
