@@ -48,6 +48,11 @@ from dwell.core.topics import (
 COMPONENTS = ("dwell-policy", "dwell-admission", "dwell-tracker", "dwell-spark")
 DWELL_TOPICS = (POLICIES, PUBLISH, PUBLISH_RESULTS, DELAYED, REFILED, ACKS, DELIVERED,
                 INVALID, SUBSCRIPTIONS)
+# What every component that ensures dwell's topics may have to set on them: the logs'
+# retention and the broker timestamps of dwell.publish and dwell.acks
+# (adapters.kafka.ensure_dwell_topics).
+KEPT = (DELAYED, REFILED, DELIVERED)
+ENFORCED_CONFIGS = (*KEPT, PUBLISH, ACKS)
 # Ready, retry and DLQ topics of every tenant have no common prefix: the components that
 # make and fill them hold these rights on every topic name.
 ANY = "*"
@@ -95,6 +100,7 @@ def component_rules() -> list[Rule]:
     # log and set-aside records, and every tenant's ready topics, in transactions.
     r += _rules("dwell-admission", "topic", DWELL_TOPICS, ["CREATE", "DESCRIBE",
                                                            "DESCRIBE_CONFIGS"])
+    r += _rules("dwell-admission", "topic", ENFORCED_CONFIGS, ["ALTER_CONFIGS"])
     r += _rules("dwell-admission", "topic", [PUBLISH, POLICIES], ["READ"])
     r += _rules("dwell-admission", "topic", [PUBLISH_RESULTS, DELAYED, INVALID], ["WRITE"])
     r += _rules("dwell-admission", "topic", [ANY], ["CREATE", "DESCRIBE", "WRITE"])
@@ -107,6 +113,11 @@ def component_rules() -> list[Rule]:
     r += _rules("dwell-tracker", "topic", [DELAYED, REFILED, SUBSCRIPTIONS, POLICIES],
                 ["CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"])
     r += _rules("dwell-tracker", "topic", [REFILED, SUBSCRIPTIONS], ["WRITE"])
+    # The delivered marks (read to rebuild, written by re-files), and what keeps the logs:
+    # their retention set (adapters.kafka.ensure_retention) and the trim's DeleteRecords.
+    r += _rules("dwell-tracker", "topic", [DELIVERED],
+                ["CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ", "WRITE"])
+    r += _rules("dwell-tracker", "topic", KEPT, ["ALTER_CONFIGS", "DELETE"])
     # A subscription's registration makes its ready and retry topics.
     r += _rules("dwell-tracker", "topic", [ANY], ["CREATE", "DESCRIBE"])
     r += _rules("dwell-tracker", "group", ["dwell-tracker", "dwell-restage-",
@@ -117,6 +128,7 @@ def component_rules() -> list[Rule]:
     # group ids `spark-kafka-source-*`.
     r += _rules("dwell-spark", "topic", DWELL_TOPICS, ["CREATE", "DESCRIBE",
                                                        "DESCRIBE_CONFIGS"])
+    r += _rules("dwell-spark", "topic", ENFORCED_CONFIGS, ["ALTER_CONFIGS"])
     r += _rules("dwell-spark", "topic", [DELAYED, REFILED, ACKS], ["READ"])
     r += _rules("dwell-spark", "topic", [DELIVERED, INVALID], ["WRITE"])
     r += _rules("dwell-spark", "topic", [ANY], ["CREATE", "DESCRIBE", "READ", "WRITE"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from confluent_kafka import (
     Consumer,
@@ -67,11 +69,23 @@ def admin_cli(s: devstack.Stack, *args: str) -> str:
     return done.stdout.strip()
 
 
+def kafka_token(s: devstack.Stack, token: str) -> str:
+    """A short-lived Kafka token for ``token``'s role, from the stack's policy service
+    over HTTPS (what a client sends on dwell.publish and dwell.acks: never ``token``)."""
+    got = httpx.post(f"{s.scheme}://127.0.0.1:{s.ports['policy']}/admin/v2/kafka-tokens",
+                     headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                     verify=ssl.create_default_context(cafile=str(s.pki / "ca.pem")))
+    assert got.status_code == 200, got.text
+    kafka: str = got.json()["token"]
+    return kafka
+
+
 class Tenant:
     """A tenant with a namespace, a topic whose ready topic exists, a role granted
     produce and consume (its token) and a Kafka user made with kafka_acls.user_rules."""
 
     def __init__(self, s: devstack.Stack) -> None:
+        self.stack = s
         self.name = f"hacl{uuid.uuid4().hex[:8]}"
         self.principal = f"app-{self.name}"
         ns = f"{self.name}/ns"
@@ -91,6 +105,11 @@ class Tenant:
         self.config = {"bootstrap.servers": s.kafka_bootstrap, "security.protocol": "SASL_SSL",
                        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": self.principal,
                        "sasl.password": password, "ssl.ca.location": str(s.pki / "ca.pem")}
+
+    def kafka_auth(self) -> dict[str, str]:
+        """The `dwell-authorization` header of a record on dwell.publish or dwell.acks:
+        a fresh Kafka token got with the tenant's token."""
+        return {hdr.AUTHORIZATION: f"Bearer {kafka_token(self.stack, self.token)}"}
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +230,8 @@ def test_a_user_publishes_over_dwell_publish_and_reads_its_own_ready_topic(
     producer_name = f"{me.principal}-p"
     request = {"topic": me.topic, "producerName": producer_name,
                "messages": [{"payload": payload.decode(), "sequenceId": 1}]}
-    auth = {hdr.AUTHORIZATION: f"Bearer {me.token}"}
-    err = produce(me.config, names.PUBLISH, json.dumps(request).encode(), me.topic, auth)
+    err = produce(me.config, names.PUBLISH, json.dumps(request).encode(), me.topic,
+                  me.kafka_auth())
     assert err is None, err
     got = consume(me.config, f"{me.ready}-reader", me.ready,
                   until=lambda m: m.value() == payload, timeout_s=DELIVERY_S)
@@ -227,7 +246,7 @@ def test_a_user_publishes_over_dwell_publish_and_reads_its_own_ready_topic(
            "messageId": answer["messageId"], "redeliveryCount": 0,
            "ts": int(time.time() * 1000)}
     err = produce(me.config, names.ACKS, json.dumps(ack).encode(),
-                  f"{me.topic}/{me.ready}-reader", auth)
+                  f"{me.topic}/{me.ready}-reader", me.kafka_auth())
     assert err is None, err
 
 
