@@ -50,6 +50,11 @@ BACKOFF = ExponentialRedeliveryBackoff(min_delay_ms=500, max_delay_ms=1000, mult
 DRIVEN = {"DwellDeadLetters": "firing", "DwellAdmissionUnavailable": "pending",
           "DwellDrainTopicFailing": "pending", "DwellPolicyVersionDivergent": "pending",
           "DwellDrainLagHigh": "pending"}
+# Rules whose series only exist once their condition happened, and which the shared e2e
+# stack cannot make happen: a loss needs records deleted from the delay log under other
+# tests' pending messages. tests/integration/test_lost_records.py drives the counter and
+# charts/dwell/files/rules/dwell.rules.test.yaml (promtool) the rule.
+UNDRIVABLE = frozenset({"DwellMessagesLost"})
 THRESHOLD = re.compile(r"^(?P<inner>.+?)\s*(?:>=|<=|==|!=|>|<)\s*[0-9.eE+-]+$", re.S)
 
 
@@ -274,7 +279,7 @@ def test_every_rule_loads_and_every_alert_can_fire(prom: promserver.Prometheus,
         inner = m["inner"] if m else rule["expr"]
         full, part = len(prom.query(rule["expr"])), len(prom.query(inner))
         rows.append((name, full, part, states.get(name, "inactive")))
-        if not part:
+        if not part and name not in UNDRIVABLE:
             empty.append((name, inner))
     print("\n" + table(("rule", "expr series", "before threshold", "state"), rows))
     assert not empty, f"rule expressions without data: {empty}"
