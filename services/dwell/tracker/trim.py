@@ -106,6 +106,12 @@ class Trimmer:
                 self.error = str(exc)
                 TRIM_ROUNDS.labels("failed").inc()
                 log.warning("trim failed, retried in %.0f s: %s", self.interval_s, exc)
+            except Exception as exc:
+                # Nothing a round meets may end the trim for good: the next round starts
+                # over from the committed low watermarks.
+                self.error = f"{type(exc).__name__}: {exc}"
+                TRIM_ROUNDS.labels("failed").inc()
+                log.exception("trim failed, retried in %.0f s", self.interval_s)
 
     def stop(self) -> None:
         self._stop.set()

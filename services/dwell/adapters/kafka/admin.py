@@ -246,8 +246,12 @@ def delete_topic(bootstrap: str, name: str, timeout: float = 15.0) -> bool:
 
 
 def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
-    """The partition ids of an existing topic; KafkaUnavailable when it is not there."""
-    md = admin(bootstrap).list_topics(topic, timeout=timeout)
+    """The partition ids of an existing topic; KafkaUnavailable when it is not there or
+    Kafka does not answer."""
+    try:
+        md = admin(bootstrap).list_topics(topic, timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"partitions of {topic}: {exc.args[0].str()}") from exc
     t = md.topics.get(topic)
     if t is None or t.error is not None:
         raise KafkaUnavailable(f"topic {topic} not found")
