@@ -300,6 +300,7 @@ class LogStarts:
     ListOffsets request per broker for any number of partitions."""
 
     def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
         self._admin = admin(bootstrap)
 
     def get(self, tps: Iterable[tuple[str, int]],
@@ -312,6 +313,9 @@ class LogStarts:
             try:
                 out[(tp.topic, tp.partition)] = fut.result(timeout).offset
             except KafkaException as exc:
+                # A client that met a restarted broker can keep its stale leaders (leader
+                # epoch fenced, no leaders found) for good: the next call gets a new one.
+                self._admin = admin(self._bootstrap)
                 raise KafkaUnavailable(f"first offset of {tp.topic}[{tp.partition}]: "
                                        f"{exc.args[0].str()}") from exc
         return out
