@@ -13,6 +13,11 @@ policy store in Redis (cached per Python worker for backoff_registry_ttl_ms); ev
 fail go to `dwell.invalid` as `unauthenticated` / `unauthorized`. The app's own events
 (SYSTEM_TOPICS) carry no token.
 
+An event's subscription must be registered at the tracker (SubscriptionCheck): the
+backoff and the drain make a retry and a dead-letter topic for each subscription they
+see, and only the tracker's registration is held to maxSubscriptionsPerTopic. Others go
+to `dwell.invalid` as `unknown_subscription`.
+
 The side query is at-least-once: a crash between writing a batch's records and its
 checkpoint writes them again."""
 
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,7 +42,7 @@ from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.auth.keys import kafka_token_key
 from dwell.auth.tokens import InvalidToken, KafkaTokenVerifier
-from dwell.cache import ExpiringCache
+from dwell.cache import BoundedCache, ExpiringCache
 from dwell.core import invalid
 from dwell.core import topics as names
 from dwell.core.authz import Grants, Operation, allowed, namespace_auth
@@ -132,16 +139,62 @@ class AckAuth:
                                     f"role {role!r} may not consume on {name.namespace_name}")
 
 
+# Per Python worker: (redis_url, topic, subscription) found registered, until when
+# (time.monotonic()).
+_registered: BoundedCache[tuple[str, str, str], float] = BoundedCache()
+
+
+@dataclass(frozen=True)
+class SubscriptionCheck:
+    """``unknown(pairs)``: the (topic, subscription) pairs the tracker's registry
+    (`dwell:subs:{topic}`) does not hold, read in one round trip. Only registered ones are
+    cached (``ttl_ms``), so a new registration counts at once. While the registry's marker
+    is missing (Redis lost it and the tracker has not rebuilt it yet) none is unknown:
+    losing Redis may delay a redelivery, never drop it. Pickles as its settings."""
+
+    redis_url: str
+    ttl_ms: int
+
+    @classmethod
+    def of(cls, settings: SparkSettings) -> SubscriptionCheck:
+        return cls(settings.redis_url, settings.backoff_registry_ttl_ms)
+
+    def unknown(self, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        now = time.monotonic()
+        todo = sorted({p for p in pairs
+                       if _registered.get((self.redis_url, *p), 0.0) <= now})
+        if not todo:
+            return set()
+        pipe = redis_adapter.shared(self.redis_url).pipeline(transaction=False)
+        pipe.exists(keys.SUBSCRIPTIONS_APPLIED)
+        for topic, sub in todo:
+            pipe.hexists(keys.subscriptions(topic), sub)
+        whole, *found = pipe.execute()
+        if not whole:
+            return set()
+        unknown = set()
+        for pair, known in zip(todo, found, strict=True):
+            if known:
+                _registered.put((self.redis_url, *pair), now + self.ttl_ms / 1000)
+            else:
+                unknown.add(pair)
+        return unknown
+
+
 def check_events(values: pd.Series, auths: pd.Series, max_bytes: int,
                  system_topics: frozenset[str], auth: AckAuth | None = None,
                  timestamps: pd.Series | None = None,
-                 timestamp_types: pd.Series | None = None) -> pd.DataFrame:
+                 timestamp_types: pd.Series | None = None,
+                 subscriptions: SubscriptionCheck | None = None) -> pd.DataFrame:
     """(kind, reason) of each event, both None for a good one: ``values`` are the raw
     record values, ``auths`` each record's `dwell-authorization` header values,
     ``timestamps`` their record timestamps in ms and ``timestamp_types`` Kafka's type of
-    each (1: LogAppendTime); ``auth`` who may send them (None: authentication off)."""
+    each (1: LogAppendTime); ``auth`` who may send them (None: authentication off);
+    ``subscriptions`` which subscriptions are registered (None: any)."""
     kinds: list[str | None] = []
     reasons: list[str | None] = []
+    # Index of each good event of a user topic, with its (topic, subscription).
+    named: list[tuple[int, tuple[str, str]]] = []
     n = len(values)
     stamps = timestamps if timestamps is not None else pd.Series([0] * n)
     types = timestamp_types if timestamp_types is not None else pd.Series([0] * n)
@@ -150,23 +203,35 @@ def check_events(values: pd.Series, auths: pd.Series, max_bytes: int,
             invalid.check_size(value, max_bytes, "acks_max_event_bytes")
             token = invalid.authorization([] if header is None else list(header))
             doc = invalid.check_ack_event(value, max_bytes, system_topics)
-            if auth is not None and doc["topic"] not in system_topics:
-                auth.check(token, doc["topic"], int(ts), int(ts_type) == LOG_APPEND_TIME)
+            if doc["topic"] not in system_topics:
+                if auth is not None:
+                    auth.check(token, doc["topic"], int(ts),
+                               int(ts_type) == LOG_APPEND_TIME)
+                named.append((len(kinds), (doc["topic"], doc["subscription"])))
         except invalid.Malformed as exc:
             kinds.append(exc.kind)
             reasons.append(exc.reason[:invalid.MAX_REASON_CHARS])
             continue
         kinds.append(None)
         reasons.append(None)
+    if subscriptions is not None and named:
+        unknown = subscriptions.unknown(pair for _, pair in named)
+        for i, (topic, sub) in named:
+            if (topic, sub) in unknown:
+                kinds[i] = invalid.UNKNOWN_SUBSCRIPTION
+                reasons[i] = (f"subscription: {sub!r} is not registered on {topic} (PUT "
+                              "/v1/topics/<topic>/subscriptions/<sub> at the tracker, as "
+                              "the SDK does)")[:invalid.MAX_REASON_CHARS]
     return pd.DataFrame({"kind": kinds, "reason": reasons})
 
 
-def _checker(max_bytes: int, system_topics: frozenset[str], auth: AckAuth | None) -> Any:
+def _checker(max_bytes: int, system_topics: frozenset[str], auth: AckAuth | None,
+             subscriptions: SubscriptionCheck) -> Any:
     @F.pandas_udf(CHECK_SCHEMA)  # type: ignore[call-overload]
     def check(values: pd.Series, auths: pd.Series, timestamps: pd.Series,
               timestamp_types: pd.Series) -> pd.DataFrame:
         return check_events(values, auths, max_bytes, system_topics, auth, timestamps,
-                            timestamp_types)
+                            timestamp_types, subscriptions)
     return check
 
 
@@ -198,7 +263,8 @@ def with_checks(raw: DataFrame, settings: SparkSettings,
                 system_topics: frozenset[str]) -> DataFrame:
     """dwell.acks records as the Kafka source reads them (headers included), each with
     `bad` (kind, reason: null when good)."""
-    check = _checker(settings.acks_max_event_bytes, system_topics, AckAuth.of(settings))
+    check = _checker(settings.acks_max_event_bytes, system_topics, AckAuth.of(settings),
+                     SubscriptionCheck.of(settings))
     return raw.withColumn("bad", check(F.col("value"), _auth_values(),
                                        F.unix_millis(F.col("timestamp")),
                                        F.col("timestampType")))

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import read_until
@@ -32,6 +33,10 @@ def test_poison_ack_events_go_to_dwell_invalid_and_the_backoff_goes_on(e2e: Stac
     ready = f"{tenant}.ns.acks"
     r = redis_adapter.connect(e2e.redis_url)
     counts_key = keys.sub_counts(topic, sub)
+    # Registered, as the SDK does: events of unknown subscriptions are set aside.
+    reg = httpx.put(f"{e2e.tracker}/v1/topics/persistent/{tenant}/ns/acks/subscriptions/{sub}",
+                    json={}, timeout=10)
+    assert reg.status_code < 300, reg.text
 
     def event(kind: str, offset: int, **extra: Any) -> dict[str, Any]:
         return {"event": kind, "topic": topic, "subscription": sub,

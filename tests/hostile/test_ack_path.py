@@ -31,7 +31,9 @@ from dwell.core import invalid
 from dwell.core import topics as names
 from dwell.core.invalid import MAX_TS_MS
 from dwell.core.positions import format_message_id
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
+from dwell.index import subscriptions
 from dwell_spark import metrics
 from dwell_spark.__main__ import session
 from dwell_spark.backoff import EVENT_SCHEMA, WARM_UP_TOPIC, Scheduler, step
@@ -224,9 +226,12 @@ def spark_app(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory) -
 
 def test_an_overflowing_ack_event_does_not_stop_delivery(
         spark_app: tuple[SparkApp, str], stack: devstack.Stack, unique: str) -> None:
-    app, _ = spark_app
+    app, redis_url = spark_app
     bootstrap = stack.kafka_bootstrap
     topic = f"persistent://{unique}/ns/c"
+    # Registered, as the SDK does: events of unknown subscriptions are set aside.
+    subscriptions.put(redis_adapter.connect(redis_url), topic, "s",
+                      SubscriptionSettings.from_json({}))
     ready, retry = TopicName.parse(topic).kafka_topic, retry_topic(TopicName.parse(topic), "s")
     for name in (ready, retry):  # as the SDK's consumer makes them
         kafka.ensure_topic(bootstrap, name, 1)

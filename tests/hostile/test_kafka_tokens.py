@@ -26,11 +26,14 @@ import devstack
 from conftest import ServiceFactory, read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
 from dwell.auth.tokens import KAFKA_AUDIENCE, create_kafka_token, create_secret_key, create_token
 from dwell.client import Consumer
 from dwell.core import invalid
 from dwell.core import topics as names
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName
+from dwell.index import subscriptions
 
 TTL_MS = 3000  # Kafka tokens short enough to outlive in a test
 
@@ -239,6 +242,9 @@ def test_the_ack_check_judges_kafka_tokens_when_written(
     fresh, expires_ms = kafka_token(policy, own)
     forged, _ = create_kafka_token(create_secret_key(), "app", 60_000)
     ready = TopicName.parse(topic).kafka_topic
+    # Registered, as the SDK does: the check sets aside events of unknown subscriptions.
+    subscriptions.put(redis_adapter.connect(redis_url), topic, "s",
+                      SubscriptionSettings.from_json({}))
     event = json.dumps({"event": "ack", "topic": topic, "subscription": "s",
                         "messageId": f"{ready}:0:1", "ts": int(time.time() * 1000)}).encode()
     p = kafka.Producer(kafka_bootstrap, linger_ms=0)

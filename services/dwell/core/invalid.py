@@ -35,11 +35,14 @@ EVENT_KIND: Final = "event_kind"  # a dwell.acks event that is not delivered, ac
 OVERSIZED: Final = "oversized"  # bigger than the reader's limit
 UNAUTHENTICATED: Final = "unauthenticated"  # no valid token where one is required
 UNAUTHORIZED: Final = "unauthorized"  # the token's role lacks the permission
+# A dwell.acks event of a subscription the tracker has not registered: its retry and DLQ
+# topics would be made for any name, past maxSubscriptionsPerTopic.
+UNKNOWN_SUBSCRIPTION: Final = "unknown_subscription"
 # Its reader failed on it although it passed the checks: set aside so that it cannot fail
 # the reader again (on every restart).
 FAILED: Final = "failed"
 KINDS: Final = (NOT_JSON, WRONG_TYPE, FIELD, HEADER, EVENT_KIND, OVERSIZED, UNAUTHENTICATED,
-                UNAUTHORIZED, FAILED)
+                UNAUTHORIZED, UNKNOWN_SUBSCRIPTION, FAILED)
 
 # The dwell.acks event kinds (ARCHITECTURE.md, "Kafka topics").
 DELIVERED: Final = "delivered"

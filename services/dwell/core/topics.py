@@ -108,6 +108,35 @@ def validate_tenant(name: str) -> str:
     return name
 
 
+def validate_new_tenant(name: str) -> str:
+    """:func:`validate_tenant`, and what a tenant being created must also be: the Kafka
+    ACLs grant its users every name that starts with its prefixes (``<tenant>.``,
+    ``non-persistent.<tenant>.``), so these must start no other tenant's names and none of
+    dwell's own topics and groups. Hence only characters Kafka names write as themselves
+    (an escaped one begins ``..``: tenant ``a``'s prefix ``a.`` starts ``a..2eb.``, tenant
+    ``a.b``'s), and not ``non-persistent`` (its prefix starts every tenant's non-persistent
+    topics) nor ``dwell-`` names (dwell's groups, ``dwell-tracker.lowmark`` among them).
+    Existing tenants keep their names: only creation is checked."""
+    validate_tenant(name)
+    if any(ch not in _PLAIN for ch in name):
+        raise InvalidTopicName(
+            f"tenant name {name!r} may only contain letters, digits, '_' and '-': Kafka names "
+            "write any other character as '..' and hex digits, so another tenant's Kafka "
+            "prefix would match this tenant's topics"
+        )
+    if name == NON_PERSISTENT:
+        raise InvalidTopicName(
+            f"tenant name {name!r} is reserved: its Kafka prefix '{name}.' starts every "
+            "tenant's non-persistent topics"
+        )
+    if name.startswith(RESERVED_TENANT + "-"):
+        raise InvalidTopicName(
+            f"tenant name {name!r} is reserved: names starting '{RESERVED_TENANT}-' are "
+            "dwell's own Kafka consumer groups"
+        )
+    return name
+
+
 def validate_namespace(tenant: str, ns: str) -> str:
     """Validate tenant and namespace together; return the namespace part (``ns``)."""
     validate_tenant(tenant)

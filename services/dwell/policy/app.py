@@ -237,7 +237,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
              dependencies=[auth.require(Op.CREATE_TENANT)],
              responses=errors(409, 412))
     async def create_tenant(tenant: str, request: Request) -> Response:
-        name = tenant_name(tenant)
+        name = tenant_name(tenant, new=True)
         info = check_tenant_info(await tenant_body(request), settings.cluster)
         return await commit("tenant_create", lambda: store.create_tenant(name, info))
 

@@ -15,6 +15,7 @@ from dwell.core.topics import (
     InvalidTopicName,
     TopicName,
     validate_namespace,
+    validate_new_tenant,
     validate_tenant,
 )
 from dwell.http import ApiError, validation_reason
@@ -30,9 +31,11 @@ TENANT_BODY = {"requestBody": {"required": False, "content": {"application/json"
 INVALID = 412
 
 
-def tenant_name(name: str) -> str:
+def tenant_name(name: str, *, new: bool = False) -> str:
+    """``name`` as a tenant name; ``new``: for a tenant being created
+    (dwell.core.topics.validate_new_tenant)."""
     try:
-        return validate_tenant(name)
+        return (validate_new_tenant if new else validate_tenant)(name)
     except InvalidTopicName as exc:
         raise ApiError(INVALID, f"Tenant name is not valid: {exc}") from exc
 
