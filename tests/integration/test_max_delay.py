@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -167,3 +168,40 @@ def test_a_policy_beyond_the_limit_is_a_400_naming_it(policy: httpx.Client, uniq
 
     ok(policy.post(ns_path, json={field: DELAY_LIMIT_MS}))
     ok(policy.post(topic_path, json={field: DELAY_LIMIT_MS}))
+
+
+def delay_log_bytes(data_dir: Path) -> int:
+    """Bytes `dwell.delayed` takes in Kafka's log dir: its segments' records (`.log`) and
+    the blocks their indexes use (Kafka preallocates those sparse)."""
+    total = 0
+    for part in data_dir.glob(f"{names.DELAYED}-*"):
+        for f in part.iterdir():
+            st = f.stat()
+            total += st.st_size if f.suffix == ".log" else st.st_blocks * 512
+    return total
+
+
+def test_disk_per_pending_message(policy: httpx.Client, admission: httpx.Client,
+                                  stack: Any, unique: str) -> None:
+    """Bytes on Kafka's disk per pending message: 100,000 messages with delays up to 30
+    days published over HTTP (100-byte payloads, a key, a property, as the benches
+    send), the delay log's partition directories measured before and after (pytest -s
+    prints the figure)."""
+    make_namespace(policy, unique)
+    topic = f"persistent://{unique}/ns/disk"
+    wait_known(admission, topic)
+    data_dir = stack.data_dir("kafka")
+    n, batch, day = 100_000, 1000, 86_400_000
+    before = delay_log_bytes(data_dir)
+    for s in range(0, n, batch):
+        results = publish(admission, topic, *[
+            {"payload": "x" * 100, "key": f"k{i}", "properties": {"app": "bench"},
+             "deliverAfterMs": 60_000 + (i * 7919) % (30 * day)}
+            for i in range(s, s + batch)])
+        assert all(r["delayed"] for r in results)
+    # Kafka appends to its segment files as it acknowledges; the sizes are final.
+    grown = delay_log_bytes(data_dir) - before
+    per_message = grown / n
+    print(f"\ndwell.delayed grew {grown:,} B for {n:,} pending messages (100-byte payload): "
+          f"{per_message:.1f} B on disk per pending message")
+    assert 100 < per_message < 2000
