@@ -8,6 +8,7 @@ same client in the same process (the floor a rebuild cannot beat).
 
     .venv/bin/python bench/rebuild.py                     # 1,000,000 messages
     .venv/bin/python bench/rebuild.py --messages 200000
+    .venv/bin/python bench/rebuild.py --messages 200000 --spread-ms 2592000000  # 30 days
 
 Redis is a server of its own; Kafka is the test profile's (`make test` starts it; or set
 DWELL_KAFKA_BOOTSTRAP)."""
@@ -37,10 +38,11 @@ from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks
 TOPICS = 8
 
 
-def produce(bootstrap: str, log: str, n: int, rng: np.random.Generator) -> list[str]:
+def produce(bootstrap: str, log: str, n: int, rng: np.random.Generator,
+            spread_ms: int) -> list[str]:
     ensure_topic(bootstrap, log, PARTITIONS)
     p = Producer(bootstrap, linger_ms=50, **{"batch.size": 1_000_000})
-    deliver = T0 + rng.integers(0, 3_600_000, size=n, dtype=np.int64)
+    deliver = T0 + rng.integers(0, spread_ms, size=n, dtype=np.int64)
     topics = [f"persistent://bench/ns/rebuild-{i}" for i in range(TOPICS)]
     for i, d in enumerate(deliver.tolist()):
         t = topics[i % TOPICS]
@@ -74,6 +76,8 @@ def pending(r, topics: list[str]) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--spread-ms", type=int, default=3_600_000,
+                    help="delays uniform over this long (30 days: 2592000000)")
     args = ap.parse_args()
     n = args.messages
     bootstrap = os.environ.get("DWELL_KAFKA_BOOTSTRAP", devstack.Stack("test").kafka_bootstrap)
@@ -84,7 +88,7 @@ def main() -> int:
         log = f"bench.delayed.{uuid.uuid4().hex[:8]}"
         group = f"bench-trk-{uuid.uuid4().hex[:6]}"
         t = time.perf_counter()
-        topics = produce(bootstrap, log, n, rng)
+        topics = produce(bootstrap, log, n, rng, args.spread_ms)
         print(f"produced {n:,} delayed messages in {time.perf_counter() - t:.1f}s", flush=True)
         raw = consume_rate(bootstrap, log, n)
         print(f"plain consume of the log: {raw:,.0f} msg/s", flush=True)
@@ -100,12 +104,12 @@ def main() -> int:
         ingest_s = time.perf_counter() - (loop.first_batch_at or 0)
         print(f"first ingest: {n / ingest_s:,.0f} msg/s", flush=True)
 
-        # The drain takes the earliest quarter of the hour and marks it delivered.
+        # The drain takes the earliest quarter of the spread and marks it delivered.
         marks = BulkProducer(bootstrap)
         drained = 0
         for topic in topics:
             idx = TopicIndex(r, topic)
-            claims = idx.claim(T0 + 900_000, 100_000, 600_000, strict=False)
+            claims = idx.claim(T0 + args.spread_ms // 4, 1_000_000, 600_000, strict=False)
             write_marks(marks, [mark_record(log, topic, b.bucket_start, b.positions)
                                 for b in claims])
             for b in claims:

@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dwell.core.admit import DELAY_LIMIT_MS
 from dwell.core.policy import BrokerDefaults, BrokerLimits
 from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
 
@@ -43,6 +44,10 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     delayed_delivery_fixed_delay_ms: int = Field(0, ge=0)
     delayed_delivery_deliver_at_time_strict: bool = False
     delayed_delivery_fixed_delay_detection_lookahead: int = Field(50000, ge=0)
+    # dwell's own: the longest delay admission accepts and the largest max or fixed delay a
+    # policy may set, whatever the policies say (dwell.core.admit.DELAY_LIMIT_MS says why
+    # it can go no higher). Lower it to bound the disk long delays hold.
+    delayed_delivery_delay_limit_ms: int = Field(DELAY_LIMIT_MS, ge=1, le=DELAY_LIMIT_MS)
 
     # Authentication and authorization, Pulsar's broker.conf names (dwell.auth). Keys as
     # Pulsar's tokenSecretKey / tokenPublicKey: data:;base64,..., file:/path, or base64.
@@ -70,6 +75,15 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
 
     # What DWELL_ENV=production may run without, by name (comma list of INSECURE_NAMES).
     allow_insecure: str = ""
+
+    @model_validator(mode="after")
+    def _defaults_within_the_delay_limit(self) -> CommonSettings:
+        limit = self.delayed_delivery_delay_limit_ms
+        for name in ("delayed_delivery_max_delay_ms", "delayed_delivery_fixed_delay_ms"):
+            if getattr(self, name) > limit:
+                raise ValueError(f"DWELL_{name.upper()} is more than "
+                                 f"DWELL_DELAYED_DELIVERY_DELAY_LIMIT_MS ({limit} ms)")
+        return self
 
     @model_validator(mode="after")
     def _refuse_insecure_production(self) -> CommonSettings:

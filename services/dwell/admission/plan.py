@@ -311,13 +311,14 @@ class Planner:
         policy = self.cache.effective(topic.partitioned_topic) if persistent else _NO_POLICY
         tick_b = b"%d" % policy.tick_time_ms
         strict = self.strict
+        limit = self.settings.delayed_delivery_delay_limit_ms
         index = topic.partition_index
         partition_h: Headers = ((PARTITION, b"%d" % index),) if index >= 0 else ()
 
         def decide(deliver_at: int | None, deliver_after: int | None) -> Decided:
             return _decided(admit(deliver_at=deliver_at, deliver_after_ms=deliver_after,
                                   policy=policy, persistent=persistent, publish_time=now,
-                                  now=now, strict=strict),
+                                  now=now, strict=strict, delay_limit_ms=limit),
                             tick_b, ready, partition_h)
 
         return decide

@@ -105,6 +105,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     guard = StoreGuard(store, feed, settings.kafka_bootstrap,
                        timeout_ms=settings.store_rebuild_timeout_ms)
     broker = settings.broker_defaults()
+    delay_limit = settings.delayed_delivery_delay_limit_ms
     catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor, store)
     tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0,
                                 verify=http_verify(settings))
@@ -277,7 +278,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
              responses=errors(404, 409, 412))
     async def create_namespace(tenant: str, namespace: str, request: Request) -> Response:
         ns = namespace_name(tenant, namespace)
-        policy = await namespace_body(request)
+        policy = await namespace_body(request, delay_limit)
         if policy is None:
             return await commit("namespace_create", lambda: store.create_namespace(ns))
         return await commit("namespace_create", lambda: store.create_namespace(ns),
@@ -327,7 +328,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
               responses=errors(404, 412))
     async def set_namespace_policy(tenant: str, namespace: str, request: Request) -> Response:
         ns = namespace_name(tenant, namespace)
-        policy = await policy_body(request)
+        policy = await policy_body(request, delay_limit)
         return await commit("namespace_policy_set",
                             lambda: store.set_namespace_policy(ns, policy))
 
@@ -494,7 +495,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     async def set_topic_policy(tenant: str, namespace: str, topic: str, request: Request,
                                isGlobal: bool = False) -> Response:
         name = await existing_policy_topic(tenant, namespace, topic)
-        policy = await policy_body(request)
+        policy = await policy_body(request, delay_limit)
         return await commit("topic_policy_set",
                             lambda: store.set_topic_policy(name, policy, isGlobal))
 

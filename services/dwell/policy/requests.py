@@ -9,6 +9,7 @@ import pydantic
 from fastapi import Request
 from pydantic import ConfigDict
 
+from dwell.core.admit import over_delay_limit
 from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import (
     PERSISTENT,
@@ -112,13 +113,17 @@ def parse_policy(raw: str | bytes) -> DelayedDeliveryPolicies:
         _PolicyBody.model_validate_json(raw).model_dump(exclude_none=True))
 
 
-async def policy_body(request: Request) -> DelayedDeliveryPolicies:
+async def policy_body(request: Request, delay_limit_ms: int) -> DelayedDeliveryPolicies:
     # Parsed here rather than by FastAPI so that strictness holds: "5000", 5.5 and true
     # are refused for the millisecond fields instead of being coerced.
     try:
-        return parse_policy(await request.body())
+        policy = parse_policy(await request.body())
     except pydantic.ValidationError as exc:
         raise ApiError(400, validation_reason(exc)) from exc
+    reason = over_delay_limit(policy, delay_limit_ms)
+    if reason is not None:
+        raise ApiError(400, reason)
+    return policy
 
 
 async def tenant_body(request: Request) -> TenantInfo:
@@ -131,7 +136,8 @@ async def tenant_body(request: Request) -> TenantInfo:
         raise ApiError(400, validation_reason(exc)) from exc
 
 
-async def namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
+async def namespace_body(request: Request,
+                         delay_limit_ms: int) -> DelayedDeliveryPolicies | None:
     """Pulsar's Policies object, optional. Only `delayed_delivery_policies` means anything
     to dwell; Pulsar's other policy fields are accepted and ignored so that Pulsar's own
     admin clients can create namespaces."""
@@ -148,6 +154,10 @@ async def namespace_body(request: Request) -> DelayedDeliveryPolicies | None:
     if policy is None:
         return None
     try:
-        return parse_policy(orjson.dumps(policy))
+        parsed = parse_policy(orjson.dumps(policy))
     except pydantic.ValidationError as exc:
         raise ApiError(400, "delayed_delivery_policies." + validation_reason(exc)) from exc
+    reason = over_delay_limit(parsed, delay_limit_ms)
+    if reason is not None:
+        raise ApiError(400, "delayed_delivery_policies." + reason)
+    return parsed
