@@ -223,8 +223,10 @@ class ServiceFactory:
             svc.wait_ready()
         return svc
 
-    def stop_all(self) -> None:
-        for svc in reversed(self.started):
+    def stop_all(self, since: int = 0) -> None:
+        """Stop what was started, newest first; ``since``: only what came after the
+        first ``since`` starts."""
+        for svc in reversed(self.started[since:]):
             svc.stop()
 
 
@@ -235,6 +237,22 @@ def services(stack: devstack.Stack) -> Iterator[ServiceFactory]:
     factory = ServiceFactory(stack, log_dir)
     yield factory
     factory.stop_all()
+
+
+@pytest.fixture(autouse=True)
+def _stop_the_tests_services(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What a test (or its function-scoped fixtures) started stops when it ends: a
+    tracker left running would go on indexing and re-filing every later test's delay-log
+    records, in its own index, and deliver them a second time through any drain that
+    shares it. Services of module- and package-scoped fixtures are set up before this
+    one and are left to their fixtures."""
+    if "services" not in request.fixturenames:
+        yield
+        return
+    factory: ServiceFactory = request.getfixturevalue("services")
+    since = len(factory.started)
+    yield
+    factory.stop_all(since)
 
 
 @pytest.fixture(scope="module")

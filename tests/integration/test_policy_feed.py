@@ -23,7 +23,7 @@ def policy(services):  # type: ignore[no-untyped-def]
 
 def _records(bootstrap: str, unique: str) -> list[Record]:
     return [r for r in read_all(bootstrap, POLICIES)
-            if r.key is not None and unique in r.key.decode()]
+            if r.key is not None and unique.encode() in r.key]
 
 
 def _version(r: Record) -> int:

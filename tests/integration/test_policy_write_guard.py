@@ -107,7 +107,7 @@ def _feed(kafka_bootstrap: str, scope: str) -> tuple[list[tuple[int, bytes | Non
         if version is None:
             continue
         highest = max(highest, version)
-        if r.key is not None and r.key.decode() == scope:
+        if r.key is not None and r.key == scope.encode():
             mine.append((version, r.value))
     return mine, highest
 

@@ -4,6 +4,9 @@ and on topics an operator made with a retention of their own."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 from confluent_kafka.admin import ConfigResource
 
@@ -19,6 +22,17 @@ def _config(bootstrap: str, topic: str) -> dict[str, str]:
     return {k: e.value for k, e in entries.items()}
 
 
+def _config_when(bootstrap: str, topic: str, ok: Callable[[dict[str, str]], bool],
+                 timeout: float = 15.0) -> dict[str, str]:
+    """The topic's config once ``ok`` holds of it (or the last one read): a broker answers
+    DescribeConfigs from its metadata image, which applies a change a moment after the
+    controller accepted it."""
+    deadline = time.monotonic() + timeout
+    while not ok(config := _config(bootstrap, topic)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return config
+
+
 def _kept(config: dict[str, str]) -> bool:
     return all(config[k] == v for k, v in kafka.KEEP_UNTIL_DELIVERED.items())
 
@@ -27,9 +41,10 @@ def test_an_operators_short_retention_is_reset(kafka_bootstrap: str, unique: str
     topic = f"dwell.delayed.{unique}"
     kafka.ensure_topic(kafka_bootstrap, topic, 4, config={
         "retention.ms": "30000", "segment.ms": "5000"})
-    assert _config(kafka_bootstrap, topic)["retention.ms"] == "30000"
+    assert _config_when(kafka_bootstrap, topic,
+                        lambda c: c["retention.ms"] == "30000")["retention.ms"] == "30000"
     assert kafka.ensure_retention(kafka_bootstrap, topic) == {"retention.ms": "-1"}
-    config = _config(kafka_bootstrap, topic)
+    config = _config_when(kafka_bootstrap, topic, _kept)
     assert _kept(config), config
     assert config["segment.ms"] == "5000"  # what does not drop records is left alone
     assert kafka.ensure_retention(kafka_bootstrap, topic) == {}
@@ -45,7 +60,7 @@ def test_the_tracker_resets_the_retention_of_its_logs(services, stack, unique: s
         "DWELL_RESTAGE_ENABLED": "false"})
     try:
         for t in (delayed, refiled, "dwell.delivered"):
-            config = _config(stack.kafka_bootstrap, t)
+            config = _config_when(stack.kafka_bootstrap, t, _kept)
             assert _kept(config), (t, config)
     finally:
         svc.stop()
@@ -54,4 +69,4 @@ def test_the_tracker_resets_the_retention_of_its_logs(services, stack, unique: s
 def test_dwells_own_topics_are_created_kept(kafka_bootstrap: str) -> None:
     kafka.ensure_dwell_topics(kafka_bootstrap)
     for t in kafka.KEPT_TOPICS:
-        assert _kept(_config(kafka_bootstrap, t)), t
+        assert _kept(_config_when(kafka_bootstrap, t, _kept)), t

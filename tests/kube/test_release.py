@@ -170,10 +170,16 @@ def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
     assert r.status_code == 201, r.text
     token = tmp_path / "token"
     token.write_text(r.json()["status"]["token"])
+    # spark.authenticate: the pod reads the release's RPC secret from its mounted Secret;
+    # this machine's driver reads the same secret from a file of its own.
+    secret = kube.get(f"/api/v1/namespaces/{ns}/secrets/{SPARK}-auth")
+    rpc_secret = tmp_path / "spark-auth-secret"
+    rpc_secret.write_bytes(base64.b64decode(secret["data"]["spark-auth-secret"]))
     overrides = {
         "spark.kubernetes.executor.podTemplateFile": str(template),
         "spark.kubernetes.authenticate.caCertFile": str(kube.tier.ca),
         "spark.kubernetes.authenticate.oauthTokenFile": str(token),
+        "spark.authenticate.secret.driver.file": str(rpc_secret),
         # This machine's driver listens on loopback, on free ports (the pod's 0.0.0.0,
         # 7078 and 7079 are the cluster's); executors still get the chart's driver host.
         "spark.driver.bindAddress": "127.0.0.1",
