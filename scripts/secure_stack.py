@@ -35,7 +35,7 @@ KAFKA_COMPONENTS = {"policy": "dwell-policy", "admission": "dwell-admission",
                     "tracker": "dwell-tracker", "spark": "dwell-spark"}
 # Example users' principals and their tenants, made with the stack: what `devstack env`
 # hands a client is the first one's (the demo's tenant).
-KAFKA_USERS = {"app-demo": "demo", "app-dwell-smoke": "dwell-smoke"}
+KAFKA_USERS = {"app-demo": "demo", "app-dwell-smoke": "dwellsmoke"}
 REDIS_USER = "dwell"
 SUPER_USER = "admin"
 # Kafka's own login (PLAIN, in server.properties) between broker and controller and the

@@ -29,7 +29,7 @@ from dwell.client.auth import ENV as AUTH_PARAMS_ENV
 from dwell.client.auth import token_from_auth_params
 from dwell.security import http_verify
 
-TENANT, NAMESPACE = "dwell-smoke", "helm-test"
+TENANT, NAMESPACE = "dwellsmoke", "helm-test"
 
 
 def _now_ms() -> int:
