@@ -79,6 +79,10 @@ def test_poison_requests_go_to_dwell_invalid_and_the_ingress_goes_on(
         (body(91), {hdr.AUTHORIZATION: b"\xff\xfe"}, invalid.HEADER, "not UTF-8"),
         (body(92), {hdr.AUTHORIZATION: b"token-without-scheme"}, invalid.HEADER,
          "Bearer <token>"),
+        # Refused for its header before it is parsed; its refusal then reads what it
+        # can of a value that is not UTF-8 (this stopped the ingress for good).
+        (body(94).replace(producer_name.encode(), b"p\xff"),
+         {hdr.AUTHORIZATION: b"token-without-scheme"}, invalid.HEADER, "Bearer <token>"),
         (body(93, pad="x" * MAX_REQUEST_BYTES), None, invalid.OVERSIZED,
          f"the limit is {MAX_REQUEST_BYTES} bytes"),
     ]

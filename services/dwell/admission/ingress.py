@@ -88,7 +88,7 @@ def _request_level_result(value: bytes | None, reason: str,
         messages = _RAWS.decode(head.messages)
         first = msgspec.json.decode(messages[0]) if messages else None
         seq = first.get("sequenceId") if isinstance(first, dict) else None
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+    except (ValueError, RecursionError):  # msgspec's errors, and bytes that are not UTF-8
         pass
     return producer, failed(error_code, reason) | {
         "sequenceId": seq if isinstance(seq, int) else None, "index": None}
@@ -171,6 +171,12 @@ class Ingress:
                     producer = self._recover(producer)
                     consumer.seek(_first_offsets(records))
                     time.sleep(0.5)
+        except Exception as exc:
+            # Nothing reads dwell.publish any more: /readyz says so, rather than a live
+            # process that silently stopped publishing.
+            self.error = f"ingress stopped: {type(exc).__name__}: {exc}"[:500]
+            log.exception("the dwell.publish ingress stopped")
+            raise
         finally:
             consumer.close()
             producer.close()
