@@ -79,10 +79,9 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     @model_validator(mode="after")
     def _defaults_within_the_delay_limit(self) -> CommonSettings:
         limit = self.delayed_delivery_delay_limit_ms
-        for name in ("delayed_delivery_max_delay_ms", "delayed_delivery_fixed_delay_ms"):
-            if getattr(self, name) > limit:
-                raise ValueError(f"DWELL_{name.upper()} is more than "
-                                 f"DWELL_DELAYED_DELIVERY_DELAY_LIMIT_MS ({limit} ms)")
+        if self.delayed_delivery_fixed_delay_ms > limit:
+            raise ValueError("DWELL_DELAYED_DELIVERY_FIXED_DELAY_MS is more than "
+                             f"DWELL_DELAYED_DELIVERY_DELAY_LIMIT_MS ({limit} ms)")
         return self
 
     @model_validator(mode="after")

@@ -121,7 +121,11 @@ def test_messages_due_after_the_retention_are_all_delivered(services, stack, dra
             time.sleep(0.5)
         got = sorted(rec.value for rec in kafka.read_all(bootstrap, ready)
                      if rec.value.startswith(b"long-"))
-        assert got == sorted(f"long-{i}".encode() for i in range(LONG))
+        # Every one delivered. The ready topic is at least once (a round that fails after
+        # its copy is claimed again; the SDK drops what it has seen): copies are counted.
+        assert sorted(set(got)) == sorted(f"long-{i}".encode() for i in range(LONG))
+        print(f"{LONG} long messages delivered, {len(got) - LONG} copies more on the ready "
+              "topic")
         assert _ready_count(bootstrap, ready, b"short-") >= shorts - 2
         p.close()
 

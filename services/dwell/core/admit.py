@@ -75,13 +75,13 @@ Decision = Accept | Override | Reject
 
 
 def over_delay_limit(policy: DelayedDeliveryPolicies, delay_limit_ms: int) -> str | None:
-    """Why a namespace or topic policy may not be set under the broker-wide limit (a max
-    or fixed delay beyond it, which admission would never honour), or None."""
-    for name in ("maxDeliveryDelayInMillis", "fixedDeliveryDelayInMillis"):
-        value = getattr(policy, name)
-        if value is not None and value > delay_limit_ms:
-            return (f"{name}: {value} is more than the longest delay dwell accepts, "
-                    f"{delay_limit_ms} ms (DWELL_DELAYED_DELIVERY_DELAY_LIMIT_MS)")
+    """Why a namespace or topic policy may not be set under the broker-wide limit, or
+    None: a fixed delay beyond it would reject every message. A larger max is accepted,
+    as Pulsar accepts any max up to Long.MAX_VALUE: the limit still caps each message."""
+    value = policy.fixedDeliveryDelayInMillis
+    if value is not None and value > delay_limit_ms:
+        return (f"fixedDeliveryDelayInMillis: {value} is more than the longest delay dwell "
+                f"accepts, {delay_limit_ms} ms (DWELL_DELAYED_DELIVERY_DELAY_LIMIT_MS)")
     return None
 
 
