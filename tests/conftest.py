@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -24,6 +25,8 @@ import pytest
 import devstack
 
 ROOT = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
 
 # Tests under these folders run against the real servers: they carry the `integration`
 # marker, so `pytest -m "not integration"` is the loop that needs no server.
@@ -63,16 +66,22 @@ def kafka_bootstrap(stack: devstack.Stack) -> str:
     return stack.kafka_bootstrap
 
 
-def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
-    """Poll ``pred`` until it returns something truthy (returned), or fail after ``timeout``
-    seconds naming ``what``. Integration tests import it (`from conftest import wait_for`)."""
+def wait_for(pred: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``pred`` (at least once) until it returns something truthy (returned), or fail
+    after ``timeout`` seconds naming ``what``. Tests import it (`from conftest import wait_for`)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         got = pred()
         if got:
             return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def now_ms() -> int:
+    """The wall clock in epoch milliseconds, as dwell's due times are written."""
+    return time.time_ns() // 1_000_000
 
 
 def read_until(bootstrap: str, topic: str, starts: dict[int, int], done: Callable[[list], bool],
@@ -123,6 +132,88 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def redis_db_url(stack: devstack.Stack, db: int) -> str:
+    """The stack's Redis, database ``db``: a module's own, so tests never share keys."""
+    return stack.redis_url.rsplit("/", 1)[0] + f"/{db}"
+
+
+def spark_jars() -> str:
+    """Spark's Kafka connector and its dependencies, as `spark.jars` takes them."""
+    return ",".join(str(p) for p in devstack.spark_kafka_jars())
+
+
+@contextlib.contextmanager
+def local_spark(stack: devstack.Stack, db: int, checkpoint_dir: Path,
+                **overrides: object) -> Iterator[tuple[Any, Any, Any]]:
+    """A Spark session in this process on Redis database ``db`` (emptied before and
+    after), with the SparkSettings it was built from: ``(spark, settings, redis)``."""
+    from dwell.adapters import redis as redis_adapter
+    from dwell_spark.__main__ import session
+    from dwell_spark.settings import SparkSettings
+
+    settings = SparkSettings(
+        redis_url=redis_db_url(stack, db), kafka_bootstrap=stack.kafka_bootstrap,
+        spark_jars=spark_jars(), spark_checkpoint_dir=str(checkpoint_dir), **overrides)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    r = redis_adapter.connect(settings.redis_url)
+    r.flushdb()
+    spark = session(settings)
+    try:
+        yield spark, settings, r
+    finally:
+        spark.stop()
+        r.flushdb()
+
+
+def spark_app_env(stack: devstack.Stack, redis_url: str, checkpoint_dir: Path,
+                  tick_ms: int) -> dict[str, str]:
+    """The environment of a whole Spark app (drain and backoff) on ``redis_url`` that
+    reads only the ack events sent from now on, with quick triggers."""
+    return dict(os.environ) | stack.service_env() | {
+        "DWELL_REDIS_URL": redis_url, "DWELL_SPARK_JARS": spark_jars(),
+        "DWELL_SPARK_CHECKPOINT_DIR": str(checkpoint_dir),
+        "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
+        "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_BACKOFF_TRIGGER_MS": "250",
+        "DWELL_REDELIVERY_TICK_MS": str(tick_ms), "DWELL_LOG_LEVEL": "info"}
+
+
+def publish_delayed(bootstrap: str, log: str, topic: str, deliver_at: list[int]) -> None:
+    """One forged delay-log record of ``topic`` per due time, as admission writes them
+    (tick time 1 s), acknowledged before this returns."""
+    from dwell.adapters import kafka
+
+    p = kafka.Producer(bootstrap)
+    try:
+        futs = [p.send(log, b"m", key=topic, headers={
+            "dwell-topic": topic, "dwell-deliver-at": str(at), "dwell-tick-time": "1000"})
+            for at in deliver_at]
+        for f in futs:
+            f.result(30)
+    finally:
+        p.close()
+
+
+def ok(r: httpx.Response) -> httpx.Response:
+    """``r``, asserted a success: the test stops with the status and body otherwise."""
+    assert r.status_code < 300, (r.status_code, r.text)
+    return r
+
+
+def make_tenant(policy: httpx.Client, tenant: str) -> None:
+    ok(policy.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": [],
+                                                        "allowedClusters": []}))
+
+
+def make_namespace(policy: httpx.Client, tenant: str, ns: str = "ns",
+                   ns_policy: dict[str, Any] | None = None) -> None:
+    """The tenant and its namespace ``ns``, with ``ns_policy`` as its delayed-delivery
+    policy when given, through the policy service's client ``policy``."""
+    make_tenant(policy, tenant)
+    ok(policy.put(f"/admin/v2/namespaces/{tenant}/{ns}"))
+    if ns_policy is not None:
+        ok(policy.post(f"/admin/v2/namespaces/{tenant}/{ns}/delayedDelivery", json=ns_policy))
 
 
 @contextlib.contextmanager

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ import httpx
 import pytest
 
 import devstack
+from conftest import free_port, now_ms
 from dwell.adapters import redis as redis_adapter
 from dwell.client import Consumer, Message, Producer
 from dwell.core import topics as names
@@ -50,11 +50,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TICK_MS = 1000
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 DRAIN_TRIGGER_MS = 250
 BACKOFF_TRIGGER_MS = 250
@@ -78,10 +73,6 @@ DRAIN_LEASE_MS = 5000
 # (dwell.tracker.restage; 40 s / 20 s by default): delays of 7 s and more take that path.
 RESTAGE_LEAD_MS, RESTAGE_CHUNK_MS = 4000, 2000
 E2E_REDIS_DB = 7
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass

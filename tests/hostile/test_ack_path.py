@@ -8,8 +8,6 @@ set aside while the real Spark app goes on delivering."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ import pytest
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import devstack
-from conftest import read_until, wait_for
+from conftest import local_spark, now_ms, read_until, redis_db_url, spark_app_env, wait_for
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
@@ -35,7 +33,6 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index import subscriptions
 from dwell_spark import metrics
-from dwell_spark.__main__ import session
 from dwell_spark.backoff import EVENT_SCHEMA, WARM_UP_TOPIC, Scheduler, step
 from dwell_spark.drain import Drainer
 from dwell_spark.invalid import check_events
@@ -48,10 +45,6 @@ DB = 3
 TICK_MS = 100
 FAST_NACK = {"minDelayMs": 100, "maxDelayMs": 100, "multiplier": 2.0}
 MAX_EVENT_BYTES = 65536
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def event(topic: str, sub: str, message_id: str, **extra: Any) -> dict[str, Any]:
@@ -129,18 +122,9 @@ def test_numbers_an_event_could_overflow_with_are_refused_naming_the_bound(
 @pytest.fixture()
 def drain_env(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[Any, SparkSettings, Any]]:
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    settings = SparkSettings(
-        redis_url=redis_url, kafka_bootstrap=stack.kafka_bootstrap,
-        spark_jars=",".join(str(p) for p in devstack.spark_kafka_jars()),
-        spark_checkpoint_dir=str(tmp_path_factory.mktemp("ck")), redelivery_tick_ms=TICK_MS)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    r = redis_adapter.connect(redis_url)
-    r.flushdb()
-    spark = session(settings)
-    yield spark, settings, r
-    spark.stop()
-    r.flushdb()
+    with local_spark(stack, DB, tmp_path_factory.mktemp("ck"),
+                     redelivery_tick_ms=TICK_MS) as env:
+        yield env
 
 
 def decisions(topic: str, sub: str, events: list[dict[str, Any]]) -> list[Any]:
@@ -206,15 +190,9 @@ def test_the_drain_copies_no_record_of_another_topic_and_no_token(
 @pytest.fixture(scope="module")
 def spark_app(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[SparkApp, str]]:
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    redis_url = redis_db_url(stack, DB)
     redis_adapter.connect(redis_url).flushdb()
-    env = dict(os.environ) | stack.service_env() | {
-        "DWELL_REDIS_URL": redis_url,
-        "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
-        "DWELL_SPARK_CHECKPOINT_DIR": str(tmp_path_factory.mktemp("app-ck")),
-        "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
-        "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_BACKOFF_TRIGGER_MS": "250",
-        "DWELL_REDELIVERY_TICK_MS": str(TICK_MS), "DWELL_LOG_LEVEL": "info"}
+    env = spark_app_env(stack, redis_url, tmp_path_factory.mktemp("app-ck"), TICK_MS)
     app = SparkApp(env, Path(str(tmp_path_factory.mktemp("app-logs"))))
     try:
         app.start()

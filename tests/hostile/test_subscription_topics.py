@@ -6,8 +6,6 @@ dwell.invalid, and the registered subscription's redeliveries go on."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pandas as pd
 import pytest
 
 import devstack
-from conftest import read_until
+from conftest import read_until, redis_db_url, spark_app_env
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
@@ -35,25 +33,15 @@ DB = 2
 INVENTED = 12
 
 
-def redis_url_of(stack: devstack.Stack) -> str:
-    return stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-
-
 @pytest.fixture(scope="module")
 def spark_app(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         SparkApp]:
-    redis_url = redis_url_of(stack)
+    redis_url = redis_db_url(stack, DB)
     r = redis_adapter.connect(redis_url)
     r.flushdb()
     # The tracker's rebuild leaves this marker: the registry is whole.
     r.set(keys.SUBSCRIPTIONS_APPLIED, 0)
-    env = dict(os.environ) | stack.service_env() | {
-        "DWELL_REDIS_URL": redis_url,
-        "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
-        "DWELL_SPARK_CHECKPOINT_DIR": str(tmp_path_factory.mktemp("app-ck")),
-        "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
-        "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_BACKOFF_TRIGGER_MS": "250",
-        "DWELL_REDELIVERY_TICK_MS": str(TICK_MS), "DWELL_LOG_LEVEL": "info"}
+    env = spark_app_env(stack, redis_url, tmp_path_factory.mktemp("app-ck"), TICK_MS)
     app = SparkApp(env, Path(str(tmp_path_factory.mktemp("app-logs"))))
     try:
         app.start()
@@ -68,7 +56,7 @@ def test_events_of_unregistered_subscriptions_make_no_topics(
     bootstrap = stack.kafka_bootstrap
     topic = f"persistent://{unique}/ns/x"
     t = TopicName.parse(topic)
-    subscriptions.put(redis_adapter.connect(redis_url_of(stack)), topic, "s",
+    subscriptions.put(redis_adapter.connect(redis_db_url(stack, DB)), topic, "s",
                       SubscriptionSettings.from_json({}))
     for name in (t.kafka_topic, retry_topic(t, "s")):  # as the tracker makes them
         kafka.ensure_topic(bootstrap, name, 1)
@@ -109,7 +97,7 @@ def test_the_check_reads_the_registry_only_once_it_is_whole(
         stack: devstack.Stack, unique: str) -> None:
     """Before the tracker has rebuilt a lost registry (no marker) no subscription can be
     told unknown: events are kept, as losing Redis may cost time, never a redelivery."""
-    redis_url = redis_url_of(stack)
+    redis_url = redis_db_url(stack, DB)
     r = redis_adapter.connect(redis_url)
     topic = f"persistent://{unique}/ns/x"
     subscriptions.put(r, topic, "s", SubscriptionSettings.from_json({}))

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import make_namespace, now_ms, ok
 from dwell.adapters import kafka
 from dwell.client import Consumer, Producer
 from dwell.core import topics as names
@@ -21,20 +22,6 @@ pytestmark = pytest.mark.integration
 
 MAX_TEXT = ("org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException: "
             "Exceeds max allowed delivery delay of {} milliseconds")
-
-
-def ok(r: httpx.Response) -> httpx.Response:
-    assert r.status_code < 300, (r.status_code, r.text)
-    return r
-
-
-def make_namespace(policy: httpx.Client, tenant: str, ns: str = "ns",
-                   ns_policy: dict[str, Any] | None = None) -> None:
-    ok(policy.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": [],
-                                                        "allowedClusters": []}))
-    ok(policy.put(f"/admin/v2/namespaces/{tenant}/{ns}"))
-    if ns_policy is not None:
-        ok(policy.post(f"/admin/v2/namespaces/{tenant}/{ns}/delayedDelivery", json=ns_policy))
 
 
 def publish(admission: httpx.Client, topic: str, *messages: dict[str, Any],
@@ -87,10 +74,6 @@ def read_record(bootstrap: str, message_id: str) -> kafka.Record:
         raise AssertionError(f"{message_id} not readable")
     finally:
         c.close()
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 REJECTED = "pulsar_broker_topic_messages_delayed_rejected_total"

@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from conftest import make_namespace, ok
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import topics as names
@@ -36,18 +37,6 @@ def strict_topics(services: Any) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=svc.url, timeout=30) as c:
         yield c
     svc.stop()
-
-
-def ok(r: httpx.Response) -> httpx.Response:
-    assert r.status_code < 300, (r.status_code, r.text)
-    return r
-
-
-def make_namespace(policy: httpx.Client, tenant: str, ns_policy: dict[str, Any]) -> None:
-    ok(policy.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": [],
-                                                        "allowedClusters": []}))
-    ok(policy.put(f"/admin/v2/namespaces/{tenant}/ns"))
-    ok(policy.post(f"/admin/v2/namespaces/{tenant}/ns/delayedDelivery", json=ns_policy))
 
 
 def publish(admission: httpx.Client, topic: str, *messages: dict[str, Any]) -> httpx.Response:

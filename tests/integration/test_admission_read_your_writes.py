@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 
+from conftest import make_tenant, ok
 from dwell.adapters import kafka
 from dwell.core import topics as names
 
@@ -43,16 +44,6 @@ def replicas(services: Any) -> Iterator[list[httpx.Client]]:
 @pytest.fixture(scope="module")
 def admission(replicas: list[httpx.Client]) -> httpx.Client:
     return replicas[0]
-
-
-def ok(r: httpx.Response) -> httpx.Response:
-    assert r.status_code < 300, (r.status_code, r.text)
-    return r
-
-
-def make_tenant(policy: httpx.Client, tenant: str) -> None:
-    ok(policy.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": [],
-                                                        "allowedClusters": []}))
 
 
 def test_a_namespace_is_publishable_over_http_once_created(

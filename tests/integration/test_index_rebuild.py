@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from conftest import wait_for
+from conftest import publish_delayed, wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -39,18 +39,6 @@ def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
     svc = services.start("tracker", env=env)
     yield svc, r, env["DWELL_DELAYED_TOPIC"], env["DWELL_TRACKER_GROUP_ID"]
     svc.stop()
-
-
-def _publish(bootstrap: str, log: str, topic: str, deliver_at: list[int]) -> None:
-    p = kafka.Producer(bootstrap)
-    try:
-        futs = [p.send(log, b"m", key=topic, headers={
-            "dwell-topic": topic, "dwell-deliver-at": str(at), "dwell-tick-time": "1000"})
-            for at in deliver_at]
-        for f in futs:
-            f.result(30)
-    finally:
-        p.close()
 
 
 def _positions(r, topic: str) -> set[tuple[int, int]]:
@@ -89,7 +77,7 @@ def test_flushed_index_is_rebuilt_without_what_was_delivered(tracker, kafka_boot
     topic = f"persistent://{unique}/ns/x"
     now = int(time.time() * 1000)
     # 500 already due (the test drains them), 1,500 due in one to two minutes.
-    _publish(kafka_bootstrap, log, topic,
+    publish_delayed(kafka_bootstrap, log, topic,
              [now - 5000] * 500 + [now + 60_000 + i * 40 for i in range(1500)])
     wait_for(lambda: len(_positions(r, topic)) == 2000, 30, "2,000 positions indexed")
     delivered = _drain_due(r, kafka_bootstrap, log, topic, int(time.time() * 1000))
@@ -105,7 +93,7 @@ def test_flushed_index_is_rebuilt_without_what_was_delivered(tracker, kafka_boot
              "the index rebuilt with exactly the pending positions")
     assert _rebuilds(svc.url) >= 1
     # Nothing delivered came back, and the ingest goes on: new records are indexed.
-    _publish(kafka_bootstrap, log, topic, [now + 200_000])
+    publish_delayed(kafka_bootstrap, log, topic, [now + 200_000])
     wait_for(lambda: len(_positions(r, topic)) == 1501, 30, "a new record indexed")
     assert not (_positions(r, topic) & delivered)
 
@@ -115,10 +103,10 @@ def test_index_rolled_back_is_caught_up(tracker, kafka_bootstrap: str, unique: s
     svc, r, log, _ = tracker
     topic = f"persistent://{unique}/ns/y"
     now = int(time.time() * 1000)
-    _publish(kafka_bootstrap, log, topic, [now + 60_000 + i for i in range(300)])
+    publish_delayed(kafka_bootstrap, log, topic, [now + 60_000 + i for i in range(300)])
     wait_for(lambda: len(_positions(r, topic)) == 300, 30, "300 positions indexed")
     snapshot = {k: r.dump(k) for k in r.keys("*")}
-    _publish(kafka_bootstrap, log, topic, [now + 90_000 + i for i in range(200)])
+    publish_delayed(kafka_bootstrap, log, topic, [now + 90_000 + i for i in range(200)])
     wait_for(lambda: len(_positions(r, topic)) == 500, 30, "500 positions indexed")
     before = _positions(r, topic)
     # In one transaction: the tracker's check never sees Redis empty in between.
@@ -139,7 +127,7 @@ def test_index_lost_while_no_tracker_ran_is_rebuilt(tracker, kafka_bootstrap: st
     svc, r, log, group = tracker
     topic = f"persistent://{unique}/ns/z"
     now = int(time.time() * 1000)
-    _publish(kafka_bootstrap, log, topic,
+    publish_delayed(kafka_bootstrap, log, topic,
              [now - 5000] * 100 + [now + 60_000 + i for i in range(400)])
     wait_for(lambda: len(_positions(r, topic)) == 500, 30, "500 positions indexed")
     delivered = _drain_due(r, kafka_bootstrap, log, topic, int(time.time() * 1000))
@@ -163,7 +151,7 @@ def test_index_lost_after_a_rebalance_is_rebuilt(tracker, services, stack,
     svc, r, log, _ = tracker
     topic = f"persistent://{unique}/ns/w"
     now = int(time.time() * 1000)
-    _publish(kafka_bootstrap, log, topic, [now + 60_000 + i for i in range(300)])
+    publish_delayed(kafka_bootstrap, log, topic, [now + 60_000 + i for i in range(300)])
     wait_for(lambda: len(_positions(r, topic)) == 300, 30, "300 positions indexed")
     before = _rebuilds(svc.url)
     second = services.start("tracker", env=_env(stack, unique))
@@ -188,7 +176,7 @@ def test_a_flush_with_nothing_pending_re_reads_nothing(tracker, kafka_bootstrap:
     svc, r, log, group = tracker
     topic = f"persistent://{unique}/ns/v"
     now = int(time.time() * 1000)
-    _publish(kafka_bootstrap, log, topic, [now - 5000] * 200)
+    publish_delayed(kafka_bootstrap, log, topic, [now - 5000] * 200)
     wait_for(lambda: len(_positions(r, topic)) == 200, 30, "200 positions indexed")
     assert len(_drain_due(r, kafka_bootstrap, log, topic, int(time.time() * 1000))) == 200
     ends = kafka.end_offsets(kafka_bootstrap, log)
@@ -208,5 +196,5 @@ def test_a_flush_with_nothing_pending_re_reads_nothing(tracker, kafka_bootstrap:
     assert _rebuilds(svc.url) == before
     assert _positions(r, topic) == set()
     # The ingest goes on.
-    _publish(kafka_bootstrap, log, topic, [now + 200_000])
+    publish_delayed(kafka_bootstrap, log, topic, [now + 200_000])
     wait_for(lambda: len(_positions(r, topic)) == 1, 30, "a new record indexed")

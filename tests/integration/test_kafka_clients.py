@@ -19,6 +19,7 @@ import kafka as kafka_python
 import orjson
 import pytest
 
+from conftest import make_namespace, ok
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
@@ -26,17 +27,6 @@ from dwell.core.topics import TopicName
 pytestmark = pytest.mark.integration
 
 COUNT = 20
-
-
-def ok(r: httpx.Response) -> httpx.Response:
-    assert r.status_code < 300, (r.status_code, r.text)
-    return r
-
-
-def make_namespace(policy: httpx.Client, tenant: str) -> None:
-    ok(policy.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": [],
-                                                        "allowedClusters": []}))
-    ok(policy.put(f"/admin/v2/namespaces/{tenant}/ns"))
 
 
 Read = list[tuple[bytes | None, bytes]]

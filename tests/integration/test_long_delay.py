@@ -9,8 +9,6 @@ are due."""
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Iterator
 
@@ -18,15 +16,12 @@ import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 import devstack
-from conftest import wait_for
+from conftest import local_spark, wait_for
 from dwell.adapters import kafka
-from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.tracker import recovery
-from dwell_spark.__main__ import session
 from dwell_spark.drain import Drainer
-from dwell_spark.settings import SparkSettings
 
 pytestmark = pytest.mark.integration
 
@@ -55,18 +50,8 @@ def _config(bootstrap: str, topic: str) -> dict[str, str]:
 @pytest.fixture()
 def drainer(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[Drainer, str]]:
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    settings = SparkSettings(
-        redis_url=redis_url, kafka_bootstrap=stack.kafka_bootstrap,
-        spark_jars=",".join(str(p) for p in devstack.spark_kafka_jars()),
-        spark_checkpoint_dir=str(tmp_path_factory.mktemp("ck")))
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    r = redis_adapter.connect(redis_url)
-    r.flushdb()
-    spark = session(settings)
-    yield Drainer(spark, settings, r), redis_url
-    spark.stop()
-    r.flushdb()
+    with local_spark(stack, DB, tmp_path_factory.mktemp("ck")) as (spark, settings, r):
+        yield Drainer(spark, settings, r), settings.redis_url
 
 
 def _ready_count(bootstrap: str, ready: str, prefix: bytes) -> int:

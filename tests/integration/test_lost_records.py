@@ -6,21 +6,18 @@ delivers the others, instead of retrying the topic for ever."""
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
 import devstack
+from conftest import local_spark
 from dwell.adapters import kafka
-from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.index.topic import TopicIndex
 from dwell_spark import metrics
-from dwell_spark.__main__ import session
 from dwell_spark.drain import Drainer
 from dwell_spark.settings import SparkSettings
 
@@ -32,18 +29,8 @@ DB = 4
 @pytest.fixture(scope="module")
 def spark_env(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[tuple[object, SparkSettings, object]]:
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    settings = SparkSettings(
-        redis_url=redis_url, kafka_bootstrap=stack.kafka_bootstrap,
-        spark_jars=",".join(str(p) for p in devstack.spark_kafka_jars()),
-        spark_checkpoint_dir=str(tmp_path_factory.mktemp("ck")))
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    r = redis_adapter.connect(redis_url)
-    r.flushdb()
-    spark = session(settings)
-    yield spark, settings, r
-    spark.stop()
-    r.flushdb()
+    with local_spark(stack, DB, tmp_path_factory.mktemp("ck")) as env:
+        yield env
 
 
 def _lost(topic: str) -> float:

@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from conftest import make_namespace, ok
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.admit import DELAY_LIMIT_MS
@@ -24,17 +25,6 @@ pytestmark = pytest.mark.integration
 NOT_ALLOWED = ("org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException: "
                "Exceeds max allowed delivery delay of {} milliseconds")
 LOWERED_MS = 60_000
-
-
-def ok(r: httpx.Response) -> httpx.Response:
-    assert r.status_code < 300, (r.status_code, r.text)
-    return r
-
-
-def make_namespace(policy: httpx.Client, tenant: str) -> None:
-    ok(policy.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": [],
-                                                        "allowedClusters": []}))
-    ok(policy.put(f"/admin/v2/namespaces/{tenant}/ns"))
 
 
 def publish(admission: httpx.Client, topic: str, *messages: dict[str, Any]) -> list[Any]:

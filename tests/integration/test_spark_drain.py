@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -17,16 +16,14 @@ from pathlib import Path
 import pytest
 
 import devstack
-from conftest import wait_for
+from conftest import local_spark, wait_for
 from dwell import keys
 from dwell.adapters import kafka
-from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id, index_field
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
-from dwell_spark.__main__ import session
 from dwell_spark.drain import Drainer
 from dwell_spark.settings import SparkSettings
 
@@ -38,17 +35,8 @@ DB = 8
 @pytest.fixture(scope="module")
 def spark_env(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tuple[object, SparkSettings, object]]:
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    settings = SparkSettings(
-        redis_url=redis_url, kafka_bootstrap=stack.kafka_bootstrap,
-        spark_jars=",".join(str(p) for p in devstack.spark_kafka_jars()),
-        spark_checkpoint_dir=str(tmp_path_factory.mktemp("ck")))
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    r = redis_adapter.connect(redis_url)
-    r.flushdb()
-    spark = session(settings)
-    yield spark, settings, r
-    spark.stop()
+    with local_spark(stack, DB, tmp_path_factory.mktemp("ck")) as env:
+        yield env
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from conftest import wait_for
+from conftest import publish_delayed, wait_for
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
@@ -38,18 +38,6 @@ def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
     svc = services.start("tracker", env=env)
     yield svc, r, env["DWELL_DELAYED_TOPIC"], env["DWELL_TRACKER_GROUP_ID"]
     svc.stop()
-
-
-def _publish(bootstrap: str, log: str, topic: str, deliver_at: list[int]) -> None:
-    p = kafka.Producer(bootstrap)
-    try:
-        futs = [p.send(log, b"m", key=topic, headers={
-            "dwell-topic": topic, "dwell-deliver-at": str(at), "dwell-tick-time": "1000"})
-            for at in deliver_at]
-        for f in futs:
-            f.result(30)
-    finally:
-        p.close()
 
 
 def _positions(r, topic: str) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
@@ -100,12 +88,12 @@ def test_trim_gives_disk_back_and_a_flush_still_rebuilds(tracker, kafka_bootstra
     topic = f"persistent://{unique}/ns/x"
     now = int(time.time() * 1000)
     # One partition (the records share their key): offsets 0..499 due now and delivered.
-    _publish(kafka_bootstrap, log, topic, [now - 5000] * 500)
+    publish_delayed(kafka_bootstrap, log, topic, [now - 5000] * 500)
     wait_for(lambda: len(_positions(r, topic)) == 500, 30, "500 positions indexed")
     first = _drain_due(r, kafka_bootstrap, log, topic)
     # 500..1999 pending for ten minutes, then 2000..2199 due now and delivered: their mark
     # names positions above the low watermark, which a rebuild needs.
-    _publish(kafka_bootstrap, log, topic,
+    publish_delayed(kafka_bootstrap, log, topic,
              [now + 600_000 + i * 40 for i in range(1500)] + [now - 3000] * 200)
     wait_for(lambda: len(_positions(r, topic)) == 1700, 30, "1,700 positions indexed")
     second = _drain_due(r, kafka_bootstrap, log, topic)

@@ -6,20 +6,22 @@ and Spark ask of it, never that an image starts."""
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
+import conftest
 import devinstall
 import kubestack
 
@@ -34,18 +36,8 @@ SCENARIOS = {"defaults": [], **{p.name.removesuffix("-values.yaml"): ["-f", str(
 SCENARIOS = {name: ["--set", f"auth.existingSecret={TOKEN_SECRET}", *args]
              for name, args in SCENARIOS.items()}
 
-T = TypeVar("T")
-
-
-def wait_for(pred: Callable[[], T], timeout: float, what: str, interval: float = 0.3) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+# Each poll is a call to the API server: a slower beat than the other suites'.
+wait_for = functools.partial(conftest.wait_for, interval=0.3)
 
 
 @dataclass

@@ -14,7 +14,6 @@ import base64
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import pyspark
 import pytest
 
+from conftest import free_port
 from dwell.auth.tokens import create_key_pair, create_secret_key
 
 from .conftest import CHART, SCENARIOS, TOKEN_SECRET, Kube, wait_for
@@ -50,12 +50,6 @@ AMBIENT = {("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt"),
 class Release:
     ns: str
     install_s: float
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_volumes(kube: Kube, ns: str, count: int) -> list[str]:

@@ -11,7 +11,6 @@ import os
 import ssl
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 import devstack
 import secure_stack
+from conftest import now_ms
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, Producer
 from dwell.core.topics import TopicName
 from dwell.security import KafkaSecurity, kafka_python_config
@@ -39,10 +39,6 @@ NACK_MIN_MS = 1000
 # (Python workers, state store): 16 s on a 2-core machine at load 40. This suite checks
 # the secured path; tests/e2e holds redelivery timing to its bounds.
 REDELIVERY_WAIT_MS = 60_000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def secrets_of(s: devstack.Stack) -> dict[str, str]:
