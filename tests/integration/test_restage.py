@@ -97,8 +97,9 @@ def _count(r, topic: str) -> int:
 @pytest.mark.parametrize("piece", [PIECE_RECORDS, 7], ids=["one-piece", "pieces-of-7"])
 def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
         redis_url, kafka_bootstrap, delayed_topic, unique, ingest, piece) -> None:
-    """``pieces-of-7``: the round reads and writes 7 records at a time (a bucket's 40 go
-    in several pieces, a piece spans two buckets); the log is the same."""
+    """``pieces-of-7``: the round reads and writes about 7 records at a time, cut by
+    offset (a bucket's 40 go in several pieces, a piece spans buckets): each piece's
+    copies go bucket after bucket, so a bucket is one run per piece it spans."""
     r = connect(redis_url)
     topic = f"persistent://t/ns/restage-{unique}"
     now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
@@ -137,18 +138,20 @@ def test_a_chunk_of_scattered_buckets_is_refiled_as_one_dense_run_per_bucket(
         assert len(fields) == 1, "a topic's records share one partition"
         [field] = fields
         if b in moved:
-            # One dense run each, in the re-file log.
+            # One dense run each in the re-file log, or one per piece.
             assert field >= REFILED_FIELD_BASE
-            assert offsets == list(range(offsets[0], offsets[0] + 40)), b
+            runs = 1 + sum(b - a > 1 for a, b in zip(offsets, offsets[1:], strict=False))
+            assert len(offsets) == 40 and runs <= -(-120 // piece), b
         else:
             assert {(p, o) for p, offs in fields.items() for o in offs} == {
                 (p, o) for (p, o), d in original.items() if d - d % TICK == b}
 
     copies = read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})
     assert len(copies) == 120
-    # Bucket after bucket, each in the order the originals were written.
-    assert [int(c.header("dwell-deliver-at")) for c in copies] == sorted(
-        int(c.header("dwell-deliver-at")) for c in copies)
+    # Bucket after bucket (within each piece), each in the order the originals were written.
+    if piece == PIECE_RECORDS:
+        assert [int(c.header("dwell-deliver-at")) for c in copies] == sorted(
+            int(c.header("dwell-deliver-at")) for c in copies)
     for c in copies:
         p, _, o = (c.header("dwell-origin") or "").partition(":")
         src = (int(p), int(o))
@@ -425,14 +428,14 @@ def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
         redis_url, kafka_bootstrap, delayed_topic, unique, ingest, slow_kafka) -> None:
     """Another round holds one of the round's buckets now (its lease id replaced ours, as
     claim-5.lua leaves it after a lease ran out): the round's next renewal finds out, and
-    the round re-files none of that bucket's records, and neither marks nor completes it;
-    the other buckets are re-filed as usual."""
+    the round re-files no more of that bucket's records (pieces cut by offset hold part of
+    every bucket: those copied before are Kafka-level repeats the SDK drops), and neither
+    marks nor completes it; the other buckets are re-filed as usual."""
     r = connect(redis_url)
     topic = f"persistent://t/ns/lost-{unique}"
     now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
     k, n, rows, idx = _three_buckets(r, kafka_bootstrap, delayed_topic, topic, now)
-    # Buckets are re-filed in order, 200 records a piece: the last one's turn comes after
-    # ten pieces, well after the next renewal.
+    # 200 records a piece, fifteen pieces: most come after the next renewal.
     taken = k * CHUNK + 3000
     lost = _metric("dwell_tracker_restage_leases_lost_total")
 
@@ -449,10 +452,13 @@ def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
     finally:
         t.join(10)
         rs.close()
-    assert rnd.records == 2 * n // 3
-    origins = {c.header("dwell-origin")
-               for c in read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})}
-    assert origins == {f"{p}:{o}" for p, o, at in rows if at - at % TICK != taken}
+    origins = [c.header("dwell-origin")
+               for c in read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})]
+    others = {f"{p}:{o}" for p, o, at in rows if at - at % TICK != taken}
+    assert rnd.records == len(origins) == len(set(origins))
+    assert others <= set(origins)
+    print(f"copies of the lost bucket: {len(set(origins) - others)} of {n // 3}")
+    assert len(set(origins) - others) < n // 3
     assert _metric("dwell_tracker_restage_leases_lost_total") - lost == 1
     assert r.hget(idx.keys.leases, taken) == b"another-round"
     assert [int(b) for b in r.zrange(idx.keys.claims, 0, -1)] == [taken]

@@ -71,23 +71,40 @@ FIELD_SHIFT: Final = 40
 
 def pieces(parts: list[tuple[int, int, BitMap64]],
            size: int) -> Iterator[list[tuple[int, int, np.ndarray]]]:
-    """(bucket, index field, offsets) in bucket order, cut into pieces of at most ``size``
-    offsets; a bucket larger than that is cut too (a bucket's records stay one run in the
-    re-file log all the same: the pieces go out one after another)."""
-    piece: list[tuple[int, int, np.ndarray]] = []
-    n = 0
+    """A round's positions, (bucket, index field, offsets), cut into pieces of about
+    ``size`` offsets by offset: piece i holds the i-th slice of every field's offsets in
+    offset order (at most ``size`` plus one per field). The pieces' reads are disjoint,
+    so a round reads each log once however its buckets interleave in it, where pieces cut
+    in bucket order would each read the whole window. Within a piece: (bucket, field)
+    order, offsets ascending; a bucket is one run of the re-file log per piece it spans."""
+    fields: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    total = 0
     for bucket, f, bm in parts:
         offs = np.asarray(bm.to_array(), dtype=np.int64)
-        while len(offs):
-            take = offs[:size - n]
-            offs = offs[len(take):]
-            piece.append((bucket, f, take))
-            n += len(take)
-            if n >= size:
-                yield piece
-                piece, n = [], 0
-    if piece:
-        yield piece
+        bs, os_ = fields.setdefault(f, ([], []))
+        bs.append(np.full(len(offs), bucket, dtype=np.int64))
+        os_.append(offs)
+        total += len(offs)
+    if not total:
+        return
+    n = -(-total // size)
+    cut: list[list[tuple[int, int, np.ndarray]]] = [[] for _ in range(n)]
+    for f, (bs, os_) in fields.items():
+        offsets, buckets = np.concatenate(os_), np.concatenate(bs)
+        order = np.argsort(offsets, kind="stable")
+        offsets, buckets = offsets[order], buckets[order]
+        for i, (b_slice, o_slice) in enumerate(zip(np.array_split(buckets, n),
+                                                   np.array_split(offsets, n), strict=True)):
+            by_bucket = np.argsort(b_slice, kind="stable")
+            b_slice, o_slice = b_slice[by_bucket], o_slice[by_bucket]
+            starts = np.flatnonzero(np.diff(b_slice)) + 1
+            for b_run, o_run in zip(np.split(b_slice, starts), np.split(o_slice, starts),
+                                    strict=True):
+                if len(o_run):
+                    cut[i].append((int(b_run[0]), f, o_run))
+    for piece in cut:
+        if piece:
+            yield sorted(piece, key=lambda x: x[:2])
 
 
 def _without(piece: list[tuple[int, int, np.ndarray]],
@@ -234,13 +251,13 @@ class Restager:
 
     def _refile(self, claims: list[tuple[TopicIndex, ClaimedBucket]],
                 keeper: LeaseKeeper) -> int:
-        """Append the claimed records to the re-file log in bucket order, a piece of at
-        most ``piece_records`` records at a time (read, ordered, handed to the producer,
-        dropped: a round of any size holds one piece); returns once every copy is
-        acknowledged (acks=all), else raises. A claimed position may already be in the
-        re-file log (a chunk claimed again). Before each piece ``keeper`` says which
-        claims were lost (their positions are left out) or ends the round
-        (RoundExpired)."""
+        """Append the claimed records to the re-file log, a piece of about
+        ``piece_records`` records at a time (`pieces`: read once, ordered by bucket,
+        handed to the producer, dropped: a round of any size holds one piece); returns
+        once every copy is acknowledged (acks=all), else raises. A claimed position may
+        already be in the re-file log (a chunk claimed again). Before each piece
+        ``keeper`` says which claims were lost (their positions are left out) or ends the
+        round (RoundExpired)."""
         if self._consumer is None or self._producer is None:
             self._consumer = kafka.Consumer(self.bootstrap,
                                             f"dwell-restage-{uuid.uuid4().hex}",
