@@ -14,6 +14,23 @@ from dwell.core.admit import DELAY_LIMIT_MS
 from dwell.core.policy import BrokerDefaults, BrokerLimits
 from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
 
+# dwell's own consumer groups start with this: no tenant's name may (tenant names are
+# checked at creation), so no tenant's Kafka ACL prefix `<tenant>.` covers a group of
+# dwell's or the tracker's `<group>.lowmark`.
+GROUP_PREFIX: Final = "dwell-"
+
+
+def dwell_group(setting: str, group: str) -> str:
+    """``group`` if it is a dwell consumer group id (it starts GROUP_PREFIX); else the
+    process stops at start with a message naming ``setting``."""
+    if not group.startswith(GROUP_PREFIX) or len(group) == len(GROUP_PREFIX):
+        raise ValueError(f"{setting} must start with {GROUP_PREFIX!r} (got {group!r}): a "
+                         "tenant's Kafka ACLs cover the groups and topics that start "
+                         "with its name and a dot, and no tenant name starts with "
+                         f"{GROUP_PREFIX!r}")
+    return group
+
+
 # DWELL_ALLOW_INSECURE's names: what DWELL_ENV=production refuses unless allowed by name.
 INSECURE_NAMES: Final = ("auth", "kafka-plaintext", "redis-plaintext", "http-plaintext")
 

@@ -268,7 +268,7 @@ def test_a_registration_whose_numbers_could_overflow_is_a_400(
     kafka.ensure_topic(stack.kafka_bootstrap, delayed, 1)
     svc = services.start("tracker", env={"DWELL_REDIS_URL": redis_url,
                                          "DWELL_DELAYED_TOPIC": delayed,
-                                         "DWELL_TRACKER_GROUP_ID": f"tracker-{unique}"})
+                                         "DWELL_TRACKER_GROUP_ID": f"dwell-tracker-{unique}"})
     try:
         for body, reason in OVERFLOWING_REGISTRATIONS:
             resp = httpx.put(f"{svc.url}/v1/topics/persistent/{unique}/ns/x/subscriptions/s",

@@ -72,7 +72,7 @@ def test_oversized_headers_are_refused_by_every_service(policy_svc: Service, ser
         "DWELL_INGRESS_ENABLED": "false", "DWELL_REDIS_URL": policy_svc.env["DWELL_REDIS_URL"]},
         ready=False)
     tracker = services.start("tracker", env={
-        "DWELL_TRACKER_GROUP_ID": f"tracker-{uuid.uuid4().hex[:8]}"}, ready=False)
+        "DWELL_TRACKER_GROUP_ID": f"dwell-tracker-{uuid.uuid4().hex[:8]}"}, ready=False)
     try:
         big = {"x-filler": "a" * 40_000}
         for method, url in (

@@ -27,7 +27,7 @@ DB = 12
 def _env(stack, unique: str) -> dict[str, str]:
     return {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
             "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
-            "DWELL_TRACKER_GROUP_ID": f"trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
+            "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
             "DWELL_LOWMARK_INTERVAL_MS": "300", "DWELL_REDIS_CHECK_INTERVAL_MS": "200"}
 
 

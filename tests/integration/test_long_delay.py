@@ -65,7 +65,7 @@ def test_messages_due_after_the_retention_are_all_delivered(services, stack, dra
     kafka.ensure_topic(bootstrap, names.DELAYED, 4)
     _configure(bootstrap, names.DELAYED, {"retention.ms": str(RETENTION_MS),
                                           "segment.ms": str(SEGMENT_MS)})
-    group = f"trk-{unique}"
+    group = f"dwell-trk-{unique}"
     recovery.start_group_at_end(bootstrap, group, [names.DELAYED, names.REFILED])
     tracker = services.start("tracker", env={
         "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,

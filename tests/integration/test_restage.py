@@ -290,7 +290,7 @@ def test_kill_9_of_the_tracker_mid_restage_loses_nothing(
     topic = f"persistent://t/ns/crash-{unique}"
     lead, chunk, lease = 20_000, 10_000, 3_000
     env = {"DWELL_REDIS_URL": redis_url, "DWELL_DELAYED_TOPIC": delayed_topic,
-           "DWELL_TRACKER_GROUP_ID": f"trk-{unique}", "DWELL_RESTAGE_LEAD_MS": str(lead),
+           "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}", "DWELL_RESTAGE_LEAD_MS": str(lead),
            "DWELL_RESTAGE_CHUNK_MS": str(chunk), "DWELL_RESTAGE_LEASE_MS": str(lease),
            "DWELL_RESTAGE_INTERVAL_MS": "20"}
     # A chunk whose turn comes 6-16 s from now: time to publish and index it first.

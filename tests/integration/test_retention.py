@@ -56,7 +56,7 @@ def test_the_tracker_resets_the_retention_of_its_logs(services, stack, unique: s
         kafka.ensure_topic(stack.kafka_bootstrap, t, 4, config={
             "retention.ms": "30000", "cleanup.policy": "compact,delete"})
     svc = services.start("tracker", env={
-        "DWELL_DELAYED_TOPIC": delayed, "DWELL_TRACKER_GROUP_ID": f"trk-{unique}",
+        "DWELL_DELAYED_TOPIC": delayed, "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}",
         "DWELL_RESTAGE_ENABLED": "false"})
     try:
         for t in (delayed, refiled, "dwell.delivered"):

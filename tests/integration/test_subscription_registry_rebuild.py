@@ -32,7 +32,7 @@ def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
     r.flushdb()
     svc = services.start("tracker", env={
         "DWELL_REDIS_URL": url, "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
-        "DWELL_TRACKER_GROUP_ID": f"trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
+        "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
         "DWELL_REDIS_CHECK_INTERVAL_MS": "200"})
     yield svc, r
     svc.stop()

@@ -38,7 +38,7 @@ TICK = 1000
 
 def _tracker_env(delayed_topic: str, **extra: str) -> dict[str, str]:
     return {"DWELL_DELAYED_TOPIC": delayed_topic,
-            "DWELL_TRACKER_GROUP_ID": "tracker-" + uuid.uuid4().hex[:8], **extra}
+            "DWELL_TRACKER_GROUP_ID": "dwell-tracker-" + uuid.uuid4().hex[:8], **extra}
 
 
 def _produce(bootstrap: str, delayed_topic: str, topic: str, deliver_ats: list[int],

@@ -30,7 +30,7 @@ DB = 5
 def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
     env = {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
            "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
-           "DWELL_TRACKER_GROUP_ID": f"trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
+           "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
            "DWELL_LOWMARK_INTERVAL_MS": "300", "DWELL_REDIS_CHECK_INTERVAL_MS": "200",
            "DWELL_TRIM_INTERVAL_MS": "500"}
     r = redis_adapter.connect(env["DWELL_REDIS_URL"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from dwell.settings import CommonSettings
+from dwell.settings import CommonSettings, dwell_group
 
 
 class AdmissionSettings(CommonSettings):
@@ -55,6 +55,11 @@ class AdmissionSettings(CommonSettings):
     # transaction_timeout_ms. Empty: "dwell-admission-<hostname>-<http_port>".
     ingress_transactional_id: str = ""
     ingress_transaction_timeout_ms: int = Field(10000, ge=1000)
+
+    @field_validator("ingress_group")
+    @classmethod
+    def _dwell_group(cls, group: str) -> str:
+        return dwell_group("DWELL_INGRESS_GROUP", group)
 
     def transactional_id(self) -> str:
         return self.ingress_transactional_id or (

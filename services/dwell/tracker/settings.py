@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dwell.core import topics
-from dwell.settings import CommonSettings
+from dwell.settings import CommonSettings, dwell_group
 
 
 class TrackerSettings(CommonSettings):
@@ -63,6 +63,11 @@ class TrackerSettings(CommonSettings):
     # call it makes has a shorter deadline of its own; a rebuild's long read of
     # dwell.delivered goes round as records come.
     stall_timeout_ms: int = Field(120_000, ge=1000)
+
+    @field_validator("tracker_group_id")
+    @classmethod
+    def _dwell_group(cls, group: str) -> str:
+        return dwell_group("DWELL_TRACKER_GROUP_ID", group)
 
     @model_validator(mode="after")
     def _restage_chunk_within_lead(self) -> TrackerSettings:

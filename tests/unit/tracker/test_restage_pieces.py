@@ -27,7 +27,7 @@ def test_pieces_cut_by_offset_keep_every_position_once(positions, size) -> None:
     parts = _parts(positions)
     cut = list(pieces(parts, size))
     fields = {f for f, _ in positions}
-    assert len(cut) == -(-len(positions) // size)
+    assert len(cut) <= -(-len(positions) // size)
     assert all(0 < sum(len(o) for _, _, o in p) <= size + len(fields) for p in cut)
     got = [(f, int(o), b) for p in cut for b, f, offs in p for o in offs]
     assert sorted(got) == sorted((f, o, b) for (f, o), b in positions.items())

@@ -1,10 +1,11 @@
-"""The restage's settings rules and its chunk arithmetic (no servers)."""
+"""The tracker's settings rules (restage, group ids) and its chunk arithmetic (no servers)."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
+from dwell.admission.settings import AdmissionSettings
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 
@@ -38,3 +39,16 @@ def test_the_due_chunk_is_the_one_whose_first_bucket_is_within_the_lead() -> Non
     assert r.chunk_due(20_000) == 3
     with pytest.raises(ValueError, match="chunk_ms <= lead_ms"):
         Restager(None, "127.0.0.1:1", lead_ms=1000, chunk_ms=2000)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("group", ["trk-a", "tracker", "dwell-", "acme"])
+def test_a_group_id_a_tenant_could_name_stops_the_process(group: str) -> None:
+    with pytest.raises(ValidationError, match="DWELL_TRACKER_GROUP_ID must start with 'dwell-'"):
+        TrackerSettings(tracker_group_id=group)
+    with pytest.raises(ValidationError, match="DWELL_INGRESS_GROUP must start with 'dwell-'"):
+        AdmissionSettings(ingress_group=group)
+
+
+def test_dwell_group_ids_are_taken() -> None:
+    assert TrackerSettings(tracker_group_id="dwell-tracker-2").tracker_group_id == "dwell-tracker-2"
+    assert AdmissionSettings(ingress_group="dwell-admission-b").ingress_group == "dwell-admission-b"
