@@ -121,6 +121,12 @@ def subscriptions(topic: str) -> str:
     return f"dwell:subs:{{{topic}}}"
 
 
+def sub_reservations(topic: str) -> str:
+    """ZSET subscription -> expiry (ms): places held for registrations under way, so that
+    maxSubscriptionsPerTopic is counted and taken in one step (tracker/lua/reserve-2.lua)."""
+    return f"dwell:subs:{{{topic}}}:reserved"
+
+
 def sub_counts(topic: str, subscription: str) -> str:
     """HASH messageId -> redelivery count of its pending index entry, for one
     subscription; -(count + 1) marks a dead letter (the drain sends it to the DLQ)."""

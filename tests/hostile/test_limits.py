@@ -6,17 +6,24 @@ per tenant, namespace, topic and subscription."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
-from conftest import ServiceFactory, wait_for
+from conftest import ServiceFactory, free_port, redis_db_url, wait_for
+from dwell import keys
 from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
 from dwell.client import Consumer, SubscribeError
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName
+from dwell.http import ApiError
+from dwell.tracker.registry import SubscriptionRegistry
 
 MAX_PARTITIONS = 8
 MAX_SUBSCRIPTIONS = 3
@@ -125,6 +132,48 @@ def test_max_subscriptions_per_topic(policy: httpx.Client, tracker: Any,
              30, "the tracker to apply the namespace's maxSubscriptionsPerTopic")
     refused(httpx.put(f"{subs}/two-more", json={}, timeout=10), 412,
             f"Exceed the maximum number of subscriptions of the topic: {topic}")
+
+
+def test_concurrent_registrations_never_pass_max_subscriptions(
+        policy: httpx.Client, tracker: Any, services: ServiceFactory, unique: str) -> None:
+    """Registrations at once, on two tracker replicas: the count and the place are taken
+    in one step, so no more than maxSubscriptionsPerTopic pass, whatever the timing."""
+    ns = make_namespace(policy, unique)
+    other = services.start("tracker", LIMITS)
+    urls = [f"{t.url}/v1/topics/persistent/{ns}/race/subscriptions" for t in (tracker, other)]
+    n = 16
+    start = threading.Barrier(n)
+
+    def register(i: int) -> int:
+        start.wait(30)
+        return httpx.put(f"{urls[i % 2]}/s{i}", json={}, timeout=30).status_code
+
+    with ThreadPoolExecutor(n) as pool:
+        codes = sorted(pool.map(register, range(n)))
+    print(f"answers of {n} registrations at once: {codes}")
+    assert codes == [200] * MAX_SUBSCRIPTIONS + [412] * (n - MAX_SUBSCRIPTIONS)
+    held = [i for i in range(n)
+            if httpx.get(f"{urls[0]}/s{i}", timeout=10).status_code == 200]
+    assert len(held) == MAX_SUBSCRIPTIONS, held
+
+
+def test_a_registration_kafka_refused_gives_its_place_back(stack: Any) -> None:
+    """The place is taken before the Kafka write: a write Kafka does not take (here no
+    broker at all) answers 503 and leaves no place held, so the topic is not full."""
+    r = redis_adapter.connect(redis_db_url(stack, 10))
+    r.flushdb()
+    r.set(keys.SUBSCRIPTIONS_APPLIED, 0)  # the registry is whole: no rebuild first
+    registry = SubscriptionRegistry(r, f"127.0.0.1:{free_port()}", timeout_s=1)
+    topic = "persistent://t/ns/no-kafka"
+    try:
+        with pytest.raises(ApiError) as refused_write:
+            registry.put(topic, "s", SubscriptionSettings(), max_subscriptions=1)
+        assert refused_write.value.status == 503
+        assert r.zcard(keys.sub_reservations(topic)) == 0
+        assert r.hlen(keys.subscriptions(topic)) == 0
+    finally:
+        registry.close()
+        r.flushdb()
 
 
 def test_a_kafka_name_collision_is_a_409_naming_the_colliding_topic(

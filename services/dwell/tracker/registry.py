@@ -18,11 +18,14 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
+from typing import Final
 
 import redis as redislib
 
 from dwell import keys
 from dwell.adapters import kafka
+from dwell.adapters import redis as redis_adapter
 from dwell.core import topics
 from dwell.core.policy import SUBSCRIPTIONS_OVER_MAX
 from dwell.core.subscriptions import SubscriptionSettings
@@ -31,6 +34,8 @@ from dwell.index import subscriptions
 from dwell.tracker.metrics import REGISTRY_REBUILD_SECONDS, REGISTRY_REBUILDS
 
 log = logging.getLogger("dwell.tracker.registry")
+
+LUA_DIR: Final = Path(__file__).parent / "lua"
 
 
 def record_key(topic: str, sub: str) -> bytes:
@@ -56,6 +61,7 @@ class SubscriptionRegistry:
         self._bootstrap = bootstrap
         self._timeout_s = timeout_s
         self._compression = compression_type
+        self._scripts = redis_adapter.Scripts(r, LUA_DIR)
         self._producer: kafka.Producer | None = None
         self._lock = threading.Lock()
         # The log offset after the last record this process wrote to Redis: a marker below
@@ -92,13 +98,24 @@ class SubscriptionRegistry:
         (0: no limit) is refused with Pulsar's 412, since each costs Kafka a RETRY and a DLQ
         topic."""
         self.ensure()
-        if max_subscriptions > 0 and subscriptions.get(self._r, topic, sub) is None and (
-                len(subscriptions.names(self._r, topic)) >= max_subscriptions):
+        reserved = keys.sub_reservations(topic)
+        # The count and the place are taken in one step (reserve-2.lua): two registrations
+        # at max - 1 cannot both pass. A place outlives a registration that died mid-way
+        # by at most the Kafka write's timeout.
+        if max_subscriptions > 0 and not self._scripts.run(
+                "reserve", [keys.subscriptions(topic), reserved],
+                [sub, max_subscriptions, int(time.time() * 1000),
+                 int(self._timeout_s * 1000) + 1000]):
             raise ApiError(412, SUBSCRIPTIONS_OVER_MAX.format(topic=topic))
         value = json.dumps(settings.to_json(), sort_keys=True).encode()
-        after = self._send(record_key(topic, sub), value)
+        try:
+            after = self._send(record_key(topic, sub), value)
+        except BaseException:
+            self._r.zrem(reserved, sub)
+            raise
         pipe = self._r.pipeline(transaction=True)
         subscriptions.put(pipe, topic, sub, settings)
+        pipe.zrem(reserved, sub)
         self._applied(pipe, after)
         pipe.execute()
 
