@@ -205,7 +205,8 @@ def schema() -> dict[str, Any]:
                 "testToken": obj({"existingSecret": STR, "key": NONEMPTY}),
             }),
             "metrics": obj({
-                "serviceMonitor": obj({"enabled": BOOL, "interval": STR, "labels": MAP}),
+                "serviceMonitor": obj({"enabled": BOOL, "interval": STR, "labels": MAP,
+                                       "tokenSecret": obj({"name": STR, "key": NONEMPTY})}),
                 "prometheusRule": obj({"enabled": BOOL, "labels": MAP}),
                 "dashboards": obj({"enabled": BOOL, "labels": MAP}),
             }),

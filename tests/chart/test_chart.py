@@ -632,6 +632,23 @@ def test_service_monitor_selects_each_process_once(helm: str) -> None:
         assert port == PORTS[component]
 
 
+def test_service_monitor_sends_a_token_when_metrics_need_one(helm: str) -> None:
+    """With authenticateMetricsEndpoint on, Prometheus must send a token: the chart
+    refuses to render a ServiceMonitor without one, and sends the named Secret's."""
+    on = ["--set", "config.authenticate_metrics_endpoint=true"]
+    refused = run_helm(helm, "template", "rel", str(CHART), *TOKEN_KEYS, *EVERYTHING, *on)
+    assert refused.returncode != 0
+    assert "metrics.serviceMonitor.tokenSecret.name is required" in refused.stderr
+    docs = render(helm, *EVERYTHING, *on, "--set",
+                  "metrics.serviceMonitor.tokenSecret.name=dwell-metrics-token")
+    (sm,) = by_kind(docs, "ServiceMonitor").values()
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["authorization"] == {
+        "type": "Bearer", "credentials": {"name": "dwell-metrics-token", "key": "token"}}
+    (plain,) = by_kind(render(helm, *EVERYTHING), "ServiceMonitor").values()
+    assert "authorization" not in plain["spec"]["endpoints"][0]
+
+
 def test_prometheus_rule_is_the_checked_rules_file(helm: str, tmp_path: Path) -> None:
     docs = render(helm, *EVERYTHING)
     (rule,) = by_kind(docs, "PrometheusRule").values()
