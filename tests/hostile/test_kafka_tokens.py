@@ -99,6 +99,19 @@ def test_the_route_gives_a_kafka_token_for_the_callers_role(policy: str,
     assert "post" in spec["paths"]["/admin/v2/kafka-tokens"]
 
 
+def test_a_kafka_token_never_outlives_the_token_it_was_exchanged_for(
+        policy: str, secret: bytes) -> None:
+    # Found: a token about to expire (or one the operator let expire to revoke it) could be
+    # exchanged for a Kafka token of the full TTL, and the exchange repeated for good.
+    soon = int(time.time()) + 2
+    token, expires_ms = kafka_token(policy, create_token(secret, "HS256", "app",
+                                                         expires_at=soon))
+    claims = jwt.decode(token, secret, algorithms=["HS256"], audience=KAFKA_AUDIENCE,
+                        options={"verify_exp": False, "verify_iat": False})
+    assert claims["exp"] <= soon and expires_ms == claims["exp"] * 1000
+    assert claims["exp"] - claims["iat"] < TTL_MS // 1000
+
+
 def test_publish_and_acks_have_broker_timestamps_even_when_made_without(
         kafka_bootstrap: str) -> None:
     client = kafka.admin(kafka_bootstrap)

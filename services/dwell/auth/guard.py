@@ -70,13 +70,18 @@ class Guard:
 
     def role(self, authorization: str | None) -> str:
         """The role an `Authorization` header authenticates; ApiError 401 otherwise."""
+        return self.identity(authorization)[0]
+
+    def identity(self, authorization: str | None) -> tuple[str, float | None]:
+        """(the role an `Authorization` header authenticates, its token's expiry in s or
+        None); ApiError 401 otherwise."""
         assert self.verifier is not None
         if not authorization:
             raise unauthenticated("no Authorization header (Authorization: Bearer <token>)")
         if authorization[:len(_BEARER)].lower() != _BEARER:
             raise unauthenticated("the Authorization header is not a Bearer token")
         try:
-            return self.verifier.role(authorization[len(_BEARER):].strip())
+            return self.verifier.identity(authorization[len(_BEARER):].strip())
         except InvalidToken as exc:
             raise unauthenticated(str(exc)) from None
 

@@ -87,16 +87,20 @@ class TokenVerifier:
 
     def role(self, token: str) -> str:
         """The role the token authenticates; InvalidToken when it is not valid now."""
+        return self.identity(token)[0]
+
+    def identity(self, token: str) -> tuple[str, float | None]:
+        """(the role the token authenticates, its expiry in s or None); InvalidToken when
+        it is not valid now."""
         hit = self._cache.get(token)
         if hit is not None:
-            role, expiry = hit
-            if expiry is None or self._clock() < expiry:
-                return role
+            if hit[1] is None or self._clock() < hit[1]:
+                return hit
             self._forget(token)
             raise InvalidToken("token expired")
         role, expiry = self._verify(token)
         self._remember(token, role, expiry)
-        return role
+        return role, expiry
 
     def _verify(self, token: str) -> tuple[str, float | None]:
         try:
@@ -209,11 +213,17 @@ class KafkaTokenVerifier:
         return len(self._cache)
 
 
-def create_kafka_token(key: bytes, subject: str, ttl_ms: int,
-                       now: float | None = None) -> tuple[str, int]:
-    """(a Kafka token for ``subject`` valid ``ttl_ms`` from ``now``, its expiry in ms)."""
+def create_kafka_token(key: bytes, subject: str, ttl_ms: int, now: float | None = None,
+                       not_after: float | None = None) -> tuple[str, int]:
+    """(a Kafka token for ``subject`` valid ``ttl_ms`` from ``now``, its expiry in ms).
+
+    ``not_after`` is the expiry (s) of the token it is exchanged for: a Kafka token never
+    outlives the credential that asked for it, or renewing one would keep a revoked
+    (expired) token's rights alive for good."""
     issued = int(time.time() if now is None else now)
     expires = issued + max(1, ttl_ms // 1000)
+    if not_after is not None:
+        expires = max(issued, min(expires, int(not_after)))
     claims = {"sub": subject, "aud": KAFKA_AUDIENCE, "iat": issued, "exp": expires}
     return jwt.encode(claims, key, algorithm="HS256"), expires * 1000
 

@@ -22,12 +22,14 @@ def add_routes(app: FastAPI, guard: Guard, settings: CommonSettings) -> None:
               responses=errors(404))
     async def create_kafka_token_route(request: Request) -> dict[str, Any]:
         """A token for the caller's role with audience `dwell-kafka`, valid for
-        DWELL_KAFKA_TOKEN_TTL_MS. It is refused over HTTP; on Kafka it is accepted on
-        records the broker wrote before it expired."""
+        DWELL_KAFKA_TOKEN_TTL_MS, or until the caller's own token expires if that is
+        sooner. It is refused over HTTP; on Kafka it is accepted on records the broker
+        wrote before it expired."""
         if guard.kafka_key is None:
             raise ApiError(404, "authentication is disabled: requests on Kafka need no "
                                 "token")
-        role = guard.role(request.headers.get("authorization"))
+        role, not_after = guard.identity(request.headers.get("authorization"))
         token, expires_at_ms = create_kafka_token(guard.kafka_key, role,
-                                                  settings.kafka_token_ttl_ms)
+                                                  settings.kafka_token_ttl_ms,
+                                                  not_after=not_after)
         return {"token": token, "expiresAtMs": expires_at_ms}

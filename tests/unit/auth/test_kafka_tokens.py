@@ -40,6 +40,17 @@ def test_a_kafka_token_names_the_role_audience_and_life() -> None:
     assert expires_ms == (NOW + 600) * 1000
 
 
+def test_a_kafka_token_ends_when_the_token_it_was_exchanged_for_ends() -> None:
+    key = create_secret_key()
+    _, expires_ms = create_kafka_token(key, "app", 600_000, now=NOW, not_after=NOW + 30.9)
+    assert expires_ms == (NOW + 30) * 1000
+    _, expires_ms = create_kafka_token(key, "app", 600_000, now=NOW, not_after=NOW + 9999)
+    assert expires_ms == (NOW + 600) * 1000
+    # Never before it was issued, whatever the caller's token says.
+    _, expires_ms = create_kafka_token(key, "app", 600_000, now=NOW, not_after=NOW - 5)
+    assert expires_ms == NOW * 1000
+
+
 def test_valid_at_the_record_time_not_at_the_reading_time() -> None:
     key = create_secret_key()
     token, expires_ms = create_kafka_token(key, "app", 60_000, now=NOW)
