@@ -4,6 +4,7 @@ and never a stack trace, and the uvicorn runner."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from dwell import memory
 from dwell.security import uvicorn_ssl
@@ -128,29 +130,16 @@ def declared_size(scope: Scope) -> int | None:
     return None
 
 
-def headers_too_large(scope: Scope, max_bytes: int) -> str | None:
-    """The reason of the 431 for a request whose target and headers pass `max_bytes`
-    (max_header_bytes), None when they fit."""
-    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-    size += sum(len(name) + len(value) for name, value in scope["headers"])
-    if size <= max_bytes:
-        return None
-    return (f"request headers: {size} bytes with the target; the limit is {max_bytes} "
-            "bytes (max_header_bytes)")
-
-
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` is answered 413 naming the limit,
     at once when its Content-Length says so, else when the bytes read pass it (the app
-    reading the body then gets the 413 as an HTTPException, whatever reads it); headers
-    over `max_header_bytes` are answered 431 before the app sees the request."""
+    reading the body then gets the 413 as an HTTPException, whatever reads it). Headers
+    are bounded before the app sees them, by the HTTP protocol (`bounded_headers`)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, setting: str,
-                 max_header_bytes: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, setting: str) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.setting = setting
-        self.max_header_bytes = max_header_bytes
 
     def reason(self, size: int | None) -> str:
         return too_large(self.max_bytes, self.setting, size)
@@ -159,11 +148,6 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.max_header_bytes is not None:
-            too_many = headers_too_large(scope, self.max_header_bytes)
-            if too_many is not None:
-                await error(431, too_many, {"connection": "close"})(scope, receive, send)
-                return
         size = declared_size(scope)
         if size is not None and size > self.max_bytes:
             await error(413, self.reason(size), {"connection": "close"})(scope, receive, send)
@@ -325,8 +309,74 @@ def create_app(title: str, description: str, ready: ReadyCheck,
     return app
 
 
+# How long a connection refused for its headers is kept open, discarding what the client
+# still sends, so that the client reads the 431 rather than a reset.
+_REFUSED_LINGER_S: Final = 1.0
+
+
+class _Refused(Exception):
+    """Stops httptools' parse of a request refused for its headers."""
+
+
+def bounded_headers(max_bytes: int) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol, answering 431 and closing the connection when a
+    request's target and headers pass `max_bytes` (max_header_bytes).
+
+    httptools keeps every byte of a request's target and headers until they end, with no
+    bound of its own, so a second bound is kept on the bytes the connection receives
+    before they end: a request is refused once they pass twice the limit, and at most
+    that and one read are held."""
+
+    class BoundedHeaders(HttpToolsProtocol):
+        # Bytes received since the last request's headers were complete; None while a
+        # request's body is read.
+        _header_bytes: int | None = 0
+        _refused = False
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            if self._header_bytes is not None:
+                self._header_bytes += len(data)
+            super().data_received(data)
+            if (not self._refused and self._header_bytes is not None
+                    and self._header_bytes > 2 * max_bytes):
+                self._refuse(f"more than {2 * max_bytes} bytes received before their end")
+
+        def on_headers_complete(self) -> None:
+            size = len(self.url) + sum(len(name) + len(value) for name, value in self.headers)
+            if size > max_bytes:
+                self._refuse(f"{size} bytes")
+                raise _Refused
+            self._header_bytes = None
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._header_bytes = 0
+
+        def send_400_response(self, msg: str) -> None:
+            if not self._refused:  # a refusal stops the parse with an error: answered
+                super().send_400_response(msg)
+
+        def _refuse(self, size: str) -> None:
+            self._refused = True
+            body = json.dumps({"reason": f"request target and headers: {size}; the limit "
+                                         f"is {max_bytes} bytes (max_header_bytes)"}).encode()
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"content-type: application/json\r\ncontent-length: "
+                + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            asyncio.get_running_loop().call_later(_REFUSED_LINGER_S, self.transport.close)
+
+    return BoundedHeaders
+
+
 def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
-    """Run `app` under uvicorn, with uvicorn's own HTTP implementation, over TLS when
+    """Run `app` under uvicorn, with uvicorn's own HTTP implementation (its httptools
+    protocol, with request headers bounded by `bounded_headers`), over TLS when
     DWELL_TLS_ENABLED (certificate and key from settings). No dwell service
     looks at a client's address, so uvicorn's proxy-headers middleware (which rewrites it
     from X-Forwarded-For on every request from a trusted host) is left out."""
@@ -336,4 +386,4 @@ def serve(app: ASGIApp | str, settings: CommonSettings) -> None:
     memory.Releaser().start()
     uvicorn.run(app, host=settings.http_host, port=settings.http_port,
                 log_level=settings.log_level, access_log=False, proxy_headers=False,
-                **uvicorn_ssl(settings))
+                http=bounded_headers(settings.max_header_bytes), **uvicorn_ssl(settings))

@@ -8,6 +8,8 @@ policy service runs on a Redis database of its own, which the tests empty."""
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +23,8 @@ from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.policy.store import PolicyStore, TenantInfo
+
+from .test_bounded_inputs import MIB, rss
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +94,42 @@ def test_oversized_headers_are_refused_by_every_service(policy_svc: Service, ser
     finally:
         admission.stop()
         tracker.stop()
+
+
+def stream_headers(port: int, most: int) -> tuple[int, bytes]:
+    """Sends a request whose one header never ends, up to `most` bytes, until the service
+    answers; (bytes sent, what it answered)."""
+    chunk = b"a" * 65536
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nhost: x\r\nx-filler: ")
+        while sent < most and not select.select([sock], [], [], 0)[0]:
+            try:
+                sock.sendall(chunk)
+            except OSError:  # closed by the service
+                break
+            sent += len(chunk)
+        sock.settimeout(10)
+        try:
+            return sent, sock.recv(4096)
+        except OSError:
+            return sent, b""
+
+
+def test_headers_are_bounded_as_they_arrive_not_once_they_end(policy_svc: Service) -> None:
+    # Found: the limit was checked once uvicorn had parsed the whole header block, and
+    # httptools keeps every byte of it until then: a header that never ends grew the
+    # service's memory without bound.
+    pid = policy_svc.proc.pid  # type: ignore[union-attr]
+    before = rss(pid, "VmHWM")
+    sent, answer = stream_headers(policy_svc.port, 256 * MIB)
+    grew = rss(pid, "VmHWM") - before
+    print(f"\na never-ending header: {sent / MIB:.1f} MiB sent before the answer "
+          f"{answer[:40]!r}; peak RSS grew {grew / MIB:.1f} MiB")
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"(max_header_bytes)" in answer
+    assert sent < 32 * MIB and grew < 32 * MIB
+    assert httpx.get(f"{policy_svc.url}/admin/v2/tenants", timeout=30).status_code == 200
 
 
 def test_a_stored_record_too_big_for_the_feed_does_not_keep_the_service_down(

@@ -29,7 +29,6 @@ from dwell.http import (
     create_app,
     declared_size,
     errors,
-    headers_too_large,
     internal_error,
     too_large,
 )
@@ -154,31 +153,24 @@ class PublishFront:
 
     A publish needs none of FastAPI's per-request work (routing, parameter resolution,
     the middleware stack), and that work costs more than the rest of the HTTP exchange
-    around a batch. What the app would give a publish is kept here: headers over
-    `max_header_bytes` are refused with 431 and a body over `max_bytes` with 413, as
-    `BodyLimit` refuses them (the body at once when its Content-Length says so, else as
-    soon as the bytes read pass the limit, closing the connection), and an unexpected
-    error is a 500 without a trace. Keep-alive,
+    around a batch. What the app would give a publish is kept here: a body over
+    `max_bytes` is refused with 413, as `BodyLimit` refuses it (at once when its
+    Content-Length says so, else as soon as the bytes read pass the limit, closing the
+    connection), and an unexpected error is a 500 without a trace. Keep-alive,
     pipelining and `Expect: 100-continue` are uvicorn's."""
 
     def __init__(self, app: ASGIApp, handle: Handler, max_bytes: int,
-                 guard: Guard | None = None, max_header_bytes: int | None = None) -> None:
+                 guard: Guard | None = None) -> None:
         self.app = app
         self.handle = handle
         self.max_bytes = max_bytes
         self.guard = guard if guard is not None and guard.authentication else None
-        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = publish_parts(scope)
         if parts is None:
             await self.app(scope, receive, send)
             return
-        if self.max_header_bytes is not None:
-            too_many = headers_too_large(scope, self.max_header_bytes)
-            if too_many is not None:
-                await _answer(send, 431, orjson.dumps({"reason": too_many}), _CLOSE)
-                return
         if self.guard is not None:
             # The route's guard (Operation.PRODUCE), which this path bypasses with the app.
             try:
@@ -265,7 +257,7 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
     app.router.lifespan_context = lifespan
     app.state.admission = adm
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
-                       setting="max_request_bytes", max_header_bytes=settings.max_header_bytes)
+                       setting="max_request_bytes")
 
     # The metric children, looked up once rather than per request.
     latency = metrics.PUBLISH_LATENCY.labels("http")
@@ -331,4 +323,4 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
 def serve_publishes(app: FastAPI, settings: AdmissionSettings) -> PublishFront:
     """`app` (from `build_app`) behind the ASGI front that serves its publishes."""
     return PublishFront(app, app.state.publish, settings.max_request_bytes,
-                        app.state.admission.guard, settings.max_header_bytes)
+                        app.state.admission.guard)

@@ -164,7 +164,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
     # Added after the middleware above, so it runs first: an oversized request is refused
     # before it costs a store check.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
-                       setting="max_request_bytes", max_header_bytes=settings.max_header_bytes)
+                       setting="max_request_bytes")
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)

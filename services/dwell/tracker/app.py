@@ -108,7 +108,7 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     app = create_app("dwell tracker", "Shared per-topic index of delayed messages", ready,
                      lambda: liveness.stalled(beats, stall_s), guard.check_metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
-                       setting="max_request_bytes", max_header_bytes=settings.max_header_bytes)
+                       setting="max_request_bytes")
     strict = settings.delayed_delivery_deliver_at_time_strict
     lookahead = settings.delayed_delivery_fixed_delay_detection_lookahead
 
