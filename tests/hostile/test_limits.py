@@ -110,6 +110,44 @@ def test_max_topics_per_namespace_policy(policy: httpx.Client, admission: httpx.
     ok(policy.put(f"{base}/y"))
 
 
+READY_PARTITIONS = 4  # admission's ready_topic_partitions: what a first publish makes
+
+
+def test_concurrent_creates_never_pass_max_topics_per_namespace(
+        policy: httpx.Client, admission: httpx.Client, unique: str) -> None:
+    """Creates at once, on the admin API and by first publishes: each process counts and
+    creates a namespace's topics under one lock, so no more than maxTopicsPerNamespace
+    topics are made by either. (Two replicas of one service still count apart:
+    docs/architecture.md, quotas.)"""
+    n = 12
+    paths = {"policy": "/admin/v2/persistent/{ns}/{topic}",
+             "admission": "/topics/persistent/{ns}/{topic}"}
+    for side, size in (("policy", 1), ("admission", READY_PARTITIONS)):
+        ns = make_namespace(policy, unique, side)
+        ok(policy.post(f"/admin/v2/namespaces/{ns}/maxTopicsPerNamespace", json=3 * size))
+
+        def create(topic: str, side: str = side, ns: str = ns) -> httpx.Response:
+            path = paths[side].format(ns=ns, topic=topic)
+            if side == "policy":
+                return policy.put(path)
+            return admission.post(path, json={"messages": [{"payload": "eA=="}]})
+
+        # The first topic, once admission knows the namespace: 2 places are left.
+        ok(wait_for(lambda: (r := create("first")).status_code != 404 and r,
+                    30, "admission to know the namespace"))
+        start = threading.Barrier(n)
+
+        def at_once(i: int) -> int:
+            start.wait(30)  # noqa: B023
+            return create(f"t{i}").status_code
+
+        with ThreadPoolExecutor(n) as pool:
+            codes = sorted(pool.map(at_once, range(n)))
+        print(f"{side}: answers of {n} creates at once with 2 places left: {codes}")
+        assert codes.count(412) == n - 2, codes
+        assert len(ok(policy.get(f"/admin/v2/persistent/{ns}")).json()) == 3 * size
+
+
 def test_max_subscriptions_per_topic(policy: httpx.Client, tracker: Any,
                                      unique: str) -> None:
     """Every subscription costs Kafka a RETRY and a DLQ topic: their number is bounded."""

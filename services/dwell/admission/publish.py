@@ -10,10 +10,11 @@ retry may duplicate the ones that did land.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Final
 
 from dwell.adapters import kafka
 from dwell.cache import BoundedCache
@@ -27,6 +28,14 @@ from .deliveries import Deliveries
 from .plan import Plan, Planner
 from .schema import PublishError, PublishRequest
 from .settings import AdmissionSettings
+
+# Topic creation is serialized per namespace (by stripe), in this process.
+_CREATING: Final = [threading.Lock() for _ in range(64)]
+
+
+def creating(namespace: str) -> threading.Lock:
+    """The lock under which `namespace`'s topics are counted and created."""
+    return _CREATING[hash(namespace) % len(_CREATING)]
 
 
 class Publisher(Planner):
@@ -129,10 +138,13 @@ class Publisher(Planner):
             if kafka.partition_count(s.kafka_bootstrap, kafka_topic) == 0:
                 raise PublishError(404, f"Topic {asked} not found")
             return
-        self._check_topic_quota(owner)
         try:
-            kafka.ensure_topic(s.kafka_bootstrap, kafka_topic, s.ready_topic_partitions,
-                               s.kafka_replication_factor)
+            # Counted and created under one lock, so that concurrent first publishes to a
+            # namespace's new topics cannot each see room for one more.
+            with creating(owner.namespace_name):
+                self._check_topic_quota(owner)
+                kafka.ensure_topic(s.kafka_bootstrap, kafka_topic, s.ready_topic_partitions,
+                                   s.kafka_replication_factor)
         except kafka.TopicRefused as exc:
             raise PublishError(409, f"topic: {asked} maps to the Kafka topic {kafka_topic}"
                                     f", which Kafka refuses ({exc}); Kafka treats '.' "

@@ -412,18 +412,22 @@ def build_app(settings: PolicySettings) -> FastAPI:
         await store.namespace_policy(name.namespace_name)
         return await create(name, partitions, partitioned=True)
 
+    creating = limits.CreateLocks()
+
     async def create(name: TopicName, partitions: int, partitioned: bool = False) -> Response:
         """Create the topic's ready topic. Whether one Kafka partition is a partitioned
         topic's is in the topic's record, written first: a create cut short leaves a mark
         on no topic, which the next create of the name sets right."""
         if await catalog.partitions(name):
             raise ApiError(409, "This topic already exists")
-        await limits.check_create(store, catalog, settings.broker_limits(), name, partitions)
-        one = partitioned and partitions == 1
-        if (await store.topic_policies(name))[1].partitioned != one:
-            await commit("topic_partitioned", lambda: store.mark_partitioned(name, one))
-        if not await catalog.create(name, partitions):
-            raise ApiError(409, "This topic already exists")
+        async with creating(name.namespace_name):
+            await limits.check_create(store, catalog, settings.broker_limits(), name,
+                                      partitions)
+            one = partitioned and partitions == 1
+            if (await store.topic_policies(name))[1].partitioned != one:
+                await commit("topic_partitioned", lambda: store.mark_partitioned(name, one))
+            if not await catalog.create(name, partitions):
+                raise ApiError(409, "This topic already exists")
         return Response(status_code=NO_CONTENT)
 
     @app.get(topic_base + "/partitions", tags=["topics"],

@@ -7,7 +7,9 @@ created: `maxNumPartitionsPerPartitionedTopic` (406) and the namespace's topic c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 import orjson
 from fastapi import FastAPI, Request
@@ -38,6 +40,20 @@ NAMESPACE_LIMITS = {"maxTopicsPerNamespace": MAX_TOPICS_FIELD,
 
 _INT_BODY = {"requestBody": {"required": True, "content": {"application/json": {
     "schema": {"type": "integer", "minimum": 0}}}}}
+
+
+class CreateLocks:
+    """The locks under which a namespace's topics are counted and created, so that
+    concurrent creates in this process cannot each see room for one more (a fixed set of
+    stripes, whatever the number of namespaces)."""
+
+    STRIPES: Final = 64
+
+    def __init__(self) -> None:
+        self._locks = [asyncio.Lock() for _ in range(self.STRIPES)]
+
+    def __call__(self, namespace: str) -> asyncio.Lock:
+        return self._locks[hash(namespace) % self.STRIPES]
 
 
 async def check_create(store: PolicyStore, catalog: TopicCatalog, broker: BrokerLimits,
