@@ -90,12 +90,15 @@ def component_rules() -> list[Rule]:
     ids. Creating a topic that exists is part of every component's start (idempotent
     ensure), so CREATE is granted on the topics each one ensures."""
     r: list[Rule] = []
-    # policy: the change feed (writes, and reads it back for catch-up and rebuild), and
+    # policy: the change feed (writes, reads it back for catch-up and rebuild, and audits
+    # it under its own group), and
     # Pulsar's admin API on partitioned topics (create, add partitions, delete).
     r += _rules("dwell-policy", "topic", [POLICIES],
                 ["CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "WRITE", "READ"])
     r += _rules("dwell-policy", "topic", [ANY], ["CREATE", "DESCRIBE", "ALTER", "DELETE"])
     r += _rules("dwell-policy", "group", ["dwell-policy"], ["READ", "DESCRIBE"], "prefixed")
+    # The feed's records no reader can apply, set aside (policy.audit, policy.rebuild).
+    r += _rules("dwell-policy", "topic", [INVALID], ["WRITE"])
     # admission: reads publish requests and the policy feed, writes results, the delay
     # log and set-aside records, and every tenant's ready topics, in transactions.
     r += _rules("dwell-admission", "topic", DWELL_TOPICS, ["CREATE", "DESCRIBE",

@@ -29,8 +29,10 @@ from concurrent.futures import Future
 
 import orjson
 import pydantic
+from prometheus_client import Counter
 
 from dwell.adapters import kafka
+from dwell.core import invalid
 from dwell.core import topics as names
 from dwell.core.authz import NO_GRANTS, Grants, namespace_auth
 from dwell.core.policy import (
@@ -44,6 +46,10 @@ from dwell.core.topics import TopicName
 from dwell.headers import VERSION
 
 log = logging.getLogger("dwell.policy_feed")
+
+SKIPPED = Counter("dwell_policy_records_skipped_total",
+                  "dwell.policies records this process could not apply and skipped (the "
+                  "policy service sets them aside on dwell.invalid)")
 
 
 class PolicyCache:
@@ -108,21 +114,34 @@ class PolicyCache:
 
     # -- writes (follower)
 
-    def apply(self, scope: str, value: bytes | None, headers: dict[str, bytes]) -> None:
-        """Apply one feed record; a malformed one is logged and skipped, never fatal: the
-        feed is written by whoever may produce to it, so a record may have any shape."""
+    def apply(self, scope: str, value: bytes | None,
+              headers: dict[str, bytes]) -> tuple[str, str] | None:
+        """Apply one feed record. A malformed one is skipped and counted, never fatal: the
+        feed is written by whoever may produce to it, so a record may have any shape.
+        (its dwell.invalid kind, the reason) when it was skipped, else None; the policy
+        service's audit sets such records aside (dwell.policy.audit)."""
         try:
             version = self._apply(scope, value, headers)
+        except orjson.JSONDecodeError as exc:
+            return self._skipped(scope, invalid.NOT_JSON, f"the value is not JSON: {exc}")
         except (ValueError, KeyError, TypeError, AttributeError,
                 pydantic.ValidationError) as exc:
-            log.warning("skipping malformed dwell.policies record %r: %s", scope[:200], exc)
-            return
+            reason = (f"missing field {exc}" if isinstance(exc, KeyError)
+                      else str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return self._skipped(scope, invalid.FIELD, reason)
         self._resolved = {}
         self._grants = {}
         if version > self.version:
             self.version = version
             if self._on_version is not None:
                 self._on_version(version)
+        return None
+
+    @staticmethod
+    def _skipped(scope: str, kind: str, reason: str) -> tuple[str, str]:
+        SKIPPED.inc()
+        log.debug("skipping malformed %s record %r: %s", names.POLICIES, scope[:200], reason)
+        return kind, reason[:invalid.MAX_REASON_CHARS]
 
     def _apply(self, scope: str, value: bytes | None, headers: dict[str, bytes]) -> int:
         kind, _, name = scope.partition(":")
@@ -301,7 +320,7 @@ class PolicyFollower:
         next_offsets = {(self.topic, p): kafka.OFFSET_BEGINNING
                         for p in kafka.partitions(self.bootstrap, self.topic)}
         for r in records:
-            self.cache.apply(_scope(r.key), r.value, r.headers)
+            self.cache.apply(scope_of(r.key), r.value, r.headers)
             next_offsets[(r.topic, r.partition)] = r.offset + 1
         self._advance({p: max(o, 0) for (_, p), o in next_offsets.items()})
         self.cache.ready.set()
@@ -321,13 +340,13 @@ class PolicyFollower:
                 if records:
                     records += consumer.poll(1000, 0)
                 for r in records:
-                    self.cache.apply(_scope(r.key), r.value, r.headers)
+                    self.cache.apply(scope_of(r.key), r.value, r.headers)
                 # After the records are applied: a catch-up waiting for them may end.
                 self._advance({p: o for (_, p), o in consumer.positions().items()})
         finally:
             consumer.close()
 
 
-def _scope(key: bytes | None) -> str:
+def scope_of(key: bytes | None) -> str:
     """A feed record's scope; a key that is not UTF-8 names no scope `apply` knows."""
     return key.decode("utf-8", "replace") if key else ""

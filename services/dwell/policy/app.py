@@ -52,6 +52,7 @@ from dwell.core.topics import (
 )
 from dwell.http import ApiError, BodyLimit, create_app, error, errors
 from dwell.policy import kafka_tokens, limits, permissions, stats
+from dwell.policy.audit import FeedAudit
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
 from dwell.policy.metrics import CHANGES, VERSION
 from dwell.policy.rebuild import StoreGuard
@@ -135,9 +136,13 @@ def build_app(settings: PolicySettings) -> FastAPI:
             VERSION.set(await store.version())
         tasks = [asyncio.create_task(feed.run(settings.feed_sync_interval_ms / 1000)),
                  asyncio.create_task(guard.run(settings.store_check_interval_ms / 1000))]
+        audit = FeedAudit(settings.kafka_bootstrap, settings.policy_audit_group, broker,
+                          settings.max_policy_record_bytes)
+        audit.start()
         try:
             yield
         finally:
+            audit.stop()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from dwell.adapters import kafka
-from dwell.core import invalid, topics
+from dwell.core import topics
 from dwell.http import ApiError
 from dwell.policy.feed import PolicyFeed, record_version
 from dwell.policy.metrics import REBUILD_SECONDS, REBUILDS
@@ -138,8 +138,9 @@ class StoreGuard:
             if version >= latest.get(scope, (-1, None))[0]:
                 latest[scope] = (version, r.value)
                 read_at[scope] = r
-        # Kafka is a trust boundary: a record the store could not read back is set aside
-        # rather than put back, where every call reading it would fail.
+        # Kafka is a trust boundary: a record the store could not read back is left out
+        # rather than put back, where every call reading it would fail. The feed audit
+        # (policy.audit) sets such records aside on dwell.invalid, once: not each rebuild.
         for scope, (version, value) in list(latest.items()):
             try:
                 scope_key(scope)
@@ -150,10 +151,8 @@ class StoreGuard:
                 del latest[scope]
                 refused.append((read_at[scope], reason))
         for r, reason in refused:
-            log.warning("%s record %r at %d:%d set aside on %s: %s", topics.POLICIES, r.key,
-                        r.partition, r.offset, topics.INVALID, reason)
-            await self._feed.set_aside(invalid.invalid_record(
-                r.topic, r.partition, r.offset, r.key, r.value, invalid.FIELD, reason))
+            log.warning("%s record %r at %d:%d left out of the store: %s", topics.POLICIES,
+                        r.key, r.partition, r.offset, reason)
         restored = 0
         for scope, (version, value) in latest.items():
             try:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from dwell.settings import CommonSettings
+from dwell.settings import CommonSettings, dwell_group
 
 
 class PolicySettings(CommonSettings):
@@ -27,3 +27,11 @@ class PolicySettings(CommonSettings):
     # The tracker, whose index figures `GET /admin/v2/persistent/.../stats` serves on the
     # admin URL, where pulsar-admin's `topics stats` asks for them.
     tracker_url: str = "http://127.0.0.1:8083"
+    # The consumer group under which the service's replicas audit dwell.policies, setting
+    # aside once each record the followers cannot apply (dwell.policy.audit).
+    policy_audit_group: str = "dwell-policy-audit"
+
+    @field_validator("policy_audit_group")
+    @classmethod
+    def _dwell_group(cls, group: str) -> str:
+        return dwell_group("DWELL_POLICY_AUDIT_GROUP", group)

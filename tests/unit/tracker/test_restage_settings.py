@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from dwell.admission.settings import AdmissionSettings
+from dwell.policy.settings import PolicySettings
 from dwell.tracker.restage import Restager
 from dwell.tracker.settings import TrackerSettings
 
@@ -47,8 +48,12 @@ def test_a_group_id_a_tenant_could_name_stops_the_process(group: str) -> None:
         TrackerSettings(tracker_group_id=group)
     with pytest.raises(ValidationError, match="DWELL_INGRESS_GROUP must start with 'dwell-'"):
         AdmissionSettings(ingress_group=group)
+    with pytest.raises(ValidationError,
+                       match="DWELL_POLICY_AUDIT_GROUP must start with 'dwell-'"):
+        PolicySettings(policy_audit_group=group)
 
 
 def test_dwell_group_ids_are_taken() -> None:
     assert TrackerSettings(tracker_group_id="dwell-tracker-2").tracker_group_id == "dwell-tracker-2"
     assert AdmissionSettings(ingress_group="dwell-admission-b").ingress_group == "dwell-admission-b"
+    assert PolicySettings().policy_audit_group == "dwell-policy-audit"
