@@ -18,12 +18,14 @@ from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
 # checked at creation), so no tenant's Kafka ACL prefix `<tenant>.` covers a group of
 # dwell's or the tracker's `<group>.lowmark`.
 GROUP_PREFIX: Final = "dwell-"
+# What the chart's schema checks of such a setting, before a pod starts.
+GROUP_SCHEMA: Final = {"pattern": f"^{GROUP_PREFIX}."}
 
 
 def dwell_group(setting: str, group: str) -> str:
     """``group`` if it is a dwell consumer group id (it starts GROUP_PREFIX); else the
     process stops at start with a message naming ``setting``."""
-    if not group.startswith(GROUP_PREFIX) or len(group) == len(GROUP_PREFIX):
+    if not group.startswith(GROUP_PREFIX) or group == GROUP_PREFIX:
         raise ValueError(f"{setting} must start with {GROUP_PREFIX!r} (got {group!r}): a "
                          "tenant's Kafka ACLs cover the groups and topics that start "
                          "with its name and a dot, and no tenant name starts with "

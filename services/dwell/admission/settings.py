@@ -6,7 +6,7 @@ import socket
 
 from pydantic import Field, field_validator
 
-from dwell.settings import CommonSettings, dwell_group
+from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class AdmissionSettings(CommonSettings):
@@ -47,7 +47,7 @@ class AdmissionSettings(CommonSettings):
 
     # Kafka ingress (consumer group on dwell.publish).
     ingress_enabled: bool = True
-    ingress_group: str = "dwell-admission"
+    ingress_group: str = Field("dwell-admission", json_schema_extra=GROUP_SCHEMA)
     ingress_offset_reset: str = "earliest"
     ingress_max_batch: int = Field(200, ge=1)
     # Stable per replica so that a restarted replica fences its predecessor's open

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from dwell.settings import CommonSettings, dwell_group
+from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class PolicySettings(CommonSettings):
@@ -29,7 +29,7 @@ class PolicySettings(CommonSettings):
     tracker_url: str = "http://127.0.0.1:8083"
     # The consumer group under which the service's replicas audit dwell.policies, setting
     # aside once each record the followers cannot apply (dwell.policy.audit).
-    policy_audit_group: str = "dwell-policy-audit"
+    policy_audit_group: str = Field("dwell-policy-audit", json_schema_extra=GROUP_SCHEMA)
 
     @field_validator("policy_audit_group")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from dwell.core import topics
-from dwell.settings import CommonSettings, dwell_group
+from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class TrackerSettings(CommonSettings):
@@ -17,7 +17,7 @@ class TrackerSettings(CommonSettings):
     # Where the restage appends its copies; empty: dwell.delayed.refiled, or
     # "<delayed_topic>.refiled" for another delayed topic.
     refiled_topic: str = ""
-    tracker_group_id: str = "dwell-tracker"
+    tracker_group_id: str = Field("dwell-tracker", json_schema_extra=GROUP_SCHEMA)
     # A subscription's registration makes its ready topic (as admission's first publish
     # would) and its retry topic, which users' principals may not create.
     allow_auto_topic_creation: bool = True
