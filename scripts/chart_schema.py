@@ -141,6 +141,8 @@ def schema() -> dict[str, Any]:
                     "oauthbearer": obj({"tokenEndpointUrl": STR, "clientId": STR,
                                         "scope": STR}),
                     "caSecret": STR, "caSecretKey": NONEMPTY}),
+                "auth": obj({"enabled": BOOL, "existingSecret": STR,
+                             "resources": RESOURCES}),
                 "replicationFactor": POS,
                 "clusterId": {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
                 "persistence": PERSISTENCE,

@@ -1,7 +1,8 @@
 """The Kafka ACLs of a secured dwell: one table of (principal, resource, pattern,
 operation) rules for dwell's components and for users' principals, applied idempotently
 with confluent-kafka's AdminClient (`devstack.py up --secure`) and read back from the
-broker as an operator would read them (`make acls`, `devstack.py acls`).
+broker as an operator would read them (`make acls`, `devstack.py acls`); `chart` writes
+the in-chart Kafka's rules file (charts/dwell/files/kafka-acls.txt).
 
 Every rule ALLOWs from any host; the broker runs KRaft's StandardAuthorizer with no rule
 for anyone else, so whatever the table does not name is refused. docs/kubernetes.md
@@ -16,21 +17,12 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from pathlib import Path
 
-from confluent_kafka.admin import (
-    AclBinding,
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    AdminClient,
-    ResourcePatternType,
-    ResourceType,
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialUpsertion,
-)
+from confluent_kafka.admin import AclBinding, AdminClient
 
+from dwell.adapters.kafka import acls
 from dwell.core.topics import (
     ACKS,
     DELAYED,
@@ -43,9 +35,15 @@ from dwell.core.topics import (
     SUBSCRIPTIONS,
     escape_kafka_part,
 )
+from dwell.smoke import TENANT as SMOKE_TENANT
 
 # The principal of each dwell process (SCRAM user names); `User:` is Kafka's type.
 COMPONENTS = ("dwell-policy", "dwell-admission", "dwell-tracker", "dwell-spark")
+# The in-chart Kafka's rules (`kafka_acls.py chart` writes them): the components' and the
+# user principal of the chart's `helm test` hook (python -m dwell.smoke, its own tenant).
+CHART_FILE = Path(__file__).resolve().parent.parent / "charts" / "dwell" / "files" / \
+    "kafka-acls.txt"
+CHART_USERS = {"app-dwell-smoke": SMOKE_TENANT}
 DWELL_TOPICS = (POLICIES, PUBLISH, PUBLISH_RESULTS, DELAYED, REFILED, ACKS, DELIVERED,
                 INVALID, SUBSCRIPTIONS)
 # What every component that ensures dwell's topics may have to set on them: the logs'
@@ -67,15 +65,7 @@ class Rule:
     operation: str  # Kafka's operation name: READ, WRITE, CREATE, ...
 
     def binding(self) -> AclBinding:
-        return AclBinding(_RESOURCE[self.resource], self.name, _PATTERN[self.pattern],
-                          self.principal, "*", AclOperation[self.operation],
-                          AclPermissionType.ALLOW)
-
-
-_RESOURCE = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
-             "transactional-id": ResourceType.TRANSACTIONAL_ID,
-             "cluster": ResourceType.BROKER}
-_PATTERN = {"literal": ResourcePatternType.LITERAL, "prefixed": ResourcePatternType.PREFIXED}
+        return acls.binding(astuple(self))
 
 
 def _rules(principal: str, resource: str, names: Iterable[str], ops: Iterable[str],
@@ -170,28 +160,25 @@ def table(users: Mapping[str, str] | None = None) -> list[Rule]:
     return rules
 
 
+def chart_file() -> str:
+    """charts/dwell/files/kafka-acls.txt: the rules of table(CHART_USERS), one a line, as
+    dwell.adapters.kafka.acls reads them."""
+    return ("# The in-chart Kafka's ACLs (templates/kafka-statefulset.yaml applies them).\n"
+            "# Written by `python scripts/kafka_acls.py chart` from its table: do not edit.\n"
+            "# principal resource name pattern operation\n"
+            + acls.format_rows(astuple(r) for r in table(CHART_USERS)))
+
+
 def upsert_users(admin: AdminClient, passwords: Mapping[str, str],
                  timeout: float = 30.0) -> None:
     """Create or update SCRAM-SHA-512 users (name -> password)."""
-    if not passwords:
-        return
-    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
-    futures = admin.alter_user_scram_credentials(
-        [UserScramCredentialUpsertion(u, info, p.encode()) for u, p in passwords.items()],
-        request_timeout=timeout)
-    for f in futures.values():
-        f.result(timeout)
+    acls.upsert_scram_users(admin, passwords, timeout)
 
 
 def apply(admin: AdminClient, rules: Iterable[Rule], timeout: float = 30.0) -> int:
     """Create the rules the broker does not hold yet (creating one it holds is a no-op
     for Kafka); returns how many were asked for."""
-    bindings = [r.binding() for r in rules]
-    if not bindings:
-        return 0
-    for f in admin.create_acls(bindings, request_timeout=timeout).values():
-        f.result(timeout)
-    return len(bindings)
+    return acls.create(admin, [astuple(r) for r in rules], timeout)
 
 
 def prune(admin: AdminClient, keep: Iterable[Rule], principals: Iterable[str],
@@ -199,16 +186,7 @@ def prune(admin: AdminClient, keep: Iterable[Rule], principals: Iterable[str],
     """Delete the ALLOW rules the broker holds for ``principals`` (`User:<name>`) that
     ``keep`` does not name, so that a rule taken out of the table leaves the broker too;
     returns how many."""
-    kept, who = set(keep), set(principals)
-    stale = [r for r in held(admin, timeout) if r.principal in who and r not in kept
-             and r.resource in _RESOURCE and r.operation in AclOperation.__members__]
-    if stale:
-        filters = [AclBindingFilter(_RESOURCE[r.resource], r.name, _PATTERN[r.pattern],
-                                    r.principal, "*", AclOperation[r.operation],
-                                    AclPermissionType.ALLOW) for r in stale]
-        for f in admin.delete_acls(filters, request_timeout=timeout).values():
-            f.result(timeout)
-    return len(stale)
+    return acls.prune(admin, [astuple(r) for r in keep], principals, timeout)
 
 
 def grant_user(admin: AdminClient, principal: str, tenant: str,
@@ -221,19 +199,8 @@ def grant_user(admin: AdminClient, principal: str, tenant: str,
 
 
 def held(admin: AdminClient, timeout: float = 30.0) -> list[Rule]:
-    """The ALLOW rules the broker holds (describe_acls), as table rows."""
-    anything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
-                                AclOperation.ANY, AclPermissionType.ANY)
-    kinds = {v: k for k, v in _RESOURCE.items()}
-    patterns = {v: k for k, v in _PATTERN.items()}
-    out = []
-    for b in admin.describe_acls(anything, request_timeout=timeout).result(timeout):
-        out.append(Rule(b.principal, kinds.get(b.restype, b.restype.name.lower()), b.name,
-                        patterns.get(b.resource_pattern_type,
-                                     b.resource_pattern_type.name.lower()),
-                        b.operation.name if b.permission_type == AclPermissionType.ALLOW
-                        else f"{b.operation.name} ({b.permission_type.name})"))
-    return sorted(out)
+    """The rules the broker holds (describe_acls), as table rows."""
+    return [Rule(*row) for row in acls.held(admin, timeout)]
 
 
 def render(rules: Iterable[Rule]) -> str:
@@ -254,10 +221,15 @@ def render(rules: Iterable[Rule]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Reads {"admin": <librdkafka config>, "users": {principal: tenant}, "passwords":
     {user: password}} as JSON on stdin (passwords stay off the command line); `apply`
-    creates the users and the table's rules, `show` prints the rules the broker holds."""
+    creates the users and the table's rules, `show` prints the rules the broker holds;
+    `chart` writes the chart's rules file (CHART_FILE) and reads nothing."""
     ap = argparse.ArgumentParser(prog="kafka_acls", description=__doc__)
-    ap.add_argument("cmd", choices=["apply", "show"])
+    ap.add_argument("cmd", choices=["apply", "show", "chart"])
     args = ap.parse_args(argv)
+    if args.cmd == "chart":
+        CHART_FILE.write_text(chart_file())
+        print(f"kafka acls: wrote {CHART_FILE.name}")
+        return 0
     spec = json.loads(sys.stdin.read())
     admin = AdminClient(spec["admin"])
     if args.cmd == "apply":

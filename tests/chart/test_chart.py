@@ -8,6 +8,7 @@ ARCHITECTURE.md's, and every pod runs non-root on a read-only root filesystem.""
 from __future__ import annotations
 
 import base64
+import copy
 import os
 import re
 import subprocess
@@ -221,7 +222,12 @@ def test_each_process_accepts_its_rendered_environment(helm: str, variant: str) 
             assert all(p["scheme"] == "HTTPS" for p in probes)
         else:
             assert not settings.tls_enabled
-            assert settings.kafka_security_protocol == "PLAINTEXT"
+            # The in-chart Kafka, locked by default (tests/chart/test_kafka_locked.py).
+            locked = any(d["metadata"]["name"] == "rel-dwell-kafka-users" for d in docs)
+            assert settings.kafka_security_protocol == (
+                "SASL_PLAINTEXT" if locked else "PLAINTEXT")
+            if locked:
+                assert settings.kafka_sasl_username == f"dwell-{component}"
         seen.add(component)
     assert seen == set(PORTS)
 
@@ -263,15 +269,21 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, name
             assert sc["capabilities"]["drop"] == ["ALL"], name
-            # The in-chart Kafka's image writes its config at start; nothing else may.
-            writable = variant == "dev" or name.endswith("-kafka")
+            # The in-chart Kafka's scripts write under /opt/kafka; nothing else may.
+            writable = variant == "dev" or (name.endswith("-kafka") and c["name"] == "kafka")
             assert sc["readOnlyRootFilesystem"] is not writable, name
             assert not c["image"].endswith(":latest"), name
             if "resources" in c:
                 assert c["resources"]["limits"]["memory"], name
         # Only the Spark driver talks to the API server (it creates its executors).
         assert spec["automountServiceAccountToken"] is name.endswith("-spark"), name
-    text = yaml.safe_dump_all(docs)
+    # The locked Kafka's start script spells the JAAS login, whose password is the shell
+    # variable it reads from the Secret's file (tests/chart/test_kafka_locked.py).
+    shown = copy.deepcopy(docs)
+    for d in shown:
+        if d["kind"] == "ConfigMap" and "start.sh" in d.get("data", {}):
+            d["data"]["start.sh"] = d["data"]["start.sh"].replace('password=\\"$pw\\"', "")
+    text = yaml.safe_dump_all(shown)
     assert "password" not in text.lower().replace("redis-password", "").replace(
         "redis_password", "").replace("kafka_sasl_password", "").replace(
         "kafka-password", ""), (
@@ -283,6 +295,7 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
     if variant in ("external", "secure", "production"):
         assert not secrets  # the user's existingSecret
     else:
+        secrets.pop("rel-dwell-kafka-users", None)
         (secret,) = secrets.values()
         assert len(secret["data"]["redis-password"]) >= 40  # 32 random chars, base64
 
@@ -401,7 +414,8 @@ def test_secure_certificate_probes_and_scrapes(helm: str) -> None:
 def test_existing_secret_is_used_as_given(helm: str) -> None:
     docs = render(helm, "--set", "redis.auth.existingSecret=mine",
                   "--set", "redis.auth.existingSecretPasswordKey=pw",
-                  "--set", "spark.authenticate.existingSecret=my-spark-auth")
+                  "--set", "spark.authenticate.existingSecret=my-spark-auth",
+                  "--set", "kafka.auth.existingSecret=my-kafka-users")
     assert not by_kind(docs, "Secret")
     for w in workloads(docs):
         for c in w["spec"]["template"]["spec"]["containers"]:

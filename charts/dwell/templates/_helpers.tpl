@@ -197,6 +197,7 @@ affinity:
     {{- end }}
     {{- include "dwell.settingsEnv" $values.config | trim | nindent 4 }}
     {{- include "dwell.authEnv" .root | nindent 4 }}
+    {{- include "dwell.kafkaLoginEnv" (dict "root" .root "principal" (printf "dwell-%s" .component)) | nindent 4 }}
   ports:
     - name: http
       containerPort: {{ .port }}
@@ -283,9 +284,14 @@ spec:
      manifest. */}}
 {{- define "dwell.securityEnv" -}}
 {{- $k := .Values.kafka.security -}}
+{{- if include "dwell.kafkaLocked" . }}
+{{- /* the login itself: dwell.kafkaLoginEnv, per process */}}
+{{- include "dwell.kafkaLockedProtocolEnv" . | nindent 0 }}
+{{- else }}
 - name: DWELL_KAFKA_SECURITY_PROTOCOL
   value: {{ $k.protocol | quote }}
-{{- if hasPrefix "SASL_" $k.protocol }}
+{{- end }}
+{{- if and (hasPrefix "SASL_" $k.protocol) (not (include "dwell.kafkaLocked" .)) }}
 - name: DWELL_KAFKA_SASL_MECHANISM
   value: {{ $k.saslMechanism | quote }}
 {{- if eq $k.saslMechanism "OAUTHBEARER" }}
