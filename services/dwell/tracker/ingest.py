@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -24,6 +23,7 @@ from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.headers import DELIVER_AT, TICK_TIME
 from dwell.index import buckets
 from dwell.index.topic import TopicIndex, append_positions
+from dwell.tracker import LUA_DIR
 from dwell.tracker.metrics import (
     COMPACTED,
     FLUSH_SECONDS,
@@ -38,7 +38,6 @@ log = logging.getLogger("dwell.tracker.ingest")
 HEADERS: Final = (DELIVER_AT, TICK_TIME)  # the two the index needs of each record
 # The ingest's own script (its progress per delay-log partition); the index's are in
 # dwell/index/lua.
-LUA_DIR: Final = Path(__file__).parent / "lua"
 
 # Fixed-delay detection state (as Pulsar's InMemoryDelayedDeliveryTracker keeps it), kept in
 # the topic's stats HASH.

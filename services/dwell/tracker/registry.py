@@ -18,8 +18,6 @@ import json
 import logging
 import threading
 import time
-from pathlib import Path
-from typing import Final
 
 import redis as redislib
 
@@ -31,12 +29,10 @@ from dwell.core.policy import SUBSCRIPTIONS_OVER_MAX
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.http import ApiError
 from dwell.index import subscriptions
+from dwell.tracker import LUA_DIR
 from dwell.tracker.metrics import REGISTRY_REBUILD_SECONDS, REGISTRY_REBUILDS
 
 log = logging.getLogger("dwell.tracker.registry")
-
-LUA_DIR: Final = Path(__file__).parent / "lua"
-
 
 def record_key(topic: str, sub: str) -> bytes:
     """The `dwell.subscriptions` key: a Pulsar topic holds no space."""

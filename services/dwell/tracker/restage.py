@@ -265,8 +265,8 @@ class Restager:
             self._producer = kafka.BulkProducer(self.bootstrap, linger_ms=5,
                                                 compression_type=self.compression_type,
                                                 **{"batch.size": 1 << 20})
-        parts = sorted(((b.bucket_start, int(f), bm) for _, b in claims
-                        for f, bm in b.positions.items()), key=lambda x: x[:2])
+        parts = [(b.bucket_start, int(f), bm) for _, b in claims
+                 for f, bm in b.positions.items()]
         wanted = sum(len(bm) for _, _, bm in parts)
         copied = left_out = 0
         try:
