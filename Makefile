@@ -69,10 +69,9 @@ fuzz: install ## schemathesis on the OpenAPI specs and the hostile-input fuzz, >
 soak: install ## 10 min at 2,000 msg/s, a process killed every minute, a Redis FLUSHALL half-way
 	$(PY) bench/soak.py
 
-lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, clippy on native/ (when cargo is here), helm lint on the chart
+lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, helm lint on the chart
 	$(PY) -m ruff check services spark tests bench scripts
 	$(PY) -m mypy --strict services/dwell/core
-	if command -v cargo >/dev/null; then cd native && PYO3_PYTHON=$(CURDIR)/$(PY) cargo clippy --release --locked -- -D warnings; else echo "no cargo: clippy on native/ skipped"; fi
 	.dwell/cache/bin/helm lint charts/dwell --strict
 
 chart: install chart-tools ## the chart's checks: values schema, helm lint/template, Kubernetes schemas, rules

@@ -19,14 +19,10 @@
     the per-pair on / off ratios is what checking the token and the role costs; and that
     check's own cost per request, timed in this process.
 
-Admission runs with `dwell_native` when it is installed, on the pure-Python path when it
-is not or when DWELL_NATIVE=0 (`DWELL_NATIVE=0 .venv/bin/python bench/admission.py`); the
-bench prints which path it measured.
-
 Starts the test-profile Redis and Kafka unless running (and stops only what it started,
 unless DWELL_TEST_KEEP_SERVERS=1),
 plus its own policy and admission processes on free ports. Prints the figures and writes
-bench/out/admission.json (admission_python.json for the pure-Python path).
+bench/out/admission.json.
 """
 
 from __future__ import annotations
@@ -53,7 +49,6 @@ import orjson
 
 import devstack
 from dwell.adapters import kafka
-from dwell.admission import native
 from dwell.admission.__main__ import GC_THRESHOLDS
 from dwell.admission.settings import AdmissionSettings
 from dwell.auth.tokens import create_secret_key, create_token
@@ -356,9 +351,6 @@ def median(items: list[Any], key: Any) -> Any:
 
 
 def main() -> None:
-    # The admission process inherits this environment, DWELL_NATIVE included.
-    path_used = native.implementations(AdmissionSettings().native)[-1]
-    print(f"admission's publish path: {path_used}", flush=True)
     stack = devstack.Stack("test")
     started = [n for n in ("redis", "kafka") if stack.start_empty(n) is not None]
     procs: list[subprocess.Popen[bytes]] = []
@@ -487,11 +479,9 @@ def main() -> None:
                          "on_msgs_per_s": round(a["msgs_per_s"])} for o, a in authed],
         "auth_check_us_per_request": round(guard_us, 2),
         "batch": BATCH, "payload_bytes": len(PAYLOAD), "targets": TARGETS,
-        "publish_path": path_used,
     }
     mark = lambda ok: "ok" if ok else "MISS"  # noqa: E731
     print()
-    print(f"admission's publish path: {path_used}")
     print(f"(a) admit()            {result['admit_per_s']:>12,} decisions/s   "
           f"target >= 500,000  {mark(admit_rate >= 500_000)}")
     print(f"(b) HTTP publish       {http['msgs_per_s']:>12,.0f} msgs/s        "
@@ -520,8 +510,7 @@ def main() -> None:
     print(f"    the check itself: {guard_us:.2f} us per request (cached token, produce "
           f"permission), {guard_us / 1e6 * http['requests'] / HTTP_SECONDS * 100:.3f}% of "
           f"a core at (b)'s request rate")
-    name = "admission.json" if path_used == native.NATIVE else "admission_python.json"
-    out = ROOT / "bench" / "out" / name
+    out = ROOT / "bench" / "out" / "admission.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {out.relative_to(ROOT)}")

@@ -1,7 +1,8 @@
 """How the code is laid out, at two git revisions side by side: the ten largest modules,
 how many times each Kafka header name and the subscription-settings shape are spelled as
-string literals in the code (services/, spark/, native/src/), and the number of
-`sys.path.insert` lines. Reads the revisions with `git`; needs no server.
+string literals in the code (services/, spark/, and native/src/ at revisions that had
+the Rust extension), and the number of `sys.path.insert` lines. Reads the revisions
+with `git`; needs no server.
 
     .venv/bin/python bench/layout.py                      # HEAD~ against HEAD
     .venv/bin/python bench/layout.py --before 674203e --after HEAD

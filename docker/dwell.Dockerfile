@@ -5,34 +5,10 @@
 # Runs as uid/gid 10001 on a read-only root filesystem; only /tmp (the chart's
 # emptyDir) is written.
 
-# Every stage starts from one Debian bookworm base and installs Python with apt: upstream
+# Both stages start from one Debian bookworm base and install Python with apt: upstream
 # that is Docker Hub's debian image; `make images` (scripts/images.py) passes
 # --build-arg BASE_IMAGE=<a base it makes with mmdebstrap from Debian's packages>.
 ARG BASE_IMAGE=debian:12.11-slim
-
-# dwell_native (native/), admission's optional Rust accelerator, built into a wheel with
-# Debian's rustc-web/cargo-web (1.9x; PyO3 0.27 needs >= 1.74; bookworm's plain cargo is
-# too old for today's crate index) and gcc (the linker). Debian's python3 is 3.11 like the
-# runtime's, so the wheel is cp311 and links against the glibc the image has. Only the
-# wheel leaves this stage: no toolchain in the image.
-FROM ${BASE_IMAGE} AS native
-
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1
-# python3-venv: Debian's pip refuses to install into the system Python (PEP 668), so the
-# pinned maturin gets a venv of its own.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv rustc-web cargo-web \
-      gcc libc6-dev \
- && rm -rf /var/lib/apt/lists/* \
- && python3 -m venv /opt/maturin \
- && /opt/maturin/bin/pip install --no-cache-dir maturin==1.16.0
-WORKDIR /src/native
-# The crate and nothing else (.dockerignore keeps a local native/target out).
-COPY native/Cargo.toml native/Cargo.lock native/pyproject.toml ./
-COPY native/src ./src
-# --locked: the crates Cargo.lock names, or fail. --interpreter python3: Debian's 3.11
-# (maturin's venv is not on PATH).
-RUN /opt/maturin/bin/maturin build --release --locked --interpreter python3 --out /wheels
 
 FROM ${BASE_IMAGE} AS builder
 
@@ -41,10 +17,6 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
-# Before the services' layers: a change under services/ does not reinstall it, and were
-# dwell-native a dependency of `pip install .`, pip would find it installed, not on PyPI.
-COPY --from=native /wheels /wheels
-RUN /opt/venv/bin/pip install --no-cache-dir /wheels/*.whl
 WORKDIR /src
 # Only what `pip install .` reads: the metadata (README.md is its long description) and
 # the one package under services/. Tests, docs, charts and Spark stay out of this image.

@@ -1,8 +1,8 @@
-"""What the local stack needs on the machine, installed when missing: the venv with dwell
-(and dwell_native where cargo is), Debian's redis-server and openssl, the jars of Kafka,
-pulsar-admin and Spark's Kafka connector (resolved from Maven Central with mvn), and the
-chart's tools (helm built from its Go module, promtool). Everything lands under `.venv/`
-and `.dwell/cache/`; each step is stamped and skipped once done.
+"""What the local stack needs on the machine, installed when missing: the venv with dwell,
+Debian's redis-server and openssl, the jars of Kafka, pulsar-admin and Spark's Kafka
+connector (resolved from Maven Central with mvn), and the chart's tools (helm built from
+its Go module, promtool). Everything lands under `.venv/` and `.dwell/cache/`; each step
+is stamped and skipped once done.
 
 Standard library only, like devstack.py, which runs it (`devstack.py install`).
 """
@@ -65,31 +65,6 @@ def install_python(extras: str = "dev,spark") -> None:
     _dev_paths()
     stamp.write_text(digest)
     say(f"python packages ready in {time.monotonic() - t0:.0f}s")
-
-
-def install_native() -> None:
-    """Build and install dwell_native (native/, Rust), admission's optional accelerator,
-    into .venv once per source change: pip runs maturin, which runs cargo (crates from
-    crates.io, ~40 s the first time). Without cargo, or with DWELL_NATIVE=0, dwell runs
-    on its pure-Python path, which gives the same answers."""
-    if os.environ.get("DWELL_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
-    native = ROOT / "native"
-    files = sorted([native / "Cargo.toml", native / "Cargo.lock", native / "pyproject.toml",
-                    *(native / "src").rglob("*.rs")])
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
-    stamp = VENV / ".dwell-native-installed"
-    if _stamp_ok(stamp, digest):
-        return
-    if not shutil.which("cargo"):
-        say("no cargo: native/ (dwell_native) not built; admission runs on pure Python")
-        return
-    t0 = time.monotonic()
-    say("pip install ./native (builds dwell_native with cargo)")
-    subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                    "./native"], check=True, cwd=ROOT)
-    stamp.write_text(digest)
-    say(f"dwell_native ready in {time.monotonic() - t0:.0f}s")
 
 
 def redis_server_bin() -> str:
@@ -214,5 +189,4 @@ def install(with_python: bool = True) -> None:
     kafka_libs()
     if with_python:
         install_python()
-        install_native()
     spark_kafka_jars()

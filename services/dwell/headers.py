@@ -1,7 +1,7 @@
 """Every Kafka header name dwell writes or reads, spelled here and nowhere else
 (ARCHITECTURE.md "Kafka topics"). Python imports the names; the Spark SQL in
-`dwell_spark.drain` builds its expressions from them; the native extension's names are
-held to these by tests/unit/test_headers.py.
+`dwell_spark.drain` builds its expressions from them; tests/unit/test_headers.py finds
+a second spelling.
 
 Header values are ASCII decimal integers, except the names, ids and keys noted."""
 

@@ -121,9 +121,9 @@ def test_tiltfile_builds_both_images_and_live_updates_the_services(
         assert image["BuildDetails"]["context"] == str(ROOT)
         spec = image["LiveUpdateSpec"]
         # A changed source is synced into the image's venv (the pod restarts the service
-        # under watchfiles); a dependency or native change rebuilds the image instead.
+        # under watchfiles); a dependency change rebuilds the image instead.
         assert spec["syncs"] == [{"localPath": "services/dwell", "containerPath": SITE}]
-        assert set(spec["stopPaths"]) == {"pyproject.toml", "native"}
+        assert set(spec["stopPaths"]) == {"pyproject.toml"}
         assert "watchfiles" in tiltfile[f"dwell-{svc}"]["DeployTarget"]["yaml"]
     [spark] = tiltfile["dwell-spark"]["ImageTargets"]
     assert spark["selector"] == "localhost/dwell-spark"

@@ -1,6 +1,5 @@
-"""Header names are spelled once, in dwell.headers: no other module of the code (Python,
-the Spark job, the native extension) spells one as a string literal, and the native
-extension's names are dwell.headers' names."""
+"""Header names are spelled once, in dwell.headers: no other module of the code (the
+services, the Spark job) spells one as a string literal."""
 
 from __future__ import annotations
 
@@ -36,9 +35,3 @@ def test_no_module_but_headers_spells_a_header_name() -> None:
             spelled[str(path.relative_to(ROOT))] = sorted(names)
     assert not spelled, f"use dwell.headers instead: {spelled}"
 
-
-def test_native_extension_uses_the_same_names() -> None:
-    lib = ROOT / "native" / "src" / "lib.rs"
-    names = literals(lib)
-    assert names, "the native extension names no header: is this test still needed?"
-    assert names <= set(headers.ALL), sorted(names - set(headers.ALL))

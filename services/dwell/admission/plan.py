@@ -3,10 +3,6 @@ with the topic's effective policy, and the records to write for the accepted one
 topic's ready topic when immediate, to `dwell.delayed` when delayed, with the headers of
 docs/internals.md), then the answer once Kafka has them.
 
-`Planner.plan` is the reference. On the HTTP path `dwell_native` (Rust, native/,
-optional: see `native.py`) plans the common request straight from its JSON and gives
-the same plan; every other request goes the Python way.
-
 Validation, decided here for both entry paths (the body's shape is `schema.py`'s):
 
 * A request is refused as a whole (HTTP 400 naming the field) for more than
@@ -56,7 +52,6 @@ from dwell.headers import (
 )
 from dwell.policy_feed import PolicyCache
 
-from . import native
 from .schema import PublishError, PublishRequest, parse_request, too_many
 from .settings import AdmissionSettings
 
@@ -74,7 +69,7 @@ Headers = tuple[tuple[str, bytes], ...]
 
 class Decided(NamedTuple):
     """One decision as a plan uses it, shared by the messages of a request that ask the
-    same thing. A tuple, so that dwell_native reads it by position."""
+    same thing."""
 
     result: dict[str, Any]  # the result's fields before its messageId
     delay_headers: Headers | None  # None: rejected; empty: immediate
@@ -162,7 +157,6 @@ class Planner:
         self.cache = cache
         self.clock = clock
         self.strict = settings.delayed_delivery_deliver_at_time_strict
-        self.native = native.load(settings.native)
         self._bytes: BoundedCache[TopicName, tuple[bytes, str]] = BoundedCache()
 
     def plan(self, topic: TopicName, req: PublishRequest) -> Plan:
@@ -271,26 +265,9 @@ class Planner:
         return plan
 
     def plan_body(self, topic: TopicName, body: bytes) -> Plan:
-        """`plan(topic, parse_request(body))`, decided by `dwell_native.plan` (when
-        admission has it) straight from the JSON when the request is the common case
-        (every message published or rejected by the rule); any other request, and every
-        error, goes the Python way. The same records, results and answer:
-        tests/unit/admission/test_native.py."""
-        s = self.settings
-        accel = self.native
-        if accel is not None and self.cache.ready.is_set() and self.cache.namespace_known(
-                topic.tenant, topic.namespace):
-            now = int(self.clock() * 1000)
-            topic_b, ready = self._topic_bytes(topic)
-            got = accel.plan(body, self._decider(topic, now, ready), topic_b, ready,
-                             names.DELAYED, now, s.max_payload_bytes,
-                             s.max_messages_per_request)
-            if got is not None:
-                results, sends, index, heads, delayed, rejected, overridden = got
-                return Plan(topic, results, sends, index, heads, immediate=len(sends) - delayed,
-                            delayed=delayed, rejected=rejected, overridden=overridden)
+        """`plan(topic, parse_request(body))`: the HTTP body as sent."""
         return self.plan(topic, parse_request(body, PublishRequest,
-                                              s.max_messages_per_request))
+                                              self.settings.max_messages_per_request))
 
     def _check_publishable(self, topic: TopicName) -> None:
         if not self.cache.ready.is_set():
@@ -302,7 +279,7 @@ class Planner:
                  ready: str) -> Callable[[int | None, int | None], Decided]:
         """A request's decisions: `decide(deliver_at, deliver_after_ms)` applies admit()
         with the topic's policy to a message received at `now` (`ready`: the topic's
-        ready topic, for the heads of immediate results). dwell_native calls it too.
+        ready topic, for the heads of immediate results).
 
         A partition `x-partition-N` runs with x's policy (its topic policy, then the
         namespace's), as Pulsar applies a partitioned topic's policies to its partitions,
@@ -347,11 +324,8 @@ class Planner:
         """The HTTP answer, Pulsar's ProducerAcks: the bytes of
         `{"messagePublishResults": finish(plan, offsets), "schemaVersion": 0}` as orjson
         writes them, without a dict per message: an accepted result is its
-        head (`Plan.heads`) and `<partition>:<offset>"}` (spliced by dwell_native, when
-        admission has it, if every message was accepted)."""
+        head (`Plan.heads`) and `<partition>:<offset>"}`."""
         results = plan.results
-        if len(plan.heads) == len(results) and self.native is not None:
-            return self.native.answer(plan.heads, offsets)  # type: ignore[no-any-return]
         parts = [f'{head}{partition}:{offset}"}}'
                  for head, (partition, offset) in zip(plan.heads, offsets, strict=True)]
         if len(parts) != len(results):

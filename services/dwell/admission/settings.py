@@ -20,10 +20,6 @@ class AdmissionSettings(CommonSettings):
     max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1)
     max_messages_per_request: int = Field(1000, ge=1)
 
-    # Use dwell_native (native/, optional) for the HTTP publish path when it is installed;
-    # false keeps admission on the pure-Python path, which gives the same answers.
-    native: bool = True
-
     # Pulsar's allowAutoTopicCreation: a publish to a topic whose ready topic does not
     # exist creates it; false answers 404 `Topic persistent://t/ns/x not found` instead
     # (topics are then created through the policy service's topic routes).
