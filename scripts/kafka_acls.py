@@ -141,12 +141,11 @@ def tenant_prefixes(tenant: str) -> list[str]:
 
 
 def user_rules(principal: str, tenant: str) -> list[Rule]:
-    """A user's principal: sends publish requests and ack events, reads publish results,
-    reads its own tenant's ready, retry and DLQ topics in its own tenant's consumer
-    groups (all named by the tenant's prefix). Nothing else: above all not READ on
-    dwell.publish or dwell.acks, whose records are other clients' requests."""
+    """A user's principal: sends publish requests and ack events, reads its own tenant's
+    publish results, ready, retry and DLQ topics in its own tenant's consumer groups (all
+    named by the tenant's prefix). Nothing else: above all not READ on dwell.publish,
+    dwell.acks or dwell.publish.results, whose records are other clients'."""
     r = _rules(principal, "topic", [PUBLISH, ACKS], ["WRITE", "DESCRIBE"])
-    r += _rules(principal, "topic", [PUBLISH_RESULTS], ["READ", "DESCRIBE"])
     r += _rules(principal, "topic", tenant_prefixes(tenant), ["READ", "DESCRIBE"], "prefixed")
     r += _rules(principal, "group", tenant_prefixes(tenant), ["READ", "DESCRIBE"], "prefixed")
     return sorted(set(r))

@@ -192,6 +192,12 @@ def test_a_user_principal_is_refused_what_its_tenant_does_not_need(
                                                          names.PUBLISH))),
         "read dwell.acks (other clients' events and tokens)": refused(
             "read dwell.acks", lambda: _error(consume(mine, f"{me.ready}-g", names.ACKS))),
+        "read dwell.publish.results (every tenant's results)": refused(
+            "read dwell.publish.results", lambda: _error(consume(
+                mine, f"{me.ready}-g", names.PUBLISH_RESULTS))),
+        "read another tenant's publish results": refused(
+            "read another tenant's results", lambda: _error(consume(
+                mine, f"{me.ready}-g", names.tenant_results_topic(other.name)))),
         "read dwell.delayed": refused(
             "read dwell.delayed", lambda: _error(consume(mine, f"{me.ready}-g",
                                                          names.DELAYED))),
@@ -224,7 +230,8 @@ def _error(got: KafkaError | Message | None) -> KafkaError | None:
 def test_a_user_publishes_over_dwell_publish_and_reads_its_own_ready_topic(
         tenants: tuple[Tenant, Tenant]) -> None:
     """What the user's principal may do, end to end through admission and back: write a
-    publish request, read its result and the message in a group of its own."""
+    publish request, read its result on its tenant's results topic and the message in a
+    group of its own."""
     me, _ = tenants
     payload = f"over-kafka-{uuid.uuid4().hex[:6]}".encode()
     producer_name = f"{me.principal}-p"
@@ -236,7 +243,7 @@ def test_a_user_publishes_over_dwell_publish_and_reads_its_own_ready_topic(
     got = consume(me.config, f"{me.ready}-reader", me.ready,
                   until=lambda m: m.value() == payload, timeout_s=DELIVERY_S)
     assert isinstance(got, Message), got
-    result = consume(me.config, f"{me.ready}-results", names.PUBLISH_RESULTS,
+    result = consume(me.config, f"{me.ready}-results", names.tenant_results_topic(me.name),
                      until=lambda m: m.key() == producer_name.encode(), timeout_s=DELIVERY_S)
     assert isinstance(result, Message), result
     answer = json.loads(result.value())

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import make_namespace, now_ms, ok
+from conftest import make_namespace, now_ms, ok, read_until
 from dwell.adapters import kafka
 from dwell.client import Consumer, Producer
 from dwell.core import topics as names
@@ -416,13 +416,27 @@ def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
                                         "producerName": producer_name,
                                         "messages": [{"payload": "z", "sequenceId": 9}]}),
            topic).result(15)
+    ghost = f"ghost{unique}"  # no such tenant: no results topic is made for it
+    p.send(names.PUBLISH, orjson.dumps({"topic": f"persistent://{ghost}/ns/x",
+                                        "producerName": producer_name,
+                                        "messages": [{"payload": "g", "sequenceId": 10}]}),
+           topic).result(15)
     p.close()
 
     # Any admission replica in the shared `dwell-admission` group may answer (other
     # suites run their own), so results are matched by request id, not by process.
     got = {(res["requestId"], res["index"]): res
-           for res in read_results(kafka_bootstrap, ends, producer_name, 5)}
-    assert len(got) == 5, got
+           for res in read_results(kafka_bootstrap, ends, producer_name, 6)}
+    assert len(got) == 6, got
+    # The tenant's own copy of its planned requests' results, which only its principals
+    # may read on a secured Kafka; a request refused whole is not vouched for: none.
+    own = read_until(kafka_bootstrap, names.tenant_results_topic(unique), {0: 0},
+                     lambda rs: len(rs) >= 4)
+    mine = {k: v for k, v in got.items() if v["sequenceId"] != 10}
+    assert sorted(orjson.loads(r.value)["sequenceId"] for r in own) == [1, 2, 3, 4]
+    assert {r.key for r in own} == {producer_name.encode()} and len(mine) == 5
+    assert names.tenant_results_topic(ghost) not in kafka.topic_names(kafka_bootstrap)
+    got = mine
     ordered = sorted(got.values(), key=lambda m: (m["requestId"] != via_first(got),
                                                   m["index"] or 0))
     via_kafka, unknown = ordered[:4], ordered[4]

@@ -118,6 +118,9 @@ class Ingress:
         self.assigned = threading.Event()
         self.error: str | None = None
         self._topics: BoundedCache[str, TopicName] = BoundedCache()
+        # Tenants' results topics: True once made, False when Kafka refused the name
+        # (names.tenant_results_topic).
+        self._results_topics: dict[str, bool] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publish-ingress", daemon=True)
 
@@ -263,9 +266,13 @@ class Ingress:
             if plan is None:
                 results = refused
                 topic_s = r.key.decode("utf-8", "replace") if r.key else None
+                # What names a request refused as a whole is not vouched for: a copy in
+                # the tenant it names would let anyone forge results there.
+                tenant_topic = None
             else:
                 results = Publisher.finish(plan, next(sent).result())
                 topic_s = str(plan.topic)
+                tenant_topic = self._tenant_results(plan.topic.tenant)
                 for i, res in enumerate(results):
                     res["sequenceId"] = seqs[i]
                     res["index"] = i
@@ -273,12 +280,35 @@ class Ingress:
                 ok += 1
             for res in results:
                 res["topic"] = topic_s
-                out.append((names.PUBLISH_RESULTS, dumps(res), key, None, None))
+                value = dumps(res)
+                out.append((names.PUBLISH_RESULTS, value, key, None, None))
+                if tenant_topic is not None:
+                    out.append((tenant_topic, value, key, None, None))
         producer.send_unreported(out)
         if ok:
             metrics.REQUESTS.labels("kafka", "200").inc(ok)
         producer.commit(consumer, kafka.next_offsets(records))
         metrics.PUBLISH_LATENCY.labels("kafka").observe(time.perf_counter() - started)
+
+    def _tenant_results(self, tenant: str) -> str | None:
+        """The results topic of `tenant` (made on first use), or None when dwell knows no
+        such tenant: a results topic is made only for a tenant that exists."""
+        if tenant not in self.publisher.cache.tenants:
+            return None
+        name = names.tenant_results_topic(tenant)
+        made = self._results_topics.get(name)
+        if made is None:
+            s = self.settings
+            try:
+                kafka.ensure_topic(s.kafka_bootstrap, name, 1, s.kafka_replication_factor)
+                made = True
+            except kafka.TopicRefused as exc:
+                # Kafka takes '.' and '_' alike: a name can collide with another
+                # tenant's topic. The results stay on dwell.publish.results alone.
+                log.warning("no results topic for tenant %r: %s", tenant[:200], exc)
+                made = False
+            self._results_topics[name] = made
+        return name if made else None
 
     def _read(self, r: kafka.Record) -> tuple[IngressRequest, TopicName]:
         """The request a record holds and the topic it names; Malformed when it is not

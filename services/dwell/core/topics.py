@@ -36,6 +36,8 @@ from typing import Final
 POLICIES: Final = "dwell.policies"
 PUBLISH: Final = "dwell.publish"
 PUBLISH_RESULTS: Final = "dwell.publish.results"
+# The second part of a tenant's own copy of its results (tenant_results_topic).
+TENANT_RESULTS: Final = "dwell-publish-results"
 DELAYED: Final = "dwell.delayed"
 # The tracker's re-filed copies of long, varied delays (dwell.tracker.restage).
 REFILED: Final = "dwell.delayed.refiled"
@@ -165,6 +167,14 @@ def validate_subscription(name: str) -> str:
                 f"subscription name {name!r} must not contain control character U+{ord(ch):04X}"
             )
     return name
+
+
+def tenant_results_topic(tenant: str) -> str:
+    """The Kafka topic with the publish results of `tenant`'s requests on dwell.publish,
+    a copy of theirs on `dwell.publish.results` that only the tenant's principals read:
+    it starts with the tenant's prefix `<tenant>.`, which their ACLs cover, and has two
+    parts, so it is no ready, retry or DLQ topic (three)."""
+    return f"{escape_kafka_part(tenant)}.{TENANT_RESULTS}"
 
 
 def escape_kafka_part(part: str) -> str:
