@@ -30,11 +30,12 @@ from confluent_kafka import (
     Message,
     Producer,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 import devstack
 import kafka_acls
 import secure_stack
+from conftest import free_port
 from dwell import headers as hdr
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
@@ -282,3 +283,38 @@ def test_the_operators_table_in_the_docs_is_the_applied_one() -> None:
                if (row := f"| `{p}` | {res} | {pat} | `{name}` | {', '.join(sorted(ops))} |")
                not in docs]
     assert not missing, f"{len(missing)} rows not in docs/kubernetes.md: {missing[:3]}"
+
+
+def test_a_tracker_that_may_not_keep_its_delay_log_refuses_to_start(
+        secured: devstack.Stack) -> None:
+    """Issue 29 on a locked Kafka: a delay log whose retention would drop pending messages
+    (7 days, a stock broker's), and a tracker whose principal may see the log's settings
+    but not change them. It refuses to start, naming the topic, the setting and the right
+    it lacks, rather than index messages the broker will delete."""
+    tag = uuid.uuid4().hex[:8]
+    log = f"dwell.delayed.t{tag}"
+    admin = broker_admin(secured)
+    admin.create_topics([NewTopic(log, 4, 1, config={"retention.ms": "604800000"})]
+                        )[log].result(TIMEOUT_S)
+    principal = f"dwell-tracker-{tag}"
+    kafka_acls.upsert_users(admin, {principal: secure_stack.kafka_password(secured.pki,
+                                                                          principal)})
+    kafka_acls.apply(admin, [kafka_acls.Rule(f"User:{principal}", "topic", name, "literal", op)
+                             for name in (log, f"{log}.refiled", names.DELIVERED)
+                             for op in ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS")])
+    env = (dict(os.environ) | secured.service_env()
+           | secure_stack.kafka_user_env(secured.pki, principal)
+           | {"DWELL_DELAYED_TOPIC": log, "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{tag}",
+              "DWELL_HTTP_PORT": str(free_port())})
+    done = subprocess.run([sys.executable, "-m", "dwell.tracker"], env=env, text=True,
+                          capture_output=True, timeout=120)
+    said = done.stdout + done.stderr
+    refusal = next((line for line in said.splitlines()
+                    if "dwell tracker refuses to start" in line), "")
+    print(f"\n{refusal}")
+    assert done.returncode != 0, said[-2000:]
+    assert f"topic {log} has retention.ms=604800000" in refusal, said[-2000:]
+    assert "TOPIC_AUTHORIZATION_FAILED" in refusal and "ALTER_CONFIGS" in refusal
+    config = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, log)])
+    entries = next(iter(config.values())).result(TIMEOUT_S)
+    assert entries["retention.ms"].value == "604800000"  # left as the operator set it
