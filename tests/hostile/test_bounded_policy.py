@@ -221,7 +221,10 @@ def test_forged_feed_records_are_set_aside_once_by_the_policy_services_audit(
     forged = [(f"tenant:{unique}a".encode(), b'{"version": 1, "tenant": "x"}'),
               (f"namespace:{unique}a/ns".encode(), b"not json"),
               (f"topic:persistent://{unique}a/ns/x".encode(),
-               b'{"version": 2, "policy": {"tickTime": "soon"}}')]
+               b'{"version": 2, "policy": {"tickTime": "soon"}}'),
+              # Over max_policy_record_bytes: set aside without its value.
+              (f"tenant:{unique}b".encode(),
+               b'{"version": 3, "tenant": "' + b"x" * RECORD_LIMIT + b'"}')]
     keys = {key for key, _ in forged}
     invalid_from = kafka.end_offsets(kafka_bootstrap, names.INVALID)
     second = services.start("policy", env=policy_svc.env)
@@ -250,6 +253,10 @@ def test_forged_feed_records_are_set_aside_once_by_the_policy_services_audit(
     assert {(int(r.header(hdr.SOURCE_PARTITION)), int(r.header(hdr.SOURCE_OFFSET)))
             for r in again} == set(at)
     assert {r.key: r.header(hdr.INVALID_KIND) for r in again}[forged[1][0]] == "not_json"
+    big = next(r for r in again if r.key == forged[3][0])
+    assert big.value is None, len(big.value or b"")
+    assert (big.header(hdr.INVALID_REASON) or "").endswith(
+        f"(value of {len(forged[3][1])} bytes not copied)")
 
 
 def test_forged_records_are_set_aside_when_the_store_is_rebuilt(

@@ -52,6 +52,10 @@ class FeedAudit:
             except kafka.KafkaUnavailable as exc:
                 log.warning("feed audit: %s; retrying", exc)
                 self._stop.wait(1.0)
+            except Exception:
+                # No record may end the audit: it goes on from the committed offsets.
+                log.exception("feed audit failed; retrying")
+                self._stop.wait(1.0)
 
     def _audit(self) -> None:
         consumer = kafka.Consumer(self._bootstrap, self._group, [topics.POLICIES])
@@ -69,8 +73,14 @@ class FeedAudit:
                         log.warning("%s record %r at %d:%d set aside on %s: %s",
                                     topics.POLICIES, (r.key or b"")[:200], r.partition,
                                     r.offset, topics.INVALID, reason)
+                        # A value near the broker's limit would not fit with the
+                        # headers: its size says enough.
+                        value = r.value
+                        if value is not None and len(value) > self._max_record_bytes:
+                            reason += f" (value of {len(value)} bytes not copied)"
+                            value = None
                         out = invalid.invalid_record(r.topic, r.partition, r.offset, r.key,
-                                                     r.value, kind, reason)
+                                                     value, kind, reason)
                         producer.send(out[0], out[1], key=out[2], headers=dict(out[3]))
                         refused += 1
                 if refused:
