@@ -53,7 +53,7 @@ test: install chart-tools ## every test suite but tests/images, against real Red
 	$(DEVSTACK) --profile secure down
 	rm -rf .dwell/test .dwell/faults .dwell/secure
 	set -o pipefail; rc=0; \
-	  $(PY) -m pytest --ignore=tests/images $(PYTEST_ARGS) || rc=$$?; \
+	  $(PY) -m pytest --ignore=tests/images --durations=30 $(PYTEST_ARGS) || rc=$$?; \
 	  $(DEVSTACK) --profile test down; $(DEVSTACK) --profile faults down; \
 	  $(DEVSTACK) --profile secure down; exit $$rc
 

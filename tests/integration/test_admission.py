@@ -13,7 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import make_namespace, now_ms, ok, read_until
+from conftest import make_namespace, now_ms, ok, read_until, wait_for
 from dwell.adapters import kafka
 from dwell.client import Consumer, Producer
 from dwell.core import topics as names
@@ -275,13 +275,13 @@ def test_pulsar_rest_bodies_are_read_as_pulsar_reads_them(
 
 
 def read_results(bootstrap: str, ends: dict[int, int], producer_name: str,
-                 want: int) -> list[dict[str, Any]]:
+                 want: int, timeout: float = 30) -> list[dict[str, Any]]:
     """The results on `dwell.publish.results` after `ends` keyed by `producer_name`, until
-    `want` of them came (or 30 s passed)."""
+    `want` of them came (or `timeout` s passed)."""
     got: list[dict[str, Any]] = []
     c = kafka.Consumer(bootstrap, f"test-{uuid.uuid4().hex}")
     c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while len(got) < want and time.monotonic() < deadline:
         got += [orjson.loads(r.value) for r in c.poll(500, 0.5)
                 if r.key == producer_name.encode()]
@@ -461,3 +461,56 @@ def test_readyz_reports_the_policy_version(admission: httpx.Client) -> None:
              for s in f.samples if s.name == "dwell_policy_version_applied"]
     # Other suites may change policies meanwhile: the gauge can only have moved up.
     assert gauge and gauge[0] >= body["policyVersionApplied"]
+
+
+def publish_until_written(admission: httpx.Client, topic: str, payload: str) -> dict[str, Any]:
+    """Publish one message until it is written (503s, which a client retries, are allowed
+    for 60 s); its result."""
+    deadline = time.monotonic() + 60
+    statuses: list[int] = []
+    while True:
+        r = publish(admission, topic, {"payload": payload})
+        statuses.append(r.status_code)
+        if r.status_code == 200:
+            return dict(r.json()["messagePublishResults"][0])
+        assert r.status_code == 503, r.text
+        assert time.monotonic() < deadline, statuses
+        time.sleep(0.5)
+
+
+def test_a_deleted_topic_is_made_again_by_a_later_publish(policy: httpx.Client,
+                                                           admission: httpx.Client,
+                                                           kafka_bootstrap: str,
+                                                           unique: str) -> None:
+    """`topics delete` removes the ready topic. As in Pulsar with allowAutoTopicCreation,
+    a later publish makes it again, over HTTP and over the Kafka ingress: a replica that
+    had routed to it does not fail for good."""
+    make_namespace(policy, unique)
+    topic = f"persistent://{unique}/ns/gone"
+    ready = f"{unique}.ns.gone"
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
+    wait_ingress(admission)
+
+    def delete() -> None:
+        # An auto-created ready topic has ready_topic_partitions partitions: a
+        # partitioned topic to Pulsar's tools.
+        assert policy.delete(f"/admin/v2/persistent/{unique}/ns/gone/partitions"
+                             ).status_code == 204
+        wait_for(lambda: ready not in kafka.topic_names(kafka_bootstrap), 30,
+                 f"{ready} deleted")
+
+    delete()
+    written = publish_until_written(admission, topic, "after")
+    assert read_record(kafka_bootstrap, written["messageId"]).value == b"after"
+
+    delete()
+    producer_name = f"prod-{unique}"
+    ends = kafka.end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
+    p = kafka.Producer(kafka_bootstrap)
+    p.send(names.PUBLISH, orjson.dumps({"topic": topic, "producerName": producer_name,
+                                        "messages": [{"payload": "via-kafka"}]}),
+           topic).result(15)
+    p.close()
+    results = read_results(kafka_bootstrap, ends, producer_name, 1, timeout=90)
+    assert len(results) == 1 and "errorMsg" not in results[0], results
+    assert read_record(kafka_bootstrap, results[0]["messageId"]).value == b"via-kafka"

@@ -106,6 +106,25 @@ _HEAD = msgspec.json.Decoder(_Head)
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw] | None)
 
 
+class OncePerBatch:
+    """The policy cache caught up with the feed at most once per batch: one catch-up reads
+    the feed's end after every record of the batch was written, so it covers the policy
+    changes their producers had seen."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._publisher = publisher
+        self.done = False
+
+    def __call__(self) -> bool:
+        """Catch up unless this batch has; whether it did now. PublishError 503 when it
+        cannot (the batch is read again)."""
+        if self.done or self._publisher.catch_up is None:
+            return False
+        self._publisher.caught_up_blocking()
+        self.done = True
+        return True
+
+
 class Ingress:
     """The consume-transform-produce loop, run in a daemon thread."""
 
@@ -171,6 +190,9 @@ class Ingress:
                 except kafka.KafkaUnavailable as exc:
                     self.error = str(exc)
                     log.warning("ingress batch failed, re-reading it: %s", exc)
+                    # A topic it wrote to may have been deleted since it was made.
+                    self.publisher.forget_routes()
+                    self._results_topics.clear()
                     producer = self._recover(producer)
                     consumer.seek(_first_offsets(records))
                     time.sleep(0.5)
@@ -209,22 +231,19 @@ class Ingress:
         planned: list[tuple[kafka.Record, Plan | None, str | None, list[dict[str, Any]], str,
                             list[Any]]] = []
         futures: list[Future[list[tuple[int, int]]]] = []
-        # One catch-up serves the batch: it reads the feed's end after every record of
-        # the batch was written, so it covers the changes their producers had seen.
-        caught_up = False
+        catch_up = OncePerBatch(pub)
         invalids: list[kafka.OutRecord] = []
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
-                req, topic = self._read(r)
-                if not caught_up and pub.misses(topic):
-                    pub.caught_up_blocking()
-                    caught_up = True
+                req, topic = self._read(r, catch_up)
+                if pub.misses(topic):
+                    catch_up()
                 version = pub.cache.version
                 plan = pub.plan(topic, req)
-                if not caught_up and plan.rejected:
+                if not catch_up.done and plan.rejected:
                     plan = pub.replan_if_newer(plan, req, version)
-                    caught_up = True
+                    catch_up.done = True
                 if plan.results:
                     pub.route(topic)
                 futures.append(pub.send(plan, producer))
@@ -310,7 +329,8 @@ class Ingress:
             self._results_topics[name] = made
         return name if made else None
 
-    def _read(self, r: kafka.Record) -> tuple[IngressRequest, TopicName]:
+    def _read(self, r: kafka.Record,
+              catch_up: OncePerBatch) -> tuple[IngressRequest, TopicName]:
         """The request a record holds and the topic it names; Malformed when it is not
         one (PublishError for a well-formed request refused later, as over HTTP)."""
         invalid.check_size(r.value, self.settings.max_request_bytes, "max_request_bytes",
@@ -331,7 +351,7 @@ class Ingress:
                                               if r.key else ""))
         except PublishError as exc:
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
-        self._authorize(role, topic)
+        self._authorize(role, topic, catch_up)
         return req, topic
 
     def _authenticate(self, token: str | None, r: kafka.Record) -> str | None:
@@ -348,14 +368,15 @@ class Ingress:
         except ApiError as exc:
             raise PublishError(exc.status, exc.reason) from None
 
-    def _authorize(self, role: str | None, topic: TopicName) -> None:
+    def _authorize(self, role: str | None, topic: TopicName, catch_up: OncePerBatch) -> None:
         """PublishError 403 unless the role may produce on the topic's namespace (nothing
-        to check with authentication off)."""
+        to check with authentication off); a grant the policy service acknowledged but
+        this replica has not read yet counts, as over HTTP."""
         if self.guard is None or role is None:
             return
         try:
             self.guard.authorize_sync(role, Operation.PRODUCE, topic.tenant, topic.namespace,
-                                      self.grants)
+                                      self.grants, catch_up)
         except ApiError as exc:
             raise PublishError(exc.status, exc.reason) from None
 

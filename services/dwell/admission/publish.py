@@ -120,6 +120,19 @@ class Publisher(Planner):
         self._ready_topics.add(owner.kafka_topic)
         return self._partitions.put(topic, index)
 
+    def forget_route(self, topic: TopicName) -> None:
+        """Ask Kafka again at `topic`'s next `route`: a write to it failed, and its ready
+        topic may have been deleted (`topics delete`) since it was routed, so that the next
+        publish makes it again, as in Pulsar."""
+        owner = topic.partitioned_topic if topic.partition_index >= 0 else topic
+        self._ready_topics.discard(owner.kafka_topic)
+        self._partitions.pop(topic, None)
+
+    def forget_routes(self) -> None:
+        """`forget_route` for every topic (a batch of the Kafka ingress failed)."""
+        self._ready_topics.clear()
+        self._partitions.clear()
+
     def _partitioned_one(self, topic: TopicName) -> bool:
         """Whether the policy feed marks `topic` as a partitioned topic of one partition,
         asked again after a catch-up when the cache does not (it may have just been made)."""
@@ -297,6 +310,7 @@ class Publisher(Planner):
                 plan.sends = []
                 offsets = await acked
             except (kafka.KafkaUnavailable, TimeoutError) as exc:
+                self.forget_route(topic)
                 metrics.MESSAGES.labels("unavailable", "http").inc(sends)
                 raise PublishError(503, f"Kafka unavailable: {exc}") from None
         self.count(plan, "http")

@@ -132,13 +132,20 @@ class Guard:
                                    namespace, grants)
 
     def authorize_sync(self, role: str, operation: Operation, tenant: str,
-                        namespace: str | None, grants: GrantsSync | None) -> str:
+                        namespace: str | None, grants: GrantsSync | None,
+                        catch_up: Callable[[], bool] | None = None) -> str:
+        """The role when it may do `operation`; ApiError 403 otherwise. A refusal first
+        calls `catch_up` (whether the grants' replay caught up with the feed just now) and,
+        when it did, asks once more: read your writes, as in `check`."""
         if not self.authorization:
             return role
-        found = grants(tenant, namespace) if grants is not None else NO_GRANTS
-        if not allowed(role, operation, self.super_users, found):
-            raise forbidden(role, operation, tenant, namespace)
-        return role
+        for last in (False, True):
+            found = grants(tenant, namespace) if grants is not None else NO_GRANTS
+            if allowed(role, operation, self.super_users, found):
+                return role
+            if last or catch_up is None or not catch_up():
+                break
+        raise forbidden(role, operation, tenant, namespace)
 
     def check_metrics(self, authorization: str | None) -> None:
         """Pulsar's `authenticateMetricsEndpoint`: when on (with authentication), /metrics

@@ -124,3 +124,32 @@ def test_a_refusal_catches_the_grants_up_once() -> None:
     else:
         raise AssertionError("consume was allowed")
     assert calls == ["catch-up", "catch-up"]
+
+
+def test_a_refusal_of_a_kafka_record_catches_the_grants_up_when_the_caller_may() -> None:
+    """`authorize_sync` (the Kafka ingress's check) asks again after a catch-up that ran,
+    and refuses at once when the caller's catch-up has already run for its batch."""
+    import pytest
+
+    from dwell.http import ApiError
+
+    granted: dict[str, list[str]] = {}
+    looked_up: list[str] = []
+
+    def lookup(tenant: str, namespace: str | None) -> Grants:
+        looked_up.append(tenant)
+        return Grants.of((), granted)
+
+    def catch_up() -> bool:
+        granted["late"] = ["produce"]
+        return True
+
+    guard = Guard(CommonSettings(**ON))  # type: ignore[arg-type]
+    with pytest.raises(ApiError) as refused:
+        guard.authorize_sync("late", Operation.PRODUCE, "acme", "ns", lookup, lambda: False)
+    assert refused.value.status == 403 and looked_up == ["acme"]
+    assert guard.authorize_sync("late", Operation.PRODUCE, "acme", "ns", lookup,
+                                catch_up) == "late"
+    assert looked_up == ["acme", "acme", "acme"]
+    with pytest.raises(ApiError):
+        guard.authorize_sync("late", Operation.SUBSCRIBE, "acme", "ns", lookup, catch_up)
