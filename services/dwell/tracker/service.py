@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from dwell import memory
 from dwell.adapters.kafka import (
     DWELL_TOPIC_DEFAULTS,
-    KEEP_UNTIL_DELIVERED,
+    KEPT_TOPIC_CONFIG,
     RetentionRefused,
     ensure_retention,
     ensure_topic,
@@ -40,7 +40,7 @@ def keep_logs(settings: TrackerSettings) -> None:
     Kafka refuses (the tracker would index messages that retention then drops)."""
     for topic in (settings.delayed_topic, settings.refile_log, topics.DELIVERED):
         ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor,
-                     KEEP_UNTIL_DELIVERED)
+                     KEPT_TOPIC_CONFIG)
         try:
             ensure_retention(settings.kafka_bootstrap, topic)
         except RetentionRefused as exc:
@@ -53,7 +53,7 @@ def start_ingest(settings: TrackerSettings, topic: str, thread: str,
     """An ingest loop of the delay log ``topic`` (created if missing) on a thread of its own;
     its positions are indexed as ``settings.delayed_topic``'s, fields from ``field_base``."""
     ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor,
-                 KEEP_UNTIL_DELIVERED)
+                 KEPT_TOPIC_CONFIG)
     loop = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap, topic,
                       settings.tracker_group_id, source=settings.delayed_topic,
                       field_base=field_base, batch_max=settings.ingest_batch_max,

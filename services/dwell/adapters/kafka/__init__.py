@@ -7,6 +7,7 @@ from confluent_kafka import OFFSET_BEGINNING, Message
 from .admin import (
     DWELL_TOPIC_DEFAULTS,
     KEEP_UNTIL_DELIVERED,
+    KEPT_TOPIC_CONFIG,
     KEPT_TOPICS,
     LogStarts,
     admin,
@@ -35,6 +36,7 @@ from .scan import SCAN_CONFIG, iter_from, read_all, read_from, read_offsets, rea
 __all__ = [
     "DWELL_TOPIC_DEFAULTS",
     "KEEP_UNTIL_DELIVERED",
+    "KEPT_TOPIC_CONFIG",
     "KEPT_TOPICS",
     "OFFSET_BEGINNING",
     "SCAN_CONFIG",

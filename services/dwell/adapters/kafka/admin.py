@@ -83,6 +83,11 @@ BROKER_TIMESTAMPS: Final = {"message.timestamp.type": "LogAppendTime"}
 KEEP_UNTIL_DELIVERED: dict[str, str] = {"retention.ms": "-1", "retention.bytes": "-1",
                                         "cleanup.policy": "delete"}
 KEPT_TOPICS = (names.DELAYED, names.REFILED, names.DELIVERED)
+# What dwell creates those topics with. Kafka removes a segment only once it lies wholly
+# below the log's start and is no longer written to, so they roll every hour: the trim
+# gives their disk back within about an hour plus the broker's retention check (a stock
+# broker rolls weekly, log.roll.hours=168). An operator's own value is left alone.
+KEPT_TOPIC_CONFIG: dict[str, str] = KEEP_UNTIL_DELIVERED | {"segment.ms": "3600000"}
 
 
 def retention_risks(config: Mapping[str, str]) -> dict[str, str]:
@@ -146,10 +151,10 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
                          "segment.ms": "3600000"}),
     names.PUBLISH: (4, BROKER_TIMESTAMPS),
     names.PUBLISH_RESULTS: (4, {}),
-    names.DELAYED: (4, KEEP_UNTIL_DELIVERED),
-    names.REFILED: (4, KEEP_UNTIL_DELIVERED),
+    names.DELAYED: (4, KEPT_TOPIC_CONFIG),
+    names.REFILED: (4, KEPT_TOPIC_CONFIG),
     names.ACKS: (4, BROKER_TIMESTAMPS),
-    names.DELIVERED: (4, KEEP_UNTIL_DELIVERED),
+    names.DELIVERED: (4, KEPT_TOPIC_CONFIG),
     names.INVALID: (1, {}),
     names.SUBSCRIPTIONS: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                               "segment.ms": "3600000"}),
