@@ -11,6 +11,8 @@ import pytest
 from confluent_kafka.admin import ConfigResource
 
 from dwell.adapters import kafka
+from dwell.tracker.service import keep_logs
+from dwell.tracker.settings import TrackerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +71,17 @@ def test_the_tracker_resets_the_retention_of_its_logs(services, stack, unique: s
 def test_dwells_own_topics_are_created_kept(kafka_bootstrap: str) -> None:
     kafka.ensure_dwell_topics(kafka_bootstrap)
     for t in kafka.KEPT_TOPICS:
-        config = _config_when(kafka_bootstrap, t, _kept)
-        assert _kept(config), t
-        # Hourly segments: the trim's DeleteRecords gives disk back within the hour.
-        assert config["segment.ms"] == "3600000", (t, config["segment.ms"])
+        assert _kept(_config_when(kafka_bootstrap, t, _kept)), t
+        assert kafka.DWELL_TOPIC_DEFAULTS[t][1] == kafka.KEPT_TOPIC_CONFIG
+
+
+def test_the_tracker_makes_its_logs_with_hourly_segments(kafka_bootstrap: str,
+                                                         unique: str) -> None:
+    """Hourly segments, so that the trim's DeleteRecords gives disk back within the hour.
+    The session's own dwell.delayed may carry a test's shorter segment.ms: fresh logs."""
+    settings = TrackerSettings(kafka_bootstrap=kafka_bootstrap,  # type: ignore[call-arg]
+                               delayed_topic=f"dwell.delayed.{unique}")
+    keep_logs(settings)
+    for t in (settings.delayed_topic, settings.refile_log):
+        config = _config_when(kafka_bootstrap, t, lambda c: c["segment.ms"] == "3600000")
+        assert _kept(config) and config["segment.ms"] == "3600000", (t, config)
