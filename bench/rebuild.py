@@ -36,6 +36,8 @@ from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks
 
 TOPICS = 8
+# Buckets per claim, as the drain's default round (dwell_spark.settings.drain_max_buckets).
+DRAIN_ROUND = 100
 
 
 def produce(bootstrap: str, log: str, n: int, rng: np.random.Generator,
@@ -104,18 +106,23 @@ def main() -> int:
         ingest_s = time.perf_counter() - (loop.first_batch_at or 0)
         print(f"first ingest: {n / ingest_s:,.0f} msg/s", flush=True)
 
-        # The drain takes the earliest quarter of the spread and marks it delivered.
+        # The drain takes the earliest quarter of the spread and marks it delivered, in
+        # rounds of the drain's default size (DrainSettings.drain_max_buckets).
         marks = BulkProducer(bootstrap)
         drained = 0
+        t = time.perf_counter()
         for topic in topics:
             idx = TopicIndex(r, topic)
-            claims = idx.claim(T0 + args.spread_ms // 4, 1_000_000, 600_000, strict=False)
-            write_marks(marks, [mark_record(log, topic, b.bucket_start, b.positions)
-                                for b in claims])
-            for b in claims:
-                idx.complete(b.bucket_start, b.lease_id)
-                drained += b.count()
+            while claims := idx.claim(T0 + args.spread_ms // 4, DRAIN_ROUND, 600_000,
+                                      strict=False):
+                write_marks(marks, [mark_record(log, topic, b.bucket_start, b.positions)
+                                    for b in claims])
+                for b in claims:
+                    idx.complete(b.bucket_start, b.lease_id)
+                    drained += b.count()
         marks.close()
+        print(f"drained {drained:,} in rounds of {DRAIN_ROUND} buckets in "
+              f"{time.perf_counter() - t:.1f}s", flush=True)
         keeper = LowmarkKeeper(r, bootstrap, group, delayed_topic=log,
                                refiled_topic=f"{log}.refiled", interval_s=1)
         t = time.perf_counter()
@@ -128,7 +135,7 @@ def main() -> int:
         before = loop.indexed
         r.flushdb()
         t = time.perf_counter()
-        deadline = t + 600
+        deadline = t + 600 + n / 20_000  # a slack under the ingest rate
         while True:
             ingested = {int(f): int(o) for f, o in r.hgetall(keys.INGESTED).items()}
             if not loop.rebuilding and loop.indexed - before >= left and ingested:

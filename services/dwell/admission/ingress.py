@@ -124,6 +124,15 @@ class OncePerBatch:
         self.done = True
         return True
 
+    def replan(self, plan: Plan, req: IngressRequest, version: int) -> Plan:
+        """`plan` made again when the rule refused a message of it and the catch-up (this
+        batch's one) brought policies newer than ``version``, the cache's when `plan` was
+        made. A catch-up earlier in the batch came before `plan`: nothing newer to see."""
+        if self.done or not plan.rejected:
+            return plan
+        self.done = True
+        return self._publisher.replan_if_newer(plan, req, version)
+
 
 class Ingress:
     """The consume-transform-produce loop, run in a daemon thread."""
@@ -240,10 +249,7 @@ class Ingress:
                 if pub.misses(topic):
                     catch_up()
                 version = pub.cache.version
-                plan = pub.plan(topic, req)
-                if not catch_up.done and plan.rejected:
-                    plan = pub.replan_if_newer(plan, req, version)
-                    catch_up.done = True
+                plan = catch_up.replan(pub.plan(topic, req), req, version)
                 if plan.results:
                     pub.route(topic)
                 futures.append(pub.send(plan, producer))

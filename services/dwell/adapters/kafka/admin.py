@@ -87,7 +87,8 @@ KEPT_TOPICS = (names.DELAYED, names.REFILED, names.DELIVERED)
 # below the log's start and is no longer written to, so they roll every hour: the trim
 # gives their disk back within about an hour plus the broker's retention check (a stock
 # broker rolls weekly, log.roll.hours=168). An operator's own value is left alone.
-KEPT_TOPIC_CONFIG: dict[str, str] = KEEP_UNTIL_DELIVERED | {"segment.ms": "3600000"}
+HOURLY_SEGMENTS: dict[str, str] = {"segment.ms": "3600000"}
+KEPT_TOPIC_CONFIG: dict[str, str] = KEEP_UNTIL_DELIVERED | HOURLY_SEGMENTS
 
 
 def retention_risks(config: Mapping[str, str]) -> dict[str, str]:
@@ -146,9 +147,12 @@ def ensure_retention(bootstrap: str, topic: str, timeout: float = 15.0) -> dict[
     return risks
 
 
+# The feeds a reader replays in full (policies, subscriptions): one record per key, the
+# latest, compacted as soon as its segment rolls.
+COMPACTED: dict[str, str] = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"} \
+    | HOURLY_SEGMENTS
 DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
-    names.POLICIES: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-                         "segment.ms": "3600000"}),
+    names.POLICIES: (1, COMPACTED),
     names.PUBLISH: (4, BROKER_TIMESTAMPS),
     names.PUBLISH_RESULTS: (4, {}),
     names.DELAYED: (4, KEPT_TOPIC_CONFIG),
@@ -156,8 +160,7 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
     names.ACKS: (4, BROKER_TIMESTAMPS),
     names.DELIVERED: (4, KEPT_TOPIC_CONFIG),
     names.INVALID: (1, {}),
-    names.SUBSCRIPTIONS: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-                              "segment.ms": "3600000"}),
+    names.SUBSCRIPTIONS: (1, COMPACTED),
 }
 
 
