@@ -31,7 +31,7 @@ from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.positions import field_partition
-from dwell.index.roaring import decode, encode
+from dwell.index.roaring import decode, encode, unpack_deltas
 from dwell.tracker import LUA_DIR
 from dwell.tracker.metrics import MARKS_WRITTEN
 
@@ -128,8 +128,8 @@ def pending_minimums(r: redislib.Redis) -> dict[int, int]:
     claimed blobs and deltas: a claim, a compaction, an expired lease's return) until
     `complete` deletes them as delivered, and every bucket holding any is in the index
     ZSET or the claims ZSET. So both ZSETs are read in one transaction and each listed
-    bucket's four keys by one script call (minima-1.lua, which sends back only the
-    minima): nothing pending can move out of sight between two reads. (A bucket whose
+    bucket's four keys by one script call (minima-1.lua, which sends back the blobs'
+    minima and the deltas): nothing pending can move out of sight between two reads. (A bucket whose
     lease expired is back in the index with its data still in the claimed keys until it
     is claimed again.)"""
     scripts = redis_adapter.Scripts(r, LUA_DIR)
@@ -144,9 +144,12 @@ def pending_minimums(r: redislib.Redis) -> dict[int, int]:
         prefixes = [ks.bucket_prefix, ks.delta_prefix, ks.claimed_prefix,
                     ks.claimed_delta_prefix]
         for i in range(0, len(buckets), MINIMA_CHUNK):
-            flat = scripts.run("minima", [ks.index],
-                               [*prefixes, *buckets[i:i + MINIMA_CHUNK]])
-            for f, offset in zip(flat[::2], flat[1::2], strict=True):
+            flat, deltas = scripts.run("minima", [ks.index],
+                                       [*prefixes, *buckets[i:i + MINIMA_CHUNK]])
+            minima = list(zip(flat[::2], flat[1::2], strict=True))
+            minima += [(f, int(offs.min()))
+                       for f, offs in unpack_deltas(b"".join(deltas)).items()]
+            for f, offset in minima:
                 if offset < low.get(f, offset + 1):
                     low[f] = offset
     return low

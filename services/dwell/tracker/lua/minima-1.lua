@@ -3,7 +3,9 @@
   atomically for those buckets (dwell.tracker.recovery.pending_minimums): each bucket's
   live blobs (HASH) and deltas (STRING), claimed blobs (LIST) and claimed deltas
   (STRING). Only the smallest value of each blob is read, from the portable Roaring64
-  format (dwell.index.roaring.encode), so nothing is decoded or sent back but the minima.
+  format (dwell.index.roaring.encode), so no blob is decoded or sent back. The deltas
+  are sent back as they are: a burst can leave one bucket with tens of thousands of
+  entries before compaction, and reading them here would hold Redis for seconds.
 
   Input:
     KEYS[1] index ZSET       only its hash tag: every key read here shares it
@@ -14,7 +16,8 @@
     ARGV[5..] bucket starts
 
   Output:
-    flat array field, lowest offset, field, lowest offset ... (a field at most once)
+    {flat array field, lowest offset, ... (a field at most once) of the blobs,
+     the non-empty delta strings}
 ]]
 local function u16(s, i)
   local a, b = string.byte(s, i, i + 1)
@@ -80,20 +83,17 @@ local function noteBlobs(flat)
   for j = 1, #flat, 2 do note(tonumber(flat[j]), min64(flat[j + 1])) end
 end
 
--- Deltas: 12-byte entries, u32 field and u64 offset, little-endian.
-local function noteDeltas(d)
-  if not d then return end
-  for j = 1, #d - 11, 12 do
-    note(u32(d, j), u32(d, j + 4) + u32(d, j + 8) * 4294967296)
-  end
+local deltas = {}
+local function keepDeltas(d)
+  if d then deltas[#deltas + 1] = d end
 end
 
 for i = 5, #ARGV do
   local b = ARGV[i]
   noteBlobs(redis.call("HGETALL", ARGV[1] .. b))
-  noteDeltas(redis.call("GET", ARGV[2] .. b))
+  keepDeltas(redis.call("GET", ARGV[2] .. b))
   noteBlobs(redis.call("LRANGE", ARGV[3] .. b, 0, -1))
-  noteDeltas(redis.call("GET", ARGV[4] .. b))
+  keepDeltas(redis.call("GET", ARGV[4] .. b))
 end
 
 local out = {}
@@ -101,4 +101,4 @@ for field, offset in pairs(low) do
   out[#out + 1] = field
   out[#out + 1] = offset
 end
-return out
+return {out, deltas}
