@@ -19,6 +19,8 @@ from dwell.adapters import redis as redis_adapter
 from dwell.index.roaring import bucket_digest, decode, encode, unpack_deltas
 
 LUA_DIR: Final = Path(__file__).parent / "lua"
+# Buckets `counts` reads a round trip.
+COUNT_CHUNK: Final = 10_000
 
 # Return codes of complete-6.lua
 COMPLETED: Final = 1
@@ -102,27 +104,33 @@ class BucketIndex:
         return self._merge(blobs.items(), delta)
 
     def counts(self) -> dict[int, int]:
-        """bucketStart -> number of distinct positions, for live and claimed buckets."""
+        """bucketStart -> number of distinct positions, for live and claimed buckets; read
+        COUNT_CHUNK buckets a round trip, so a large index is not one reply in memory."""
         ks = self.keys
-        live = self.buckets()
-        claimed = [int(b) for b in self.redis.zrange(ks.claims, 0, -1)]
-        pipe = self.redis.pipeline(transaction=False)
-        for b in live:
-            pipe.hgetall(ks.bucket(b))
-            pipe.get(ks.delta(b))
-        for b in claimed:
-            pipe.lrange(ks.claimed(b), 0, -1)
-            pipe.get(ks.claimed_delta(b))
-        res = pipe.execute()
         out: dict[int, int] = {}
-        for i, b in enumerate(live):
-            merged = self._merge(res[2 * i].items(), res[2 * i + 1])
-            out[b] = out.get(b, 0) + sum(len(x) for x in merged.values())
-        base = 2 * len(live)
-        for i, b in enumerate(claimed):
-            flat = res[base + 2 * i]
-            merged = self._merge(zip(flat[::2], flat[1::2], strict=True), res[base + 2 * i + 1])
-            out[b] = out.get(b, 0) + sum(len(x) for x in merged.values())
+        live = self.buckets()
+        for i in range(0, len(live), COUNT_CHUNK):
+            chunk = live[i:i + COUNT_CHUNK]
+            pipe = self.redis.pipeline(transaction=False)
+            for b in chunk:
+                pipe.hgetall(ks.bucket(b))
+                pipe.get(ks.delta(b))
+            res = pipe.execute()
+            for j, b in enumerate(chunk):
+                merged = self._merge(res[2 * j].items(), res[2 * j + 1])
+                out[b] = out.get(b, 0) + sum(len(x) for x in merged.values())
+        claimed = [int(b) for b in self.redis.zrange(ks.claims, 0, -1)]
+        for i in range(0, len(claimed), COUNT_CHUNK):
+            chunk = claimed[i:i + COUNT_CHUNK]
+            pipe = self.redis.pipeline(transaction=False)
+            for b in chunk:
+                pipe.lrange(ks.claimed(b), 0, -1)
+                pipe.get(ks.claimed_delta(b))
+            res = pipe.execute()
+            for j, b in enumerate(chunk):
+                flat = res[2 * j]
+                merged = self._merge(zip(flat[::2], flat[1::2], strict=True), res[2 * j + 1])
+                out[b] = out.get(b, 0) + sum(len(x) for x in merged.values())
         return out
 
     def key_names(self) -> list[str]:
