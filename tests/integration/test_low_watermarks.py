@@ -6,17 +6,26 @@ delete a message that was never delivered."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import pytest
+import redis as redislib
 from pyroaring import BitMap64
 
+from conftest import wait_for
 from dwell import keys
+from dwell.adapters.kafka import KafkaUnavailable
 from dwell.adapters.redis import connect
 from dwell.index.roaring import pack_deltas
 from dwell.index.topic import TopicIndex
-from dwell.tracker.recovery import pending_minimums
+from dwell.tracker.recovery import (
+    CorruptIndex,
+    LowmarkKeeper,
+    committed_lowmarks,
+    pending_minimums,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +110,50 @@ def test_the_script_reads_the_minimum_of_every_blob_shape(index: TopicIndex,
     r.set(ks.claimed_delta(b), pack_deltas(np.array([3, 4, 4]), np.array([39, 12, 1 << 40])))
     r.set(ks.delta(b), pack_deltas(np.array([5, 4]), np.array([1 << 33, 11])))
     assert pending_minimums(r) == {3: 39, 4: 11, 5: 1 << 33}
+
+
+def _torn_delta() -> bytes:
+    return pack_deltas(np.array([0, 0]), np.array([3, 4]))[:-5]
+
+
+@pytest.mark.parametrize("where", ["empty blob", "cut blob", "not roaring", "torn delta"])
+def test_a_corrupt_bucket_stops_the_marks_and_says_so(  # type: ignore[no-untyped-def]
+        index: TopicIndex, stack, unique: str, where: str) -> None:
+    """Data dwell's scripts cannot have written gives no mark at all: a minimum read from
+    it could be above a pending position. The keeper reports it and commits nothing."""
+    r = index.redis
+    now = int(time.time() * 1000)
+    index.add([(0, off, now + 3_600_000, TICK) for off in range(10, 20)])
+    [b] = index.buckets()
+    r.hset(keys.INGESTED, "0", 20)
+    blob = bytes(BitMap64(range(100, 110)).serialize())
+    if where == "torn delta":
+        r.append(index.keys.delta(b), _torn_delta())
+    else:
+        r.hset(index.keys.bucket(b), "1", {"empty blob": b"", "cut blob": blob[:16],
+                                           "not roaring": b"\x01" * 40}[where])
+    with pytest.raises((redislib.ResponseError, CorruptIndex)):
+        pending_minimums(r)
+
+    group = f"dwell-lowmark-test-{unique}"
+    keeper = LowmarkKeeper(r, stack.kafka_bootstrap, group, delayed_topic=f"t.{unique}",
+                           refiled_topic=f"t.{unique}.refiled", interval_s=0.05)
+    runner = threading.Thread(target=keeper.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not keeper.error and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert keeper.error
+        assert runner.is_alive()  # it goes on retrying
+    finally:
+        keeper.stop()
+        runner.join(5)
+
+    def committed() -> tuple[dict[tuple[str, int], int]] | None:
+        try:  # a fresh cluster's group coordinator may still be loading
+            return (committed_lowmarks(stack.kafka_bootstrap, group, [(f"t.{unique}", 0)]),)
+        except KafkaUnavailable:
+            return None
+
+    assert wait_for(committed, 30, "the committed low watermarks") == ({},)

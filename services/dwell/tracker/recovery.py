@@ -31,7 +31,7 @@ from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.positions import field_partition
-from dwell.index.roaring import decode, encode, unpack_deltas
+from dwell.index.roaring import DELTA_DTYPE, decode, encode, unpack_deltas
 from dwell.tracker import LUA_DIR
 from dwell.tracker.metrics import MARKS_WRITTEN
 
@@ -120,6 +120,11 @@ def read_marks(bootstrap: str, log_topic: str, fields: Iterable[int] | None = No
 MINIMA_CHUNK: Final = 500
 
 
+class CorruptIndex(ValueError):
+    """Redis holds index data that dwell's scripts cannot have written: no low watermark
+    is computed from it (a wrong one could let the trim delete pending records)."""
+
+
 def pending_minimums(r: redislib.Redis) -> dict[int, int]:
     """Per index field, the lowest offset any topic's index still holds (live and claimed
     buckets, blobs and deltas).
@@ -146,6 +151,12 @@ def pending_minimums(r: redislib.Redis) -> dict[int, int]:
         for i in range(0, len(buckets), MINIMA_CHUNK):
             flat, deltas = scripts.run("minima", [ks.index],
                                        [*prefixes, *buckets[i:i + MINIMA_CHUNK]])
+            torn = [len(d) for d in deltas if len(d) % DELTA_DTYPE.itemsize]
+            if torn:
+                # Joined, a torn string would shift every entry after it.
+                raise CorruptIndex(f"{len(torn)} delta strings of {raw.decode()} are not "
+                                   f"whole {DELTA_DTYPE.itemsize}-byte entries (the first "
+                                   f"{torn[0]} bytes)")
             minima = list(zip(flat[::2], flat[1::2], strict=True))
             minima += [(f, int(offs.min()))
                        for f, offs in unpack_deltas(b"".join(deltas)).items()]
@@ -209,7 +220,8 @@ class LowmarkKeeper:
             try:
                 self.run_once()
                 self.error = None
-            except (redislib.RedisError, OSError, kafka.KafkaUnavailable) as exc:
+            except (redislib.RedisError, OSError, kafka.KafkaUnavailable,
+                    CorruptIndex) as exc:
                 self.error = str(exc)
                 log.warning("low watermarks not committed, retrying: %s", exc)
 
