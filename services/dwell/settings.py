@@ -43,10 +43,12 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     env: Literal["development", "production"] = Field(
         "development", description=(
             "`production` refuses a Redis URL without a password, and at start refuses "
-            "authentication off, plaintext Kafka, Redis without TLS and HTTP without TLS, "
-            "naming each (see `DWELL_ALLOW_INSECURE`)."))
+            "authentication off, plaintext Kafka (`PLAINTEXT`, `SASL_PLAINTEXT`), Redis "
+            "without TLS (`redis://`) and HTTP without TLS, naming each (see "
+            "`DWELL_ALLOW_INSECURE`)."))
     http_host: str = Field("127.0.0.1", description="Address the process's HTTP port binds.")
-    http_port: int = Field(8080, ge=1, le=65535, description="The process's HTTP port.")
+    http_port: int = Field(8080, ge=1, le=65535, description=(
+        "The process's HTTP port; each service has its own default (below)."))
     max_header_bytes: int = Field(32 * 1024, ge=1024, description=(
         "An HTTP request's target and headers, in bytes, above which it is answered 431."))
     # May hold a password: kept out of the settings' repr.
@@ -68,8 +70,8 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     delayed_delivery_enabled: bool = Field(True, description=(
         "Pulsar's `delayedDeliveryEnabled`: the broker default a policy may override."))
     delayed_delivery_tick_time_ms: int = Field(1000, ge=1, description=(
-        "Pulsar's `delayedDeliveryTickTimeMillis`: the width of a delay bucket, so how "
-        "early or late a message may be delivered."))
+        "Pulsar's `delayedDeliveryTickTimeMillis`: the width of a delay bucket; a message "
+        "may be delivered up to one tick early unless delivery is strict."))
     delayed_delivery_max_delay_ms: int = Field(0, ge=0, description=(
         "Pulsar's `delayedDeliveryMaxDelayInMillis`: the longest delay a message may ask "
         "for; 0 is no limit."))
@@ -102,20 +104,22 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
         "Pulsar's `tokenSecretKey`: the HS256 key tokens are signed with, as "
         "`data:;base64,...`, `file:/path` or base64."))
     token_public_key: str = Field("", description=(
-        "Pulsar's `tokenPublicKey`: the public key of tokens signed with a key pair, in the "
-        "same forms."))
+        "Pulsar's `tokenPublicKey`: the public key (DER or PEM; RS256, ES256, ...) of tokens "
+        "signed with a key pair, in the same forms; used when no secret key is set."))
     kafka_token_secret_key: SecretStr = Field(SecretStr(""), description=(
-        "HMAC key of the Kafka tokens dwell issues (`dwell.auth.tokens`), in the same forms; "
-        "empty: `DWELL_TOKEN_SECRET_KEY` (required with a public key)."))
+        "dwell's own: the HMAC key of the Kafka tokens it issues (`dwell.auth.tokens`), in "
+        "the same forms; empty: `DWELL_TOKEN_SECRET_KEY` (required with a public key)."))
     kafka_token_ttl_ms: int = Field(600_000, ge=1000, le=3_600_000, description=(
-        "How long a Kafka token dwell issues lives."))
+        "The life of a Kafka token dwell issues: at most 1 hour, and never past the expiry "
+        "of the token it was exchanged for."))
 
     authenticate_metrics_endpoint: bool = Field(False, description=(
         "Pulsar's `authenticateMetricsEndpoint`: `/metrics` (it names every tenant's topics) "
         "needs a token; with authorization on, of a super-user or one of "
         "`DWELL_METRICS_ROLES`."))
     metrics_roles: str = Field("", description=(
-        "A comma list of roles that may read `/metrics` besides super-users."))
+        "Pulsar's `metricsRoles`: a comma list of roles that may read `/metrics` besides "
+        "super-users."))
 
     # dwell's defaults are bounded where Pulsar's are 0 (unlimited) because every topic,
     # partition and subscription costs Kafka partitions (a subscription a RETRY and a DLQ

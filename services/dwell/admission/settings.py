@@ -18,7 +18,8 @@ class AdmissionSettings(CommonSettings):
         "`dwell.publish` record is refused. The default leaves room for one "
         "`DWELL_MAX_PAYLOAD_BYTES` payload in base64."))
     max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1, description=(
-        "The largest message payload, decoded."))
+        "Pulsar's `maxMessageSize`: the largest message payload, counted after base64 "
+        "decoding (more is 400)."))
     max_messages_per_request: int = Field(1000, ge=1, description=(
         "The most messages one publish request may carry (more is 400)."))
 

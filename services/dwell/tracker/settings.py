@@ -70,7 +70,8 @@ class TrackerSettings(CommonSettings):
         "How often the low watermarks are committed to Kafka."))
     trim_interval_ms: int = Field(60_000, ge=0, description=(
         "How often the records below the committed low watermarks are deleted from the "
-        "delay logs and `dwell.delivered`; 0 turns the trim off."))
+        "delay logs and `dwell.delivered`; 0 turns the trim off. Those topics have "
+        "`segment.ms=3600000`, so their disk comes back within about an hour."))
     # Every call the ingest makes has a shorter deadline of its own; a rebuild's long read
     # of dwell.delivered goes round as records come.
     stall_timeout_ms: int = Field(120_000, ge=1000, description=(
