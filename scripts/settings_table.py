@@ -106,10 +106,11 @@ def own_fields(cls: type[CommonSettings]) -> list[tuple[str, FieldInfo]]:
 def render() -> str:
     """The README's text between the markers."""
     grouped = [name for _, names in COMMON_GROUPS for name in names]
-    missing = sorted(set(CommonSettings.model_fields) - set(grouped))
-    if missing or len(grouped) != len(set(grouped)):
+    wrong = sorted((set(CommonSettings.model_fields) ^ set(grouped))
+                   | {n for n in grouped if grouped.count(n) > 1})
+    if wrong:
         raise SystemExit("scripts/settings_table.py: place each CommonSettings field in "
-                         f"one COMMON_GROUPS entry (ungrouped: {', '.join(missing)})")
+                         f"exactly one COMMON_GROUPS entry ({', '.join(wrong)})")
     lines = ["", "### Every process", ""]
     for title, names in COMMON_GROUPS:
         lines += [f"**{title}**", "",
