@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Writes README.md's configuration tables, between `<!-- settings:begin -->` and
-`<!-- settings:end -->`, from the settings classes' fields and their descriptions: one
-set of tables for what every process shares, one table per process of what it adds.
-tests/unit/test_settings_table.py checks the README is what this script writes.
+"""Writes the configuration tables, between `<!-- settings:begin -->` and
+`<!-- settings:end -->`, from the settings classes' fields and their descriptions:
+docs/configuration.md holds every setting (one set of tables for what every process
+shares, one table per process of what it adds), README.md the few a deployment sets
+first. tests/unit/test_settings_table.py checks both are what this script writes.
 
-    .venv/bin/python scripts/settings_table.py          # rewrite README.md (make docs-settings)
-    .venv/bin/python scripts/settings_table.py --check  # exit 1 if it is stale
+    .venv/bin/python scripts/settings_table.py          # rewrite both (make docs-settings)
+    .venv/bin/python scripts/settings_table.py --check  # exit 1 if either is stale
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dwell_spark.settings import SparkSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+CONFIG_DOC = ROOT / "docs" / "configuration.md"
 BEGIN = "<!-- settings:begin -->"
 END = "<!-- settings:end -->"
 
@@ -54,6 +56,11 @@ COMMON_GROUPS: list[tuple[str, tuple[str, ...]]] = [
         "token_secret_key", "token_public_key", "kafka_token_secret_key",
         "kafka_token_ttl_ms", "authenticate_metrics_endpoint", "metrics_roles")),
 ]
+# What README.md shows: the settings a deployment sets first.
+FIRST: tuple[str, ...] = (
+    "kafka_bootstrap", "redis_url", "env", "authentication_enabled", "authorization_enabled",
+    "tls_enabled", "kafka_replication_factor", "delayed_delivery_tick_time_ms",
+    "delayed_delivery_max_delay_ms", "delayed_delivery_delay_limit_ms")
 PROCESSES: list[tuple[str, type[CommonSettings]]] = [
     ("Policy service", PolicySettings), ("Admission service", AdmissionSettings),
     ("Tracker", TrackerSettings), ("Spark app", SparkSettings),
@@ -103,8 +110,15 @@ def own_fields(cls: type[CommonSettings]) -> list[tuple[str, FieldInfo]]:
             if name not in common or field.default != common[name].default]
 
 
+def render_first() -> str:
+    """README.md's text between the markers."""
+    return "\n".join(["", *table([(n, CommonSettings.model_fields[n]) for n in FIRST]),
+                      "", "Every setting of every process: `docs/configuration.md`.",
+                      ""]) + "\n"
+
+
 def render() -> str:
-    """The README's text between the markers."""
+    """docs/configuration.md's text between the markers."""
     grouped = [name for _, names in COMMON_GROUPS for name in names]
     wrong = sorted((set(CommonSettings.model_fields) ^ set(grouped))
                    | {n for n in grouped if grouped.count(n) > 1})
@@ -120,12 +134,17 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def split(text: str) -> tuple[str, str, str]:
-    """The README's text before, between and after the markers."""
-    head, begin, rest = text.partition(BEGIN + "\n")
+def targets() -> list[tuple[Path, str]]:
+    """Each file this script writes, and what goes between its markers."""
+    return [(README, render_first()), (CONFIG_DOC, render())]
+
+
+def split(path: Path) -> tuple[str, str, str]:
+    """A file's text before, between and after the markers."""
+    head, begin, rest = path.read_text().partition(BEGIN + "\n")
     body, end, tail = rest.partition(END)
     if not begin or not end:
-        raise SystemExit(f"README.md lacks the {BEGIN} / {END} markers")
+        raise SystemExit(f"{path.name} lacks the {BEGIN} / {END} markers")
     return head, body, tail
 
 
@@ -140,15 +159,17 @@ def stale() -> str | None:
         return ("settings without a description (add Field(..., description=...)): "
                 + ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more"
                                             if len(lacking) > 5 else ""))
-    _, body, _ = split(README.read_text())
-    want = render()
-    if body == want:
-        return None
-    differ = sorted({row.split("|")[1].strip() for row in _rows(body) ^ _rows(want)})
-    what = (", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5
-                                     else "")) if differ else "headings or order"
-    return (f"README.md's settings tables differ from the settings classes ({what}): "
-            "run make docs-settings")
+    for path, want in targets():
+        _, body, _ = split(path)
+        if body == want:
+            continue
+        differ = sorted({row.split("|")[1].strip() for row in _rows(body) ^ _rows(want)})
+        what = (", ".join(differ[:5]) + (f" and {len(differ) - 5} more"
+                                         if len(differ) > 5 else "")
+                ) if differ else "headings or order"
+        return (f"{path.name}'s settings tables differ from the settings classes "
+                f"({what}): run make docs-settings")
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -162,9 +183,10 @@ def main(argv: list[str]) -> int:
     if lacking:
         print(f"settings without a description: {', '.join(lacking)}", file=sys.stderr)
         return 1
-    head, _, tail = split(README.read_text())
-    README.write_text(head + BEGIN + "\n" + render() + END + tail)
-    print(f"wrote the settings tables in {README}")
+    for path, want in targets():
+        head, _, tail = split(path)
+        path.write_text(head + BEGIN + "\n" + want + END + tail)
+        print(f"wrote the settings tables in {path}")
     return 0
 
 

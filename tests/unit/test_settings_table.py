@@ -1,5 +1,6 @@
-"""README.md's configuration tables are what scripts/settings_table.py makes of the
-settings classes, and every settings field carries the description they print."""
+"""README.md's and docs/configuration.md's configuration tables are what
+scripts/settings_table.py makes of the settings classes, and every settings field carries
+the description they print."""
 
 from __future__ import annotations
 
@@ -20,15 +21,21 @@ def test_the_readme_tables_are_generated_from_the_settings() -> None:
     assert settings_table.stale() is None
 
 
-def test_a_row_that_drifts_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    text = settings_table.README.read_text()
+@pytest.mark.parametrize("target", ["README", "CONFIG_DOC"])
+def test_a_row_that_drifts_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    target: str) -> None:
+    for name in ("README", "CONFIG_DOC"):
+        copy = tmp_path / f"{name}.md"
+        copy.write_text(getattr(settings_table, name).read_text())
+        monkeypatch.setattr(settings_table, name, copy)
+    path = getattr(settings_table, target)
+    text = path.read_text()
     row = "| `DWELL_DELAYED_DELIVERY_TICK_TIME_MS` | `1000` |"
     assert row in text
-    readme = tmp_path / "README.md"
-    readme.write_text(text.replace(row, "| `DWELL_DELAYED_DELIVERY_TICK_TIME_MS` | `500` |"))
-    monkeypatch.setattr(settings_table, "README", readme)
+    path.write_text(text.replace(row, "| `DWELL_DELAYED_DELIVERY_TICK_TIME_MS` | `500` |"))
     why = settings_table.stale()
     assert why is not None and "DWELL_DELAYED_DELIVERY_TICK_TIME_MS" in why
+    assert path.name in why
     assert settings_table.main(["--check"]) == 1
     assert settings_table.main([]) == 0
     assert settings_table.stale() is None
