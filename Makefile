@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint chart bench clean
+.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint docs-settings chart bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, he
 	$(PY) -m ruff check services spark tests bench scripts
 	$(PY) -m mypy --strict services/dwell/core
 	.dwell/cache/bin/helm lint charts/dwell --strict
+
+docs-settings: install ## rewrite README.md's configuration tables from the settings classes
+	$(PY) scripts/settings_table.py
 
 chart: install chart-tools ## the chart's checks: values schema, helm lint/template, Kubernetes schemas, rules
 	$(PY) scripts/chart_schema.py --check

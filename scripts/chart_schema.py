@@ -51,7 +51,7 @@ def settings_schema(model: type[CommonSettings], own_only: bool) -> dict[str, An
     for name, prop in sorted(props.items()):
         if name in CHART_OWNED or (own_only and name in common):
             continue
-        prop = {k: v for k, v in prop.items() if k != "title"}
+        prop = {k: v for k, v in prop.items() if k not in ("title", "description")}
         prop["description"] = f"DWELL_{name.upper()}"
         out[name] = prop
     return {"type": "object", "additionalProperties": False, "properties": out}

@@ -13,7 +13,7 @@ import ssl
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _CONFIG = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
@@ -45,11 +45,16 @@ class TlsSettings(BaseSettings):
 
     model_config = _CONFIG
 
-    tls_enabled: bool = False
-    tls_certificate_file_path: str = ""
-    tls_key_file_path: str = ""
-    # The CA bundle HTTP clients verify dwell's certificates with (empty: the system's).
-    tls_trust_certs_file_path: str = ""
+    tls_enabled: bool = Field(False, description=(
+        "Pulsar's `tlsEnabled`: HTTPS on the process's port (and the Spark app's metrics "
+        "port)."))
+    tls_certificate_file_path: str = Field("", description=(
+        "Pulsar's `tlsCertificateFilePath`: the PEM certificate chain."))
+    tls_key_file_path: str = Field("", description=(
+        "Pulsar's `tlsKeyFilePath`: the PEM private key."))
+    tls_trust_certs_file_path: str = Field("", description=(
+        "Pulsar's `tlsTrustCertsFilePath`: the CA dwell's HTTP clients trust for `https://` "
+        "URLs (empty: the system's); `dwell-admin --tls-trust-certs-file-path`."))
 
     @model_validator(mode="after")
     def _cert_and_key(self) -> TlsSettings:
@@ -104,19 +109,28 @@ class KafkaSecurity(BaseSettings):
 
     model_config = _CONFIG
 
-    kafka_security_protocol: KafkaProtocol = "PLAINTEXT"
-    kafka_sasl_mechanism: SaslMechanism = "PLAIN"
-    kafka_sasl_username: str = ""
-    kafka_sasl_password: SecretStr | None = None
-    # OAUTHBEARER: the OIDC token endpoint, client id and secret, optional scope.
-    kafka_sasl_oauthbearer_token_endpoint_url: str = ""
-    kafka_sasl_oauthbearer_client_id: str = ""
-    kafka_sasl_oauthbearer_client_secret: SecretStr | None = None
-    kafka_sasl_oauthbearer_scope: str = ""
-    # PEM bundle of the CAs that sign the brokers' certificates (empty: the system's).
-    kafka_ssl_ca_location: str = ""
-    # False turns off the broker host name check (brokers whose certificates lack it).
-    kafka_ssl_endpoint_identification: bool = True
+    kafka_security_protocol: KafkaProtocol = Field("PLAINTEXT", description=(
+        "Kafka's `security.protocol`: `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL`."))
+    kafka_sasl_mechanism: SaslMechanism = Field("PLAIN", description=(
+        "Kafka's `sasl.mechanism`: `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or "
+        "`OAUTHBEARER`."))
+    kafka_sasl_username: str = Field("", description="SASL user for PLAIN and SCRAM.")
+    kafka_sasl_password: SecretStr | None = Field(None, description=(
+        "SASL password for PLAIN and SCRAM (a value or `file:<path>`)."))
+    kafka_sasl_oauthbearer_token_endpoint_url: str = Field("", description=(
+        "OAUTHBEARER by OIDC client credentials (not with kafka-python): the token "
+        "endpoint. The Spark app allows it in its JVMs "
+        "(`-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls`, needed from Kafka 4.0)."))
+    kafka_sasl_oauthbearer_client_id: str = Field("", description="OAUTHBEARER: the client id.")
+    kafka_sasl_oauthbearer_client_secret: SecretStr | None = Field(None, description=(
+        "OAUTHBEARER: the client secret (a value or `file:<path>`)."))
+    kafka_sasl_oauthbearer_scope: str = Field("", description=(
+        "OAUTHBEARER: the scope asked for (empty: none)."))
+    kafka_ssl_ca_location: str = Field("", description=(
+        "PEM bundle of the CAs that sign the brokers' certificates (empty: the system's); "
+        "the Spark app passes it as a PEM truststore."))
+    kafka_ssl_endpoint_identification: bool = Field(True, description=(
+        "Check the broker's host name; `false` for brokers whose certificates lack it."))
 
     @property
     def sasl(self) -> bool:
@@ -253,10 +267,12 @@ class RedisSecurity(BaseSettings):
 
     model_config = _CONFIG
 
-    redis_username: str = ""
-    redis_password: SecretStr | None = None
-    # PEM bundle of the CAs that sign Redis's certificate (empty: the system's).
-    redis_tls_ca_cert_file: str = ""
+    redis_username: str = Field("", description=(
+        "Redis ACL user, used when `DWELL_REDIS_URL` has none."))
+    redis_password: SecretStr | None = Field(None, description=(
+        "Redis password, used when `DWELL_REDIS_URL` has none (a value or `file:<path>`)."))
+    redis_tls_ca_cert_file: str = Field("", description=(
+        "PEM bundle of the CAs that sign Redis's certificate (empty: the system's)."))
 
 
 def redis_options(url: str, sec: RedisSecurity | None = None) -> dict[str, Any]:

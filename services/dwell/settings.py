@@ -40,60 +40,105 @@ INSECURE_NAMES: Final = ("auth", "kafka-plaintext", "redis-plaintext", "http-pla
 class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
 
-    env: Literal["development", "production"] = "development"
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(8080, ge=1, le=65535)
-    # An HTTP request's target and headers, in bytes, above which it is answered 431.
-    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    env: Literal["development", "production"] = Field(
+        "development", description=(
+            "`production` refuses a Redis URL without a password, and at start refuses "
+            "authentication off, plaintext Kafka (`PLAINTEXT`, `SASL_PLAINTEXT`), Redis "
+            "without TLS (`redis://`) and HTTP without TLS, naming each (see "
+            "`DWELL_ALLOW_INSECURE`)."))
+    http_host: str = Field("127.0.0.1", description="Address the process's HTTP port binds.")
+    http_port: int = Field(8080, ge=1, le=65535, description=(
+        "The process's HTTP port; each service has its own default (below)."))
+    max_header_bytes: int = Field(32 * 1024, ge=1024, description=(
+        "An HTTP request's target and headers, in bytes, above which it is answered 431."))
     # May hold a password: kept out of the settings' repr.
-    redis_url: str = Field("redis://127.0.0.1:6379/0", repr=False)
-    kafka_bootstrap: str = "127.0.0.1:9092"
-    kafka_replication_factor: int = Field(1, ge=1)
-    # Codec of every record dwell produces (librdkafka's compression.type). "none" by
-    # default: the topics users read must be readable by any Kafka client with its
-    # defaults, and a bare kafka-python cannot decode lz4, snappy or zstd.
-    kafka_compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
-    cluster: str = "standalone"
-    log_level: str = "info"
+    redis_url: str = Field("redis://127.0.0.1:6379/0", repr=False, description=(
+        "Redis to use; `rediss://` turns TLS on, and a user and password may be in the URL."))
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka's bootstrap servers.")
+    kafka_replication_factor: int = Field(1, ge=1, description=(
+        "Replication factor of the Kafka topics dwell creates."))
+    kafka_compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "none", description=(
+            "Codec of every record dwell writes (librdkafka's `compression.type`). `none` "
+            "keeps the topics readable by any Kafka client with its defaults: a bare "
+            "kafka-python reads only `none` and `gzip`."))
+    cluster: str = Field("standalone", description=(
+        "The one cluster dwell is (Pulsar's `clusterName`), the only one a tenant's "
+        "`allowedClusters` may name."))
+    log_level: str = Field("info", description="Log level: `debug`, `info`, `warning`, `error`.")
 
-    # Broker defaults, Pulsar's broker.conf names with units.
-    delayed_delivery_enabled: bool = True
-    delayed_delivery_tick_time_ms: int = Field(1000, ge=1)
-    delayed_delivery_max_delay_ms: int = Field(0, ge=0)
-    delayed_delivery_fixed_delay_ms: int = Field(0, ge=0)
-    delayed_delivery_deliver_at_time_strict: bool = False
-    delayed_delivery_fixed_delay_detection_lookahead: int = Field(50000, ge=0)
-    # dwell's own: the longest delay admission accepts and the largest max or fixed delay a
-    # policy may set, whatever the policies say (dwell.core.admit.DELAY_LIMIT_MS says why
-    # it can go no higher). Lower it to bound the disk long delays hold.
-    delayed_delivery_delay_limit_ms: int = Field(DELAY_LIMIT_MS, ge=1, le=DELAY_LIMIT_MS)
+    delayed_delivery_enabled: bool = Field(True, description=(
+        "Pulsar's `delayedDeliveryEnabled`: the broker default a policy may override."))
+    delayed_delivery_tick_time_ms: int = Field(1000, ge=1, description=(
+        "Pulsar's `delayedDeliveryTickTimeMillis`: the width of a delay bucket; a message "
+        "may be delivered up to one tick early unless delivery is strict."))
+    delayed_delivery_max_delay_ms: int = Field(0, ge=0, description=(
+        "Pulsar's `delayedDeliveryMaxDelayInMillis`: the longest delay a message may ask "
+        "for; 0 is no limit."))
+    delayed_delivery_fixed_delay_ms: int = Field(0, ge=0, description=(
+        "A delay every message gets (Pulsar's PIP-437); 0 is off. At most "
+        "`DWELL_DELAYED_DELIVERY_DELAY_LIMIT_MS`."))
+    delayed_delivery_deliver_at_time_strict: bool = Field(False, description=(
+        "Pulsar's `isDelayedDeliveryDeliverAtTimeStrict`: never deliver before the time asked "
+        "for (otherwise a message may go up to a tick early)."))
+    delayed_delivery_fixed_delay_detection_lookahead: int = Field(50000, ge=0, description=(
+        "Pulsar's `delayedDeliveryFixedDelayDetectionLookahead`: a topic's stats report "
+        "`fixedDelayDetected` once this many messages with one delay are pending."))
+    # dwell.core.admit.DELAY_LIMIT_MS says why it can go no higher.
+    delayed_delivery_delay_limit_ms: int = Field(
+        DELAY_LIMIT_MS, ge=1, le=DELAY_LIMIT_MS, description=(
+            "dwell's own: the longest delay accepted, above every policy (the default, 100 "
+            "years, is also the most). A longer message is rejected (`Exceeds max allowed "
+            "delivery delay of <limit> milliseconds`), a longer fixed delay is a 400 (a "
+            "larger max is stored, as Pulsar stores it). Lower it to bound the disk pending "
+            "messages hold (`docs/architecture.md`, \"The longest delay\")."))
 
-    # Authentication and authorization, Pulsar's broker.conf names (dwell.auth). Keys as
-    # Pulsar's tokenSecretKey / tokenPublicKey: data:;base64,..., file:/path, or base64.
-    authentication_enabled: bool = False
-    authorization_enabled: bool = False
-    super_user_roles: str = ""  # comma list
-    token_secret_key: SecretStr = SecretStr("")
-    token_public_key: str = ""
-    # Kafka tokens (dwell.auth.tokens): the HMAC key they are signed with, in the same
-    # forms (DWELL_TOKEN_SECRET_KEY when empty; required with a public key), and their life.
-    kafka_token_secret_key: SecretStr = SecretStr("")
-    kafka_token_ttl_ms: int = Field(600_000, ge=1000, le=3_600_000)
+    authentication_enabled: bool = Field(False, description=(
+        "Pulsar's `authenticationEnabled`: every call needs a token."))
+    authorization_enabled: bool = Field(False, description=(
+        "Pulsar's `authorizationEnabled`: roles from tokens are checked against tenants' and "
+        "namespaces' permissions; needs authentication."))
+    super_user_roles: str = Field("", description=(
+        "Pulsar's `superUserRoles`: a comma list of roles allowed everything."))
+    token_secret_key: SecretStr = Field(SecretStr(""), description=(
+        "Pulsar's `tokenSecretKey`: the HS256 key tokens are signed with, as "
+        "`data:;base64,...`, `file:/path` or base64."))
+    token_public_key: str = Field("", description=(
+        "Pulsar's `tokenPublicKey`: the public key (DER or PEM; RS256, ES256, ...) of tokens "
+        "signed with a key pair, in the same forms; used when no secret key is set."))
+    kafka_token_secret_key: SecretStr = Field(SecretStr(""), description=(
+        "dwell's own: the HMAC key of the Kafka tokens it issues (`dwell.auth.tokens`), in "
+        "the same forms; empty: `DWELL_TOKEN_SECRET_KEY` (required with a public key)."))
+    kafka_token_ttl_ms: int = Field(600_000, ge=1000, le=3_600_000, description=(
+        "The life of a Kafka token dwell issues: at most 1 hour, and never past the expiry "
+        "of the token it was exchanged for."))
 
-    # Pulsar's authenticateMetricsEndpoint: /metrics (it names every tenant's topics) then
-    # needs a token; with authorization on, of a super-user or one of metrics_roles.
-    authenticate_metrics_endpoint: bool = False
-    metrics_roles: str = ""  # comma list
+    authenticate_metrics_endpoint: bool = Field(False, description=(
+        "Pulsar's `authenticateMetricsEndpoint`: `/metrics` (it names every tenant's topics) "
+        "needs a token; with authorization on, of a super-user or one of "
+        "`DWELL_METRICS_ROLES`."))
+    metrics_roles: str = Field("", description=(
+        "Pulsar's `metricsRoles`: a comma list of roles that may read `/metrics` besides "
+        "super-users."))
 
-    # Quotas, Pulsar's broker.conf names (0: unlimited, Pulsar's default). dwell's defaults
-    # are bounded because every topic, partition and subscription costs Kafka partitions
-    # (a subscription a RETRY and a DLQ topic): no tenant may create them without end.
-    max_num_partitions_per_partitioned_topic: int = Field(100, ge=0)
-    max_topics_per_namespace: int = Field(1000, ge=0)
-    max_subscriptions_per_topic: int = Field(100, ge=0)
+    # dwell's defaults are bounded where Pulsar's are 0 (unlimited) because every topic,
+    # partition and subscription costs Kafka partitions (a subscription a RETRY and a DLQ
+    # topic): no tenant may create them without end.
+    max_num_partitions_per_partitioned_topic: int = Field(100, ge=0, description=(
+        "Pulsar's `maxNumPartitionsPerPartitionedTopic` (Pulsar's default: 0, no limit): "
+        "more is 406 `Number of partitions should be less than or equal to 100`."))
+    max_topics_per_namespace: int = Field(1000, ge=0, description=(
+        "Pulsar's `maxTopicsPerNamespace` (Pulsar's default: 0); a partition counts as a "
+        "topic, in topic creation and admission's auto-creation alike: more is 412 "
+        "`Exceed maximum number of topics in namespace.`. A namespace's own policy wins."))
+    max_subscriptions_per_topic: int = Field(100, ge=0, description=(
+        "Pulsar's `maxSubscriptionsPerTopic` (Pulsar's default: 0), checked when the tracker "
+        "registers a new subscription: more is 412 `Exceed the maximum number of "
+        "subscriptions of the topic: persistent://t/ns/x`. A namespace's own policy wins."))
 
-    # What DWELL_ENV=production may run without, by name (comma list of INSECURE_NAMES).
-    allow_insecure: str = ""
+    allow_insecure: str = Field("", description=(
+        "With `DWELL_ENV=production`, what may run unprotected anyway, by name: a comma list "
+        "of `auth`, `kafka-plaintext`, `redis-plaintext`, `http-plaintext`."))
 
     @model_validator(mode="after")
     def _defaults_within_the_delay_limit(self) -> CommonSettings:

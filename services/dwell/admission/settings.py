@@ -10,47 +10,58 @@ from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class AdmissionSettings(CommonSettings):
-    http_port: int = Field(8082, ge=1, le=65535)
+    http_port: int = Field(8082, ge=1, le=65535, description="The service's HTTP port.")
 
-    # Request limits (HTTP and Kafka ingress alike). max_request_bytes caps a request's
-    # body as sent (JSON, payloads base64-encoded or not): a bigger HTTP body is refused
-    # with 413 before it is read whole, a bigger dwell.publish record is refused as a
-    # request. Its default leaves room for one max_payload_bytes payload in base64 (4/3).
-    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1)
-    max_messages_per_request: int = Field(1000, ge=1)
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description=(
+        "A request's body as sent (JSON, payloads base64-encoded or not), HTTP and Kafka "
+        "ingress alike: a bigger HTTP body is 413 before it is read whole, a bigger "
+        "`dwell.publish` record is refused. The default leaves room for one "
+        "`DWELL_MAX_PAYLOAD_BYTES` payload in base64."))
+    max_payload_bytes: int = Field(5 * 1024 * 1024, ge=1, description=(
+        "Pulsar's `maxMessageSize`: the largest message payload, counted after base64 "
+        "decoding (more is 400)."))
+    max_messages_per_request: int = Field(1000, ge=1, description=(
+        "The most messages one publish request may carry (more is 400)."))
 
-    # Pulsar's allowAutoTopicCreation: a publish to a topic whose ready topic does not
-    # exist creates it; false answers 404 `Topic persistent://t/ns/x not found` instead
-    # (topics are then created through the policy service's topic routes).
-    allow_auto_topic_creation: bool = True
-    # Partitions of the Kafka topics admission creates on first use.
-    ready_topic_partitions: int = Field(4, ge=1)
-    delayed_topic_partitions: int = Field(4, ge=1)
+    allow_auto_topic_creation: bool = Field(True, description=(
+        "Pulsar's `allowAutoTopicCreation`: the first publish to a topic creates its ready "
+        "topic; `false` answers 404 `Topic persistent://t/ns/x not found` until the topic "
+        "is created (`pulsar-admin topics create`)."))
+    ready_topic_partitions: int = Field(4, ge=1, description=(
+        "Partitions of the ready topics admission creates on first use."))
+    delayed_topic_partitions: int = Field(4, ge=1, description=(
+        "Partitions of `dwell.delayed` when admission creates it."))
 
-    # Producer: batching and how long an unacknowledged send may take before the
-    # publish answers 503 (retriable). A publish waits for its acks, so the linger is
-    # latency every request pays, and a client waiting longer sends less.
-    producer_linger_ms: int = Field(1, ge=0)
-    publish_timeout_ms: int = Field(10000, ge=1000)
+    producer_linger_ms: int = Field(1, ge=0, description=(
+        "The producer's batching linger. A publish waits for its acks, so every request "
+        "pays it; a longer one sends less per wait."))
+    publish_timeout_ms: int = Field(10000, ge=1000, description=(
+        "How long an unacknowledged send may take before the publish answers 503 "
+        "(retriable)."))
 
-    # Policy feed replay: give up (and stay unready, retrying) after this long.
-    policy_replay_timeout_s: float = Field(60.0, gt=0)
-    # Read your writes: a publish to a namespace unknown here first waits, at most this
-    # long, until the policy feed is applied up to its current end; then 404, or 503
-    # when the feed could not be caught up with in time.
-    policy_catch_up_timeout_ms: int = Field(2000, ge=100)
+    policy_replay_timeout_s: float = Field(60.0, gt=0, description=(
+        "How long the start-up replay of the policy feed may take before the service "
+        "gives up for now (it stays unready and retries)."))
+    policy_catch_up_timeout_ms: int = Field(2000, ge=100, description=(
+        "Read your writes: a publish to a namespace unknown here first waits at most this "
+        "long for the policy feed to be applied up to its current end; then 404, or 503 "
+        "when the feed could not be caught up with in time."))
 
-    # Kafka ingress (consumer group on dwell.publish).
-    ingress_enabled: bool = True
-    ingress_group: str = Field("dwell-admission", json_schema_extra=GROUP_SCHEMA)
-    ingress_offset_reset: str = "earliest"
-    ingress_max_batch: int = Field(200, ge=1)
-    # Stable per replica so that a restarted replica fences its predecessor's open
-    # transaction at once instead of leaving read_committed readers waiting for
-    # transaction_timeout_ms. Empty: "dwell-admission-<hostname>-<http_port>".
-    ingress_transactional_id: str = ""
-    ingress_transaction_timeout_ms: int = Field(10000, ge=1000)
+    ingress_enabled: bool = Field(True, description=(
+        "Take publish requests from Kafka too (a consumer group on `dwell.publish`)."))
+    ingress_group: str = Field("dwell-admission", json_schema_extra=GROUP_SCHEMA, description=(
+        "The Kafka ingress's consumer group; must start with `dwell-`."))
+    ingress_offset_reset: str = Field("earliest", description=(
+        "Where the ingress group starts without a committed offset (`earliest`, `latest`)."))
+    ingress_max_batch: int = Field(200, ge=1, description=(
+        "Requests taken from `dwell.publish` per poll, each batch one Kafka transaction."))
+    ingress_transactional_id: str = Field("", description=(
+        "The ingress producer's transactional id, stable per replica so that a restarted "
+        "replica fences its predecessor's open transaction at once. Empty: "
+        "`dwell-admission-<hostname>-<http_port>`."))
+    ingress_transaction_timeout_ms: int = Field(10000, ge=1000, description=(
+        "How long an open ingress transaction may hold `read_committed` readers back if "
+        "its replica dies without a successor of the same id."))
 
     @field_validator("ingress_group")
     @classmethod

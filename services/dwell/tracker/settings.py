@@ -9,60 +9,74 @@ from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class TrackerSettings(CommonSettings):
-    http_port: int = Field(8083, ge=1, le=65535)
-    # A request body above this is answered 413 before it is read whole.
-    max_request_bytes: int = Field(64 * 1024, ge=1024)
-    # Where admission writes delayed messages, and the consumer group that indexes them.
-    delayed_topic: str = topics.DELAYED
-    # Where the restage appends its copies; empty: dwell.delayed.refiled, or
-    # "<delayed_topic>.refiled" for another delayed topic.
-    refiled_topic: str = ""
-    tracker_group_id: str = Field("dwell-tracker", json_schema_extra=GROUP_SCHEMA)
-    # A subscription's registration makes its ready topic (as admission's first publish
-    # would) and its retry topic, which users' principals may not create.
-    allow_auto_topic_creation: bool = True
-    ready_topic_partitions: int = Field(4, ge=1)
+    http_port: int = Field(8083, ge=1, le=65535, description="The service's HTTP port.")
+    max_request_bytes: int = Field(64 * 1024, ge=1024, description=(
+        "A request body above this is answered 413 before it is read whole."))
+    delayed_topic: str = Field(topics.DELAYED, description=(
+        "Where admission writes delayed messages, which the tracker indexes."))
+    refiled_topic: str = Field("", description=(
+        "Where the restage appends its copies. Empty: `dwell.delayed.refiled`, or "
+        "`<delayed_topic>.refiled` for another delayed topic."))
+    tracker_group_id: str = Field("dwell-tracker", json_schema_extra=GROUP_SCHEMA, description=(
+        "The consumer group that indexes the delayed topic; must start with `dwell-`."))
+    allow_auto_topic_creation: bool = Field(True, description=(
+        "Pulsar's `allowAutoTopicCreation`: registering a subscription creates its topic's "
+        "ready topic, as admission's first publish would (its retry topic, which users' "
+        "principals may not create, is made always)."))
+    ready_topic_partitions: int = Field(4, ge=1, description=(
+        "Partitions of the ready topics the tracker creates."))
     # One batch is one Redis pipeline: larger batches mean fewer APPENDs per message, which
     # matters most when delays are random (each bucket gets a few positions per batch).
-    ingest_batch_max: int = Field(50000, ge=1)
-    ingest_poll_timeout_ms: int = Field(100, ge=1)
-    # Fold deltas into Roaring blobs at most this often (they cost ~14 B/msg until then).
-    compaction_interval_ms: int = Field(1000, ge=0)
-    compaction_max_buckets: int = Field(2000, ge=1)
-    # While records flow, compact only buckets with at least this many bytes of deltas
-    # (12 per position); when dwell.delayed is idle, every dirty bucket.
-    compaction_busy_min_delta_bytes: int = Field(4096, ge=0)
-    # How often the Prometheus gauges are recomputed from Redis.
-    stats_refresh_s: float = Field(10.0, gt=0)
-    # Restage (dwell.tracker.restage): re-file a chunk of future buckets of topics whose
-    # delays vary into dense runs of dwell.delayed, lead_ms before the chunk comes due.
-    # Memory: one chunk's records (payloads included) of the topics in a round.
-    restage_enabled: bool = True
-    restage_lead_ms: int = Field(40_000, ge=1000)
-    restage_chunk_ms: int = Field(20_000, ge=100)
-    # A crash mid-round leaves the chunk claimed this long: less than the lead, so that
-    # the claims are back before the chunk's first bucket is due.
-    restage_lease_ms: int = Field(30_000, ge=1000)
-    # A round's leases are renewed while it works (every lease / 3), up to this long; a
-    # round still running then fails, and its claims come back after the lease. A round
-    # that outlives its lead holds its chunk's buckets back from the drain until it
-    # completes (late rather than twice), so this also bounds that lateness.
-    restage_max_round_ms: int = Field(600_000, ge=1000)
-    restage_max_records: int = Field(1_000_000, ge=1)
-    restage_interval_ms: int = Field(1000, ge=10)
+    ingest_batch_max: int = Field(50000, ge=1, description=(
+        "Most delayed records indexed in one batch (one Redis pipeline)."))
+    ingest_poll_timeout_ms: int = Field(100, ge=1, description=(
+        "How long the ingest waits for records in one poll."))
+    compaction_interval_ms: int = Field(1000, ge=0, description=(
+        "Fold a bucket's deltas (~14 B per message) into its Roaring blob at most this "
+        "often."))
+    compaction_max_buckets: int = Field(2000, ge=1, description=(
+        "Most buckets compacted in one round."))
+    compaction_busy_min_delta_bytes: int = Field(4096, ge=0, description=(
+        "While records flow, compact only buckets with at least this many bytes of deltas "
+        "(12 per position); when `dwell.delayed` is idle, every dirty bucket."))
+    stats_refresh_s: float = Field(10.0, gt=0, description=(
+        "How often the Prometheus gauges are recomputed from Redis."))
 
-    # Losing Redis (dwell.tracker.recovery): how often the ingest checks that Redis still
-    # holds what it indexed, and how often the low watermarks are committed to Kafka.
-    redis_check_interval_ms: int = Field(1000, ge=50)
-    lowmark_interval_ms: int = Field(10_000, ge=100)
-    # How often the records below the committed low watermarks are deleted from the
-    # delay logs and dwell.delivered (dwell.tracker.trim); 0 turns the trim off.
-    trim_interval_ms: int = Field(60_000, ge=0)
-    # A loop of the ingest that has not gone round for this long is stuck inside one call:
-    # /healthz answers 503 (Kubernetes restarts the process) and its stack is logged. Every
-    # call it makes has a shorter deadline of its own; a rebuild's long read of
-    # dwell.delivered goes round as records come.
-    stall_timeout_ms: int = Field(120_000, ge=1000)
+    restage_enabled: bool = Field(True, description=(
+        "Re-file topics whose delays vary into dense runs of `dwell.delayed.refiled` before "
+        "they come due, so the drain reads a due bucket rather than the whole delay window "
+        "(`docs/internals.md`, \"Re-filing\")."))
+    restage_lead_ms: int = Field(40_000, ge=1000, description=(
+        "A chunk is re-filed when its first bucket is this near."))
+    restage_chunk_ms: int = Field(20_000, ge=100, description=(
+        "The span of buckets re-filed per round (at most the lead); one round's records, "
+        "payloads included, are held in memory."))
+    restage_lease_ms: int = Field(30_000, ge=1000, description=(
+        "After a crash mid-round the claims come back this late; less than the lead, so "
+        "they are back before the chunk is due."))
+    restage_max_round_ms: int = Field(600_000, ge=1000, description=(
+        "A round's leases are renewed while it works, up to this long; then it fails and "
+        "its claims come back after the lease. A round past its lead holds its buckets back "
+        "from the drain (late rather than twice), so this also bounds that lateness."))
+    restage_max_records: int = Field(1_000_000, ge=1, description=(
+        "A round takes no more topics past this many records."))
+    restage_interval_ms: int = Field(1000, ge=10, description=(
+        "How often the restage looks for a chunk to re-file."))
+
+    redis_check_interval_ms: int = Field(1000, ge=50, description=(
+        "Losing Redis: how often the ingest checks that Redis still holds what it indexed "
+        "(`dwell.tracker.recovery`)."))
+    lowmark_interval_ms: int = Field(10_000, ge=100, description=(
+        "How often the low watermarks are committed to Kafka."))
+    trim_interval_ms: int = Field(60_000, ge=0, description=(
+        "How often the records below the committed low watermarks are deleted from the "
+        "delay logs and `dwell.delivered`; 0 turns the trim off. Those topics have "
+        "`segment.ms=3600000`, so their disk comes back within about an hour."))
+    # Every call the ingest makes has a shorter deadline of its own; a rebuild's long read
+    # of dwell.delivered goes round as records come.
+    stall_timeout_ms: int = Field(120_000, ge=1000, description=(
+        "An ingest loop that has not gone round for this long is stuck: `/healthz` answers "
+        "503 (Kubernetes restarts the process) and its stack is logged."))
 
     @field_validator("tracker_group_id")
     @classmethod
