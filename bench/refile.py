@@ -9,6 +9,7 @@ beat), and the ratio of the two.
 
     .venv/bin/python bench/refile.py                      # 1,000,000 messages
     .venv/bin/python bench/refile.py --messages 200000
+    .venv/bin/python bench/refile.py --ahead-chunks 0     # each round its own chunk
 
 Redis is a server of its own; Kafka is the test profile's (`make test` starts it; or set
 DWELL_KAFKA_BOOTSTRAP)."""
@@ -87,6 +88,9 @@ def plain_copy(bootstrap: str, log: str, n: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--ahead-chunks", type=int, default=2,
+                    help="chunks a large round takes after the due one "
+                         "(DWELL_RESTAGE_AHEAD_CHUNKS; 0: one chunk a round)")
     args = ap.parse_args()
     n = args.messages
     bootstrap = os.environ.get("DWELL_KAFKA_BOOTSTRAP", devstack.Stack("test").kafka_bootstrap)
@@ -119,7 +123,8 @@ def main() -> int:
               flush=True)
 
         rs = Restager(r, bootstrap, delayed_topic=log, refiled_topic=f"{log}.refiled",
-                      lead_ms=LEAD_MS, chunk_ms=CHUNK_MS, lease_ms=600_000)
+                      lead_ms=LEAD_MS, chunk_ms=CHUNK_MS, lease_ms=600_000,
+                      ahead_chunks=args.ahead_chunks)
         first_k = first_at // CHUNK_MS
         copied, busy = 0, 0.0
         try:
@@ -131,8 +136,8 @@ def main() -> int:
                 took = time.perf_counter() - t
                 copied, busy = copied + rnd.records, busy + took
                 print(f"chunk {k - first_k}: re-filed {rnd.records:,} records of "
-                      f"{rnd.buckets} buckets in {took:.1f}s ({rnd.records / took:,.0f}/s)",
-                      flush=True)
+                      f"{rnd.buckets} buckets ({rnd.ahead} chunks ahead) in {took:.1f}s "
+                      f"({rnd.records / took:,.0f}/s)", flush=True)
         finally:
             rs.close()
         rate = copied / busy

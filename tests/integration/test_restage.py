@@ -462,3 +462,69 @@ def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
     assert _metric("dwell_tracker_restage_leases_lost_total") - lost == 1
     assert r.hget(idx.keys.leases, taken) == b"another-round"
     assert [int(b) for b in r.zrange(idx.keys.claims, 0, -1)] == [taken]
+
+
+@pytest.mark.parametrize(("max_records", "ahead"), [(10_000, 2), (150, 1)],
+                         ids=["two-ahead", "held-by-max-records"])
+def test_a_large_chunk_takes_the_next_chunks_in_the_same_round(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, max_records, ahead) -> None:
+    """A due chunk of at least ``ahead_records`` takes up to ``ahead_chunks`` more
+    chunks with it, while the round would stay within ``max_records``; the chunks taken
+    are marked done and the rounds they were due in move nothing; the chunk after them
+    is re-filed in its own round."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/ahead-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    # 60 records in one bucket of each of the chunks k .. k+3, interleaved.
+    ats = [(k + c) * CHUNK + 2500 for _ in range(60) for c in range(4)]
+    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+
+    rs = restager(r, kafka_bootstrap, delayed_topic, ahead_records=50, ahead_chunks=2,
+                  max_records=max_records)
+    try:
+        rs.run_once(now - CHUNK)
+        rnd = rs.run_once(now)
+        assert (rnd.chunk, rnd.ahead, rnd.records) == (k, ahead, 60 * (1 + ahead))
+        assert TopicIndex(r, topic).restaged_chunk() == k + ahead
+        for c in range(1, ahead + 1):
+            assert rs.run_once(now + c * CHUNK).records == 0
+        # The chunk after those taken holds 60: its own round, which takes nothing ahead
+        # (the chunks after it are empty).
+        later = rs.run_once(now + (ahead + 1) * CHUNK)
+        assert (later.records, later.ahead) == (60 * (3 - ahead), 0 if ahead == 2 else 1)
+    finally:
+        rs.close()
+    got = wait_for(lambda: (lambda x: x if sum(len(o) for f in x.values() for o in f.values())
+                            == len(rows) else None)(_positions(r, topic)),
+                   20, "the ingest of the copies")
+    assert all(f >= REFILED_FIELD_BASE for fields in got.values() for f in fields)
+    copies = read_from(kafka_bootstrap, f"{delayed_topic}.refiled", {})
+    assert sorted(c.header("dwell-origin") for c in copies) == sorted(
+        f"{p}:{o}" for p, o, _ in rows)
+
+
+def test_a_chunk_another_claim_holds_is_not_taken_ahead(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:
+    """A bucket of the next chunk held by another claim (another replica's round, or a
+    dead tracker's) stops the round from going ahead: that chunk stays not done."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/held-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    ats = [(k + c) * CHUNK + 2500 for _ in range(60) for c in range(2)]
+    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    idx = TopicIndex(r, topic)
+    [held] = idx.claim_between((k + 1) * CHUNK, (k + 2) * CHUNK - 1, now, 10, 600_000)
+
+    rs = restager(r, kafka_bootstrap, delayed_topic, ahead_records=50)
+    try:
+        rs.run_once(now - CHUNK)
+        rnd = rs.run_once(now)
+        assert (rnd.ahead, rnd.records) == (0, 60)
+        assert idx.restaged_chunk() == k
+        assert idx.complete(held.bucket_start, held.lease_id)
+    finally:
+        rs.close()

@@ -20,9 +20,18 @@ does, `fixedDelay` in its stats) is left alone: its buckets are dense already; s
 topic indexed from another Kafka topic than ours (`delayedTopic` in its stats). A crash
 between the writes and the completions leaves the claims to expire: the original
 positions return to the index beside the copies, and the bucket is delivered twice (the
-SDK drops the repeat by `dwell-message-id`), as for a drain crash. While a round works,
-its leases are renewed (dwell.index.leases) up to `max_round_ms`; a bucket whose lease
-was lost all the same is not written further, nor completed.
+SDK drops the repeat by `dwell-message-id`), as for a drain crash.
+
+A chunk's records lie scattered over the whole window its delays span, and so do the
+next chunk's: three rounds of a burst whose delays span three chunks read the burst three
+times. So when a topic's due chunk holds at least `ahead_records`, the round claims the
+chunks after it as well (up to `ahead_chunks`, while the round stays within
+`max_records`) and reads the window once for all of them. Records published after a
+chunk was re-filed with delays into it stay where they are, as they do for the due chunk:
+they lie within the last ``lead_ms + (ahead_chunks + 1) * chunk_ms`` of the log.
+
+While a round works, its leases are renewed (dwell.index.leases) up to `max_round_ms`; a
+bucket whose lease was lost all the same is not written further, nor completed.
 """
 
 from __future__ import annotations
@@ -133,6 +142,8 @@ class Round:
     topics: int = 0
     buckets: int = 0
     records: int = 0
+    # Chunks after `chunk` claimed in the same round (a large one reads its window once).
+    ahead: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
@@ -143,6 +154,7 @@ class Restager:
                  refiled_topic: str = names.REFILED, lead_ms: int = 40_000,
                  chunk_ms: int = 20_000, lease_ms: int = 30_000,
                  max_round_ms: int = 600_000, max_records: int = 1_000_000,
+                 ahead_records: int = 100_000, ahead_chunks: int = 2,
                  compression_type: str = "none",
                  piece_records: int = PIECE_RECORDS) -> None:
         if not 0 < chunk_ms <= lead_ms:
@@ -157,6 +169,8 @@ class Restager:
         self.lease_ms = lease_ms
         self.max_round_ms = max_round_ms
         self.max_records = max_records
+        self.ahead_records = ahead_records
+        self.ahead_chunks = ahead_chunks
         self.piece_records = piece_records
         self.stopping = threading.Event()
         self.error: str | None = None
@@ -186,6 +200,7 @@ class Restager:
         k = self.chunk_due(now)
         first, last = k * self.chunk_ms, (k + 1) * self.chunk_ms - 1
         claims: list[tuple[TopicIndex, ClaimedBucket]] = []
+        ahead_of: dict[str, int] = {}  # topic: chunks claimed after k
         todo = 0
         rnd = Round(chunk=k)
         for topic in self._varied_topics():
@@ -198,12 +213,17 @@ class Restager:
                 continue
             if todo >= self.max_records:
                 break
+            rnd.topics += 1
             mine = idx.claim_between(first, last, now, 1_000_000, self.lease_ms)
             claims += [(idx, b) for b in mine]
-            todo += sum(b.count() for b in mine)
-            rnd.topics += 1
+            n = sum(b.count() for b in mine)
+            todo += n
             if not mine and not self._claimed_elsewhere(idx, first, last):
                 idx.mark_restaged(k)
+            ahead, ahead_of[topic] = self._claim_ahead(idx, k, n, todo, now)
+            claims += [(idx, b) for b in ahead]
+            todo += sum(b.count() for b in ahead)
+        rnd.ahead = max(ahead_of.values(), default=0)
         rnd.buckets = len(claims)
         if not claims:
             return rnd
@@ -224,7 +244,7 @@ class Restager:
             # meanwhile) are live and unclaimed, and another replica's round that still
             # saw the chunk as not done would re-file them.
             for idx in {id(i): i for i, _ in claims}.values():
-                idx.mark_restaged(k)
+                idx.mark_restaged(k + ahead_of.get(idx.topic, 0))
             for idx, b in held:
                 if not idx.complete(b.bucket_start, b.lease_id):
                     RESTAGE_LEASES_LOST.inc()
@@ -237,11 +257,35 @@ class Restager:
         RESTAGED.inc(rnd.records)
         memory.release()  # a round held its chunk's records
         RESTAGE_SECONDS.observe(done_at - started)
-        log.info("restaged %d records of %d buckets (%d topics) for [%d, %d] in %.0f ms "
-                 "(claim %.0f, copy %.0f, complete %.0f ms)", rnd.records, rnd.buckets,
-                 rnd.topics, first, last, (done_at - started) * 1000,
+        log.info("restaged %d records of %d buckets (%d topics) for [%d, %d] and %d chunks "
+                 "ahead in %.0f ms (claim %.0f, copy %.0f, complete %.0f ms)", rnd.records,
+                 rnd.buckets, rnd.topics, first, last, rnd.ahead, (done_at - started) * 1000,
                  *rnd.timings_ms.values())
         return rnd
+
+    def _claim_ahead(self, idx: TopicIndex, k: int, count: int, todo: int,
+                     now: int) -> tuple[list[ClaimedBucket], int]:
+        """Claim the chunks after ``k`` for ``idx`` while the last one claimed held at
+        least `ahead_records` (its window is worth reading once for several chunks), the
+        round would stay within `max_records` were the next one as large, and no other
+        claim holds buckets of it; an empty chunk ends the run. Returns the claims and how many
+        chunks they cover."""
+        out: list[ClaimedBucket] = []
+        j = 0
+        while (j < self.ahead_chunks and count >= self.ahead_records
+               and todo + count <= self.max_records):
+            first = (k + j + 1) * self.chunk_ms
+            last = first + self.chunk_ms - 1
+            if self._claimed_elsewhere(idx, first, last):
+                break
+            mine = idx.claim_between(first, last, now, 1_000_000, self.lease_ms)
+            if not mine:
+                break  # left to its own round, for what comes in meanwhile
+            out += mine
+            count = sum(b.count() for b in mine)
+            todo += count
+            j += 1
+        return out, j
 
     def _claimed_elsewhere(self, idx: TopicIndex, first: int, last: int) -> bool:
         """Whether buckets of the chunk are held by another claim: a round of a tracker

@@ -104,6 +104,8 @@ def main() -> None:
                             lease_ms=settings.restage_lease_ms,
                             max_round_ms=settings.restage_max_round_ms,
                             max_records=settings.restage_max_records,
+                            ahead_records=settings.restage_ahead_records,
+                            ahead_chunks=settings.restage_ahead_chunks,
                             compression_type=settings.kafka_compression_type)
         threading.Thread(target=restager.run, args=(settings.restage_interval_ms,),
                          name="tracker-restage", daemon=True).start()

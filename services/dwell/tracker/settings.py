@@ -60,6 +60,12 @@ class TrackerSettings(CommonSettings):
         "from the drain (late rather than twice), so this also bounds that lateness."))
     restage_max_records: int = Field(1_000_000, ge=1, description=(
         "A round takes no more topics past this many records."))
+    restage_ahead_records: int = Field(100_000, ge=1, description=(
+        "A topic's due chunk holding at least this many records takes the chunks after it "
+        "into the same round, which reads the delay window once for all of them."))
+    restage_ahead_chunks: int = Field(2, ge=0, description=(
+        "How many chunks after the due one a large round takes (while the round stays "
+        "within `restage_max_records`); 0: one chunk a round."))
     restage_interval_ms: int = Field(1000, ge=10, description=(
         "How often the restage looks for a chunk to re-file."))
 
