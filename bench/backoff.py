@@ -62,6 +62,8 @@ def main() -> None:
                     help="the app's state_partitions (shuffle partitions of the state)")
     ap.add_argument("--state-shards", type=int, default=64,
                     help="the app's backoff_state_shards (shards of a subscription's state)")
+    ap.add_argument("--max-events-per-batch", type=int, default=None,
+                    help="the app's acks_max_events_per_batch (default: the setting's)")
     ap.add_argument("--timeout-s", type=float, default=600)
     args = ap.parse_args()
     st = devstack.Stack("test")
@@ -81,7 +83,10 @@ def main() -> None:
         log = procs.start("spark", ["-m", "dwell_spark"], spark_env(
             st, redis_url, tmp / "checkpoints") | {
             "DWELL_STATE_PARTITIONS": str(args.state_partitions),
-            "DWELL_BACKOFF_STATE_SHARDS": str(args.state_shards)}, cwd=ROOT / "spark")
+            "DWELL_BACKOFF_STATE_SHARDS": str(args.state_shards)} | (
+            {} if args.max_events_per_batch is None else
+            {"DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(args.max_events_per_batch)}),
+            cwd=ROOT / "spark")
         wait_line(procs, log, "backoff ready", 600)
         print(f"Spark app ready ({load_avg()}); {args.events:,} messages, state_partitions "
               f"{args.state_partitions}, state shards {args.state_shards}", flush=True)
