@@ -28,8 +28,14 @@ Kafka. Every measured part runs as its own process, so no two share a GIL:
    acks one message published through admission and receives it 4 more times; measured
    redelivery times are set against the PIP-130 schedule (gaps 3, 4, 6, 6 s). The Spark
    app shares dwell.acks with anything else running on the profile, as e2e does.
+5. A burst (not in the default run; --only 5): --burst-messages records of one topic
+   written to dwell.delayed flat out, deliverAt = publish time + uniform 60-120 s, the
+   workload issue 30 compares against a Go Kafka scheduler. The tracker indexes and
+   re-files it (`--restage-ahead-chunks` sets how many chunks a large round takes after
+   the due one); measured: lateness of every message, delivered and lost, the drain lag.
 
     .venv/bin/python bench/delivery.py [--quick]
+    .venv/bin/python bench/delivery.py --only 5 --burst-messages 1000000
 
 Writes bench/out/delivery-lateness.png and bench/out/backoff-schedule.png. Every process
 it starts is stopped on exit, failure or Ctrl-C (services run in their own process groups)."""
@@ -366,6 +372,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="20000,100000")
     ap.add_argument("--uniform-seconds", type=float, default=60)
     ap.add_argument("--lateness-seconds", type=float, default=30)
+    ap.add_argument("--burst-messages", type=int, default=1_000_000)
+    ap.add_argument("--restage-ahead-chunks", type=int, default=None,
+                    help="the tracker's DWELL_RESTAGE_AHEAD_CHUNKS (default: the setting's)")
     ap.add_argument("--only", default="1,2,3,4",
                     help="sections to run, e.g. 3 or 1,4 (default: all)")
     ap.add_argument("--keep-logs", action="store_true",
@@ -414,7 +423,9 @@ def main() -> None:
         tracker = f"http://127.0.0.1:{free_port()}"
         procs.start("tracker", ["-m", "dwell.tracker"], svc | {
             "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,
-            "DWELL_HTTP_PORT": tracker.rsplit(":", 1)[1]})
+            "DWELL_HTTP_PORT": tracker.rsplit(":", 1)[1]} | (
+            {} if args.restage_ahead_chunks is None else
+            {"DWELL_RESTAGE_AHEAD_CHUNKS": str(args.restage_ahead_chunks)}))
         metrics_port = free_port()
         spark_log = procs.start("spark", ["-m", "dwell_spark"], svc | {
             "DWELL_REDIS_URL": redis_url,
@@ -437,6 +448,8 @@ def main() -> None:
             section_lateness(procs, st, redis_url, metrics_url, args.lateness_seconds)
         if 4 in only:
             section_backoff_stack(procs, svc, tracker, st.kafka_bootstrap)
+        if 5 in only:
+            section_burst(procs, st, redis_url, metrics_url, args.burst_messages)
         ok = True
     finally:
         spark_log = tmp / "spark.log"
@@ -483,6 +496,26 @@ def section_uniform(procs: Procs, st: devstack.Stack, redis_url: str, metrics_ur
         if xs:
             print(f"    minute {m + 1}: lag max {max(xs)} ms, mean {np.mean(xs):.0f} ms")
     print(f"  lateness of those: {pct(late)}  ({load_avg()})")
+
+
+def section_burst(procs: Procs, st: devstack.Stack, redis_url: str, metrics_url: str,
+                  messages: int) -> None:
+    spread = (60_000, 120_000)
+    print(f"\n== 5. a burst of {messages:,} to one topic, published flat out, deliverAt = "
+          f"publish time + {spread[0] // 1000}-{spread[1] // 1000} s", flush=True)
+    topics = make_topics(st.kafka_bootstrap, 1)
+    ready = [TopicName.parse(t).kafka_topic for t in topics]
+    lag: list[int] = []
+    t0 = time.monotonic()
+    # Ten steps of a tenth each on a 0.1 s clock: each starts as soon as the last is sent.
+    late, published, _ = load(procs, st, redis_url, "dwell", ready, topics, messages, 1.0,
+                              spread, 5, wait_all=spread[1] / 1000 + 180,
+                              on_tick=lambda: lag.append(drain_lag(metrics_url)))
+    print(f"  published {published:,}; delivered {len(late):,}, lost {published - len(late):,} "
+          f"(read until all came or {spread[1] // 1000 + 180} s after the last was sent; "
+          f"{time.monotonic() - t0:.0f} s in all)")
+    print(f"  drain lag: max {max(lag)} ms, mean {np.mean(lag):.0f} ms over {len(lag)} samples")
+    print(f"  lateness: {pct(late)}  ({load_avg()})", flush=True)
 
 
 def section_lateness(procs: Procs, st: devstack.Stack, redis_url: str, metrics_url: str,

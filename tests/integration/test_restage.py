@@ -14,7 +14,7 @@ import redis as redislib
 from prometheus_client import REGISTRY
 
 from conftest import wait_for
-from dwell.adapters.kafka import BulkProducer, Producer, ensure_topic, read_from
+from dwell.adapters.kafka import BulkProducer, Consumer, Producer, ensure_topic, read_from
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
 from dwell.index.topic import TopicIndex
@@ -485,11 +485,13 @@ def test_a_large_chunk_takes_the_next_chunks_in_the_same_round(
                   max_records=max_records)
     try:
         rs.run_once(now - CHUNK)
+        rs.copy_rate = 1e9  # as measured by a fast copier's last round
         rnd = rs.run_once(now)
         assert (rnd.chunk, rnd.ahead, rnd.records) == (k, ahead, 60 * (1 + ahead))
         assert TopicIndex(r, topic).restaged_chunk() == k + ahead
         for c in range(1, ahead + 1):
             assert rs.run_once(now + c * CHUNK).records == 0
+        rs.copy_rate = 1e9
         # The chunk after those taken holds 60: its own round, which takes nothing ahead
         # (the chunks after it are empty).
         later = rs.run_once(now + (ahead + 1) * CHUNK)
@@ -522,9 +524,79 @@ def test_a_chunk_another_claim_holds_is_not_taken_ahead(
     rs = restager(r, kafka_bootstrap, delayed_topic, ahead_records=50)
     try:
         rs.run_once(now - CHUNK)
+        rs.copy_rate = 1e9
         rnd = rs.run_once(now)
         assert (rnd.ahead, rnd.records) == (0, 60)
         assert idx.restaged_chunk() == k
         assert idx.complete(held.bucket_start, held.lease_id)
     finally:
         rs.close()
+
+
+@pytest.mark.parametrize("rate", [None, 4.0], ids=["no-rate-yet", "too-slow"])
+def test_a_large_chunk_goes_alone_when_the_round_might_not_end_before_it_is_due(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest, rate) -> None:
+    """The due chunk's claims complete with the whole round: with no copy rate measured
+    yet, or one at which the due and the next chunk's 120 records would take 30 s of the
+    39 s left (more than half), the due chunk goes alone."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/alone-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    ats = [(k + c) * CHUNK + 2500 for _ in range(60) for c in range(2)]
+    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    rs = restager(r, kafka_bootstrap, delayed_topic, ahead_records=50)
+    try:
+        rs.run_once(now - CHUNK)
+        rs.copy_rate = rate
+        rnd = rs.run_once(now)
+        assert (rnd.ahead, rnd.records) == (0, 60)
+        assert TopicIndex(r, topic).restaged_chunk() == k
+        # Its copy rate is measured now, and the next chunk is re-filed in its own round.
+        assert rs.copy_rate is not None and rs.copy_rate > 0
+        assert rs.run_once(now + CHUNK).records == 60
+    finally:
+        rs.close()
+
+
+def test_an_original_that_claims_an_id_or_origin_is_copied_with_its_own(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:
+    """A record on the delay log carrying `dwell-message-id` or `dwell-origin` (admission
+    refuses `dwell-*` properties; only a direct writer to Kafka can set them) is copied
+    with the id and origin of where it lies, once each: the drain trusts a copy's."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/forged-{unique}"
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    at = (now + LEAD) // CHUNK * CHUNK + 2500
+    # First a record due a chunk later: delivery times out of order, the delays vary.
+    _publish(kafka_bootstrap, delayed_topic, topic, [at + CHUNK])
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    f = p.send(delayed_topic, b"forged", topic,
+               {"dwell-deliver-at": str(at), "dwell-tick-time": str(TICK),
+                "dwell-topic": topic, "dwell-key": "k0",
+                "dwell-message-id": "persistent://other/ns/t:0:7", "dwell-origin": "0:7"})
+    p.flush()
+    p.close()
+    partition, offset = f.result()
+    wait_for(lambda: _count(r, topic) == 2, 20, "the ingest of the originals")
+    assert r.hget(f"dwell:stats:{{{topic}}}", FIXED_FIELD) == b"0"
+    rs = restager(r, kafka_bootstrap, delayed_topic)
+    try:
+        rs.run_once(now - CHUNK)
+        assert rs.run_once(now).records == 1
+    finally:
+        rs.close()
+    # Every header as written (Record.headers keeps one value a name).
+    c = Consumer(kafka_bootstrap, f"forged-{unique}")
+    c.assign([(f"{delayed_topic}.refiled", p, 0) for p in (0, 1)])
+    got = []
+    deadline = time.monotonic() + 20
+    while not got and time.monotonic() < deadline:
+        got = c.poll_messages(10, 0.5)
+    c.close()
+    [copy] = got
+    headers = copy.headers() or []
+    assert [v for k, v in headers if k == "dwell-message-id"] == [
+        format_message_id(delayed_topic, partition, offset).encode()]
+    assert [v for k, v in headers if k == "dwell-origin"] == [b"%d:%d" % (partition, offset)]

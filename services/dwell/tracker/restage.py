@@ -24,11 +24,15 @@ SDK drops the repeat by `dwell-message-id`), as for a drain crash.
 
 A chunk's records lie scattered over the whole window its delays span, and so do the
 next chunk's: three rounds of a burst whose delays span three chunks read the burst three
-times. So when a topic's due chunk holds at least `ahead_records`, the round claims the
+times. So when a topic's due chunk holds at least `ahead_records`, the round may claim the
 chunks after it as well (up to `ahead_chunks`, while the round stays within
-`max_records`) and reads the window once for all of them. Records published after a
-chunk was re-filed with delays into it stay where they are, as they do for the due chunk:
-they lie within the last ``lead_ms + (ahead_chunks + 1) * chunk_ms`` of the log.
+`max_records`) and read the window once for all of them. The due chunk's claims are
+completed only when the whole round is, so a chunk is taken ahead only while the round,
+at the copy rate of the last round, would end within half the time left before the due
+chunk's first bucket (AHEAD_MARGIN); with no rate measured yet, never. Records published
+after a chunk was re-filed with delays into it stay where they are, as they do for the
+due chunk: they lie within the last ``lead_ms + (ahead_chunks + 1) * chunk_ms`` of the
+log.
 
 While a round works, its leases are renewed (dwell.index.leases) up to `max_round_ms`; a
 bucket whose lease was lost all the same is not written further, nor completed.
@@ -72,6 +76,11 @@ log = logging.getLogger("dwell.tracker.restage")
 MAX_GAP: Final = 2000
 # A round's records are read and written this many at a time: what a round holds at most.
 PIECE_RECORDS: Final = 100_000
+# Headers of an original that its copy does not take from it.
+NOT_COPIED: Final = frozenset({AUTHORIZATION, MESSAGE_ID, ORIGIN})
+# A chunk is taken ahead only while the round's expected time, this many times over, ends
+# before the due chunk's first bucket: the copy rate varies with the load beside it.
+AHEAD_MARGIN: Final = 2.0
 # (index field << FIELD_SHIFT) + offset: one sortable int64 per position (fields stay
 # below 2**21, offsets below 2**40).
 FIELD_SHIFT: Final = 40
@@ -171,6 +180,8 @@ class Restager:
         self.max_records = max_records
         self.ahead_records = ahead_records
         self.ahead_chunks = ahead_chunks
+        # Records/s of the last round's copy; None until a round has copied.
+        self.copy_rate: float | None = None
         self.piece_records = piece_records
         self.stopping = threading.Event()
         self.error: str | None = None
@@ -203,6 +214,7 @@ class Restager:
         ahead_of: dict[str, int] = {}  # topic: chunks claimed after k
         todo = 0
         rnd = Round(chunk=k)
+        due: list[tuple[TopicIndex, int]] = []  # each topic claimed, with its due records
         for topic in self._varied_topics():
             idx = TopicIndex(self.redis, topic)
             done = idx.restaged_chunk()
@@ -218,9 +230,12 @@ class Restager:
             claims += [(idx, b) for b in mine]
             n = sum(b.count() for b in mine)
             todo += n
+            due.append((idx, n))
             if not mine and not self._claimed_elsewhere(idx, first, last):
                 idx.mark_restaged(k)
-            ahead, ahead_of[topic] = self._claim_ahead(idx, k, n, todo, now)
+        # Then the chunks ahead, knowing what the due chunk alone costs.
+        for idx, n in due:
+            ahead, ahead_of[idx.topic] = self._claim_ahead(idx, k, n, todo, now)
             claims += [(idx, b) for b in ahead]
             todo += sum(b.count() for b in ahead)
         rnd.ahead = max(ahead_of.values(), default=0)
@@ -251,6 +266,8 @@ class Restager:
                     log.warning("restage claim on %s bucket %s lost before completion",
                                 idx.topic, b.bucket_start)
         done_at = time.monotonic()
+        if rnd.records:
+            self.copy_rate = rnd.records / max(written - claimed, 1e-3)
         rnd.timings_ms = {"claim": (claimed - started) * 1000,
                           "copy": (written - claimed) * 1000,
                           "complete": (done_at - written) * 1000}
@@ -267,13 +284,15 @@ class Restager:
                      now: int) -> tuple[list[ClaimedBucket], int]:
         """Claim the chunks after ``k`` for ``idx`` while the last one claimed held at
         least `ahead_records` (its window is worth reading once for several chunks), the
-        round would stay within `max_records` were the next one as large, and no other
-        claim holds buckets of it; an empty chunk ends the run. Returns the claims and how many
+        round would stay within `max_records` were the next one as large and, at
+        `copy_rate`, end well before chunk ``k`` is due (AHEAD_MARGIN), and no other claim
+        holds buckets of it; an empty chunk ends the run. Returns the claims and how many
         chunks they cover."""
         out: list[ClaimedBucket] = []
         j = 0
         while (j < self.ahead_chunks and count >= self.ahead_records
-               and todo + count <= self.max_records):
+               and todo + count <= self.max_records
+               and self._fits(todo + count, k * self.chunk_ms - now)):
             first = (k + j + 1) * self.chunk_ms
             last = first + self.chunk_ms - 1
             if self._claimed_elsewhere(idx, first, last):
@@ -286,6 +305,13 @@ class Restager:
             todo += count
             j += 1
         return out, j
+
+    def _fits(self, records: int, due_in_ms: int) -> bool:
+        """Whether a round of ``records`` at the last round's copy rate ends within
+        ``due_in_ms`` / AHEAD_MARGIN."""
+        if not self.copy_rate:
+            return False
+        return records / self.copy_rate * 1000 * AHEAD_MARGIN <= due_in_ms
 
     def _claimed_elsewhere(self, idx: TopicIndex, first: int, last: int) -> bool:
         """Whether buckets of the chunk are held by another claim: a round of a tracker
@@ -365,15 +391,17 @@ class Restager:
         rows_bucket = bucket[np.searchsorted(key, (f_arr << FIELD_SHIFT) + off_arr)]
         out: list[kafka.OutRecord] = []
         for i in np.lexsort((off_arr, f_arr, rows_bucket)).tolist():
-            msg, f, off = msgs[i], fields[i], int(off_arr[i])
+            msg, f = msgs[i], fields[i]
+            raw = msg.headers() or []
             # A client's credentials never ride on a copy (dwell_spark.records).
-            hs = [(k, b"" if v is None else v) for k, v in msg.headers() or []
-                  if k != AUTHORIZATION]
-            names_seen = {h[0] for h in hs}
-            # An original (a copy carries both already).
-            if MESSAGE_ID not in names_seen:
+            if f >= REFILED_FIELD_BASE:
+                # A copy re-filed again: it carries its original's id and origin.
+                hs = [(k, b"" if v is None else v) for k, v in raw if k != AUTHORIZATION]
+            else:
+                # An original: its id and origin are where it lies, whatever a header says.
+                off = int(off_arr[i])
+                hs = [(k, b"" if v is None else v) for k, v in raw if k not in NOT_COPIED]
                 hs.append((MESSAGE_ID, format_message_id(self.topic, f, off).encode()))
-            if ORIGIN not in names_seen:
                 hs.append((ORIGIN, b"%d:%d" % (f, off)))
             out.append((self.refiled_topic, msg.value(), msg.key(), hs, None))
         self._producer.send_unreported(out)

@@ -61,8 +61,10 @@ class TrackerSettings(CommonSettings):
     restage_max_records: int = Field(1_000_000, ge=1, description=(
         "A round takes no more topics past this many records."))
     restage_ahead_records: int = Field(100_000, ge=1, description=(
-        "A topic's due chunk holding at least this many records takes the chunks after it "
-        "into the same round, which reads the delay window once for all of them."))
+        "A topic's due chunk holding at least this many records may take the chunks after "
+        "it into the same round, which reads the delay window once for all of them: when, "
+        "at the last round's copy rate, the round would end within half the time left "
+        "before the due chunk (`docs/internals.md`, \"Re-filing\")."))
     restage_ahead_chunks: int = Field(2, ge=0, description=(
         "How many chunks after the due one a large round takes (while the round stays "
         "within `restage_max_records`); 0: one chunk a round."))
