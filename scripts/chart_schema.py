@@ -2,7 +2,9 @@
 """Writes charts/dwell/values.schema.json: the chart's own keys, plus, for every `config:`
 map, the settings fields of that process (types, bounds, enums from the pydantic models),
 so that `helm install --set tracker.config.restage_lead=...` fails on the typo instead of
-starting with a default. tests/chart checks the file is what this script writes.
+starting with a default. Each key is described: a chart key by its `## @param` comment in
+values.yaml, a setting by its env var and its field's description. tests/chart checks
+the file is what this script writes, and that every `@param` names a key of the schema.
 
     .venv/bin/python scripts/chart_schema.py          # rewrite the file
     .venv/bin/python scripts/chart_schema.py --check  # exit 1 if it is stale
@@ -11,6 +13,7 @@ starting with a default. tests/chart checks the file is what this script writes.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ from dwell_spark.settings import SparkSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "charts" / "dwell" / "values.schema.json"
+VALUES = ROOT / "charts" / "dwell" / "values.yaml"
+PARAM = re.compile(r"^## @param (\S+) ?(.*)$")
 
 
 # Settings the chart sets itself from other values (addresses, ports, the Spark master,
@@ -51,8 +56,9 @@ def settings_schema(model: type[CommonSettings], own_only: bool) -> dict[str, An
     for name, prop in sorted(props.items()):
         if name in CHART_OWNED or (own_only and name in common):
             continue
+        text = " ".join(prop.get("description", "").split())
         prop = {k: v for k, v in prop.items() if k not in ("title", "description")}
-        prop["description"] = f"DWELL_{name.upper()}"
+        prop["description"] = f"DWELL_{name.upper()}: {text}" if text else f"DWELL_{name.upper()}"
         out[name] = prop
     return {"type": "object", "additionalProperties": False, "properties": out}
 
@@ -216,8 +222,53 @@ def schema() -> dict[str, Any]:
     }
 
 
+def params(text: str) -> dict[str, str]:
+    """values.yaml's ``## @param <key> <text>`` comments (indented or not), a comment's
+    following ``##`` lines (not another @param or @section) joined to it: dotted key ->
+    text."""
+    out: dict[str, str] = {}
+    key = None
+    for line in (raw.strip() for raw in text.splitlines()):
+        m = PARAM.match(line)
+        if m:
+            key = m.group(1)
+            out[key] = m.group(2).strip()
+        elif key is not None and line.startswith("## ") and not line.startswith("## @"):
+            out[key] = f"{out[key]} {line[3:].strip()}".strip()
+        else:
+            key = None
+    return out
+
+
+def keys_of(node: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Every property of the schema by its dotted key."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, prop in node.get("properties", {}).items():
+        key = f"{prefix}{name}"
+        out[key] = prop
+        out.update(keys_of(prop, f"{key}."))
+    return out
+
+
+def described(tree: dict[str, Any], values_text: str) -> dict[str, Any]:
+    """``tree`` with each key that has an @param comment described by it. Properties
+    shared between keys (IMAGE, RESOURCES, ...) are copied before they are described."""
+    tree = json.loads(json.dumps(tree))
+    found = keys_of(tree)
+    for key, text in params(values_text).items():
+        if key in found and text:
+            found[key]["description"] = text
+    return tree
+
+
+def unknown_params(values_text: str) -> list[str]:
+    """@param keys that name no key of the schema (a renamed or misspelt value)."""
+    found = keys_of(schema())
+    return sorted(k for k in params(values_text) if k not in found)
+
+
 def render() -> str:
-    return json.dumps(schema(), indent=2) + "\n"
+    return json.dumps(described(schema(), VALUES.read_text()), indent=2) + "\n"
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import os
 import re
 import subprocess
@@ -122,6 +123,24 @@ def test_every_object_is_valid_kubernetes(helm: str, variant: str, kube: str) ->
 def test_values_schema_is_what_the_settings_say() -> None:
     """values.schema.json is generated from the settings classes: re-run the script."""
     assert chart_schema.main(["--check"]) == 0, "run .venv/bin/python scripts/chart_schema.py"
+
+
+def test_every_value_is_described_in_the_schema() -> None:
+    """Each `## @param` of values.yaml names a key of the schema and describes it there;
+    every setting under a `config:` map is described by its env var and its field."""
+    text = chart_schema.VALUES.read_text()
+    assert chart_schema.unknown_params(text) == []
+    found = chart_schema.keys_of(json.loads(chart_schema.SCHEMA.read_text()))
+    params = chart_schema.params(text)
+    assert len(params) > 100
+    for key, said in params.items():
+        assert found[key]["description"] == said, key
+    config = {k: v for k, v in found.items() if ".config." in k or k.startswith("config.")}
+    assert config and all(v["description"].startswith("DWELL_") and ": " in v["description"]
+                          for v in config.values())
+    # A misspelt key is named.
+    assert chart_schema.unknown_params("## @param tracker.replicaCont Replicas\n") == [
+        "tracker.replicaCont"]
 
 
 @pytest.mark.parametrize(("args", "says"), [
