@@ -79,11 +79,16 @@ def produce(bootstrap: str, log: str, n: int, rng: np.random.Generator,
     p.close()
 
 
+def partition_count(n: int, partition: int) -> int:
+    """How many of ``n`` records one log partition holds (--direct)."""
+    return n // PARTITIONS + (1 if partition < n % PARTITIONS else 0)
+
+
 def partition_delays(n: int, partition: int, spread_ms: int) -> np.ndarray:
     """deliverAt of each record of one log partition, in offset order (--direct)."""
-    count = n // PARTITIONS + (1 if partition < n % PARTITIONS else 0)
     rng = np.random.default_rng([7, partition])
-    return T0 + rng.integers(0, spread_ms, size=count, dtype=np.int64)
+    return T0 + rng.integers(0, spread_ms, size=partition_count(n, partition),
+                             dtype=np.int64)
 
 
 def produce_partitions(bootstrap: str, log: str, n: int, spread_ms: int, topics: list[str],
@@ -122,7 +127,7 @@ def produce_direct(bootstrap: str, log: str, n: int, spread_ms: int, topics: lis
         proc.join()
         if proc.exitcode != 0:
             raise RuntimeError(f"a producer process exited with {proc.exitcode}")
-    want = {p: len(partition_delays(n, p, 1)) for p in range(PARTITIONS)}
+    want = {p: partition_count(n, p) for p in range(PARTITIONS)}
     got = end_offsets(bootstrap, log)
     if got != want:
         raise RuntimeError(f"the log holds {got} records a partition, not {want}")

@@ -286,7 +286,10 @@ def test_claim_returns_uncompacted_deltas_and_late_adds_survive(redis_url, uniqu
     [c] = idx.claim(t0 + 5, 10, 60_000, strict=False)
     assert c.positions == {1: BitMap64([5, 6]), 2: BitMap64([7])}
     idx.add([(3, 8, t0 + 2, TICK)])  # arrives while t0 is claimed
+    # Counted: the claimed positions (one of them a delta) and the live one beside them.
+    assert idx.counts() == {t0: 4}
     assert idx.complete(t0, c.lease_id)
+    assert idx.counts() == {t0: 1}
     [late] = idx.claim(t0 + 5, 10, 60_000, strict=False)
     assert late.bucket_start == t0 and late.positions == {3: BitMap64([8])}
 

@@ -108,28 +108,25 @@ class BucketIndex:
         COUNT_CHUNK buckets a round trip, so a large index is not one reply in memory."""
         ks = self.keys
         out: dict[int, int] = {}
-        live = self.buckets()
-        for i in range(0, len(live), COUNT_CHUNK):
-            chunk = live[i:i + COUNT_CHUNK]
+        # (bucket, claimed) of every bucket: a live one is a HASH, a claimed one a LIST of
+        # field, blob pairs; each has its delta string.
+        every = [(b, False) for b in self.buckets()] + [
+            (int(b), True) for b in self.redis.zrange(ks.claims, 0, -1)]
+        for i in range(0, len(every), COUNT_CHUNK):
+            chunk = every[i:i + COUNT_CHUNK]
             pipe = self.redis.pipeline(transaction=False)
-            for b in chunk:
-                pipe.hgetall(ks.bucket(b))
-                pipe.get(ks.delta(b))
+            for b, claimed in chunk:
+                if claimed:
+                    pipe.lrange(ks.claimed(b), 0, -1)
+                    pipe.get(ks.claimed_delta(b))
+                else:
+                    pipe.hgetall(ks.bucket(b))
+                    pipe.get(ks.delta(b))
             res = pipe.execute()
-            for j, b in enumerate(chunk):
-                merged = self._merge(res[2 * j].items(), res[2 * j + 1])
-                out[b] = out.get(b, 0) + sum(len(x) for x in merged.values())
-        claimed = [int(b) for b in self.redis.zrange(ks.claims, 0, -1)]
-        for i in range(0, len(claimed), COUNT_CHUNK):
-            chunk = claimed[i:i + COUNT_CHUNK]
-            pipe = self.redis.pipeline(transaction=False)
-            for b in chunk:
-                pipe.lrange(ks.claimed(b), 0, -1)
-                pipe.get(ks.claimed_delta(b))
-            res = pipe.execute()
-            for j, b in enumerate(chunk):
-                flat = res[2 * j]
-                merged = self._merge(zip(flat[::2], flat[1::2], strict=True), res[2 * j + 1])
+            for j, (b, claimed) in enumerate(chunk):
+                blobs = res[2 * j]
+                pairs = zip(blobs[::2], blobs[1::2], strict=True) if claimed else blobs.items()
+                merged = self._merge(pairs, res[2 * j + 1])
                 out[b] = out.get(b, 0) + sum(len(x) for x in merged.values())
         return out
 
