@@ -7,7 +7,6 @@ the SDK Consumer (the ready topic, the tracker, dwell.acks)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import uuid
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dwell import endpoints
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, NotAllowedError, Producer
 from dwell.client.auth import token_from_env
 from dwell.security import http_verify
@@ -134,7 +134,7 @@ def redelivery(consumer: Consumer, producer: Producer) -> bool:
 
 
 def main() -> int:
-    policy_url = os.environ.get("DWELL_POLICY_URL", "http://127.0.0.1:8081")
+    policy_url = endpoints.policy_url()
     topic = f"persistent://demo/shop/orders-{uuid.uuid4().hex[:6]}"
     console.rule("dwell demo")
     # A stack with authentication on (devstack --secure) gives its super-user's token as

@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dwell import endpoints
 from dwell.core.admit import DELAY_LIMIT_MS
 from dwell.core.policy import BrokerDefaults, BrokerLimits
 from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
@@ -52,9 +53,10 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     max_header_bytes: int = Field(32 * 1024, ge=1024, description=(
         "An HTTP request's target and headers, in bytes, above which it is answered 431."))
     # May hold a password: kept out of the settings' repr.
-    redis_url: str = Field("redis://127.0.0.1:6379/0", repr=False, description=(
+    redis_url: str = Field(endpoints.REDIS_URL, repr=False, description=(
         "Redis to use; `rediss://` turns TLS on, and a user and password may be in the URL."))
-    kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka's bootstrap servers.")
+    kafka_bootstrap: str = Field(endpoints.KAFKA_BOOTSTRAP,
+                                 description="Kafka's bootstrap servers.")
     kafka_replication_factor: int = Field(1, ge=1, description=(
         "Replication factor of the Kafka topics dwell creates."))
     kafka_compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(

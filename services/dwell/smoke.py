@@ -24,6 +24,7 @@ import uuid
 
 import httpx
 
+from dwell import endpoints
 from dwell.client import Consumer, Producer, PublishError
 from dwell.client.auth import ENV as AUTH_PARAMS_ENV
 from dwell.client.auth import token_from_auth_params
@@ -72,7 +73,7 @@ def publish(producer: Producer, delay_ms: int, deadline: float) -> str:
 
 
 def run(delay_ms: int, timeout_s: float, token: str | None = None) -> int:
-    policy_url = os.environ.get("DWELL_POLICY_URL", "http://127.0.0.1:8081")
+    policy_url = endpoints.policy_url()
     topic = f"persistent://{TENANT}/{NAMESPACE}/smoke-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + timeout_s
     tick_ms = ensure_namespace(policy_url, token)

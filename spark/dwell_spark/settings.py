@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from dwell import endpoints
 from dwell.settings import CommonSettings
 
 
@@ -38,7 +39,7 @@ class SparkSettings(CommonSettings):
         "job; larger ones are spread over Spark tasks, whose parallel copies outweigh the "
         "job's fixed cost only for large rounds."))
 
-    spark_metrics_port: int = Field(8084, ge=0, le=65535, description=(
+    spark_metrics_port: int = Field(endpoints.SPARK_METRICS_PORT, ge=0, le=65535, description=(
         "Port of the app's `/metrics`, `/healthz` and `/readyz` (on `DWELL_HTTP_HOST`)."))
 
     backoff_trigger_ms: int = Field(250, ge=10, description=(

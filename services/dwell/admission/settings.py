@@ -6,11 +6,13 @@ import socket
 
 from pydantic import Field, field_validator
 
+from dwell import endpoints
 from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class AdmissionSettings(CommonSettings):
-    http_port: int = Field(8082, ge=1, le=65535, description="The service's HTTP port.")
+    http_port: int = Field(endpoints.ADMISSION_PORT, ge=1, le=65535,
+                           description="The service's HTTP port.")
 
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description=(
         "A request's body as sent (JSON, payloads base64-encoded or not), HTTP and Kafka "

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dwell import endpoints
 from dwell.cli.client import AdminError, PolicyClient, path
 from dwell.cli.flags import (
     FlagError,
@@ -25,8 +26,6 @@ from dwell.cli.tokens import tokens
 from dwell.client.auth import token_from_auth_params
 from dwell.core.durations import format_duration_ms
 from dwell.security import TlsSettings, http_verify
-
-DEFAULT_URL = "http://127.0.0.1:8081"
 
 
 class Output(StrEnum):
@@ -98,8 +97,9 @@ app.add_typer(tokens, name="tokens")
 def main(
     ctx: typer.Context,
     url: Annotated[str, typer.Option(
-        "--url", envvar="DWELL_POLICY_URL",
-        help="Base URL of the policy service (https:// when it serves TLS).")] = DEFAULT_URL,
+        "--url", envvar=endpoints.POLICY_URL_ENV,
+        help="Base URL of the policy service (https:// when it serves TLS)."),
+    ] = endpoints.POLICY_URL,
     tls_trust_certs_file_path: Annotated[str, typer.Option(
         "--tls-trust-certs-file-path", envvar="DWELL_TLS_TRUST_CERTS_FILE_PATH",
         help="PEM file of the CA that signs the policy service's certificate (pulsar-admin's "

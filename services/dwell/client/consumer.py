@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -36,6 +35,7 @@ from typing import TypeVar, cast
 
 import httpx
 
+from dwell import endpoints
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import topics as names
@@ -49,9 +49,6 @@ from .auth import KafkaTokens
 
 log = logging.getLogger("dwell.client.consumer")
 
-DEFAULT_TRACKER_URL = "http://127.0.0.1:8083"
-DEFAULT_POLICY_URL = "http://127.0.0.1:8081"
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # How many (messageId, redeliveryCount) pairs the duplicate filter remembers, and how many
 # acknowledged messageIds.
 SEEN_LIMIT = 100_000
@@ -156,8 +153,8 @@ class Consumer:
                                              max_redeliver_count)
         # What the tracker registers and every event carries (unset fields left out).
         self._settings_json = self.settings.to_json(omit_unset=True)
-        self._bootstrap = bootstrap or os.environ.get("DWELL_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP)
-        self._tracker = (tracker_url or os.environ.get("DWELL_TRACKER_URL", DEFAULT_TRACKER_URL))
+        self._bootstrap = endpoints.kafka_bootstrap(bootstrap)
+        self._tracker = endpoints.tracker_url(tracker_url)
         self.ready_topic = self.topic.kafka_topic
         self.retry_topic = retry_topic(self.topic, self.subscription)
         self.group_id = group_id(self.topic, self.subscription)
@@ -165,7 +162,7 @@ class Consumer:
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         # Its dwell.acks events carry Kafka tokens got with it (dwell.headers.AUTHORIZATION).
         self._kafka_tokens = KafkaTokens(
-            policy_url or os.environ.get("DWELL_POLICY_URL", DEFAULT_POLICY_URL),
+            endpoints.policy_url(policy_url),
             token) if token else None
         self._register()
         # Both topics must exist before subscribing: a group on a missing topic only sees

@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 
+from dwell import endpoints
 from dwell.core.topics import TopicName
 from dwell.security import http_verify
 
-DEFAULT_ADMISSION_URL = "http://127.0.0.1:8082"
 # Pulsar's ServerError.NotAllowedError: the publish checks (max delay, ...) refused it.
 NOT_ALLOWED = 2
 
@@ -51,7 +51,7 @@ class Producer:
                  token: str | None = None) -> None:
         self.topic = TopicName.parse(topic)
         self.producer_name = producer_name or f"dwell-sdk-{os.getpid()}"
-        base = admission_url or os.environ.get("DWELL_ADMISSION_URL", DEFAULT_ADMISSION_URL)
+        base = endpoints.admission_url(admission_url)
         t = self.topic
         self._path = f"/topics/{t.domain}/{t.tenant}/{t.namespace}/{t.local}"
         # `token`: the JWT sent as `Authorization: Bearer` when authentication is on.

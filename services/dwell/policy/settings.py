@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from dwell import endpoints
 from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class PolicySettings(CommonSettings):
-    http_port: int = Field(8081, ge=1, le=65535, description="The service's HTTP port.")
+    http_port: int = Field(endpoints.POLICY_PORT, ge=1, le=65535,
+                           description="The service's HTTP port.")
     max_request_bytes: int = Field(1024 * 1024, ge=1024, description=(
         "A request body above this is answered 413 before it is read whole."))
     # It must stay below the broker's message.max.bytes for dwell.policies, since the feed
@@ -27,7 +29,7 @@ class PolicySettings(CommonSettings):
         "(`dwell.policy.rebuild`)."))
     store_rebuild_timeout_ms: int = Field(10000, ge=1000, description=(
         "Losing Redis: how long a call waits for the store's rebuild before its 503."))
-    tracker_url: str = Field("http://127.0.0.1:8083", description=(
+    tracker_url: str = Field(endpoints.TRACKER_URL, description=(
         "The tracker, whose index figures `GET /admin/v2/persistent/.../stats` serves "
         "(where pulsar-admin's `topics stats` asks for them)."))
     policy_audit_group: str = Field(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from dwell import endpoints
 from dwell.core import topics
 from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
 
 
 class TrackerSettings(CommonSettings):
-    http_port: int = Field(8083, ge=1, le=65535, description="The service's HTTP port.")
+    http_port: int = Field(endpoints.TRACKER_PORT, ge=1, le=65535,
+                           description="The service's HTTP port.")
     max_request_bytes: int = Field(64 * 1024, ge=1024, description=(
         "A request body above this is answered 413 before it is read whole."))
     delayed_topic: str = Field(topics.DELAYED, description=(
