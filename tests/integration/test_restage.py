@@ -464,6 +464,18 @@ def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
     assert [int(b) for b in r.zrange(idx.keys.claims, 0, -1)] == [taken]
 
 
+def _sixty_a_chunk(r, bootstrap: str, delayed_topic: str, topic: str,
+                   chunks: int) -> tuple[int, int, list[tuple[int, int, int]]]:
+    """60 records of ``topic`` in one bucket of each of ``chunks`` chunks from the one due
+    now, interleaved, and indexed; returns (now, the due chunk, the records)."""
+    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
+    k = (now + LEAD) // CHUNK
+    ats = [(k + c) * CHUNK + 2500 for _ in range(60) for c in range(chunks)]
+    rows = _publish(bootstrap, delayed_topic, topic, ats)
+    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    return now, k, rows
+
+
 @pytest.mark.parametrize(("max_records", "ahead"), [(10_000, 2), (150, 1)],
                          ids=["two-ahead", "held-by-max-records"])
 def test_a_large_chunk_takes_the_next_chunks_in_the_same_round(
@@ -474,12 +486,7 @@ def test_a_large_chunk_takes_the_next_chunks_in_the_same_round(
     is re-filed in its own round."""
     r = connect(redis_url)
     topic = f"persistent://t/ns/ahead-{unique}"
-    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
-    k = (now + LEAD) // CHUNK
-    # 60 records in one bucket of each of the chunks k .. k+3, interleaved.
-    ats = [(k + c) * CHUNK + 2500 for _ in range(60) for c in range(4)]
-    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
-    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    now, k, rows = _sixty_a_chunk(r, kafka_bootstrap, delayed_topic, topic, 4)
 
     rs = restager(r, kafka_bootstrap, delayed_topic, ahead_records=50, ahead_chunks=2,
                   max_records=max_records)
@@ -513,11 +520,7 @@ def test_a_chunk_another_claim_holds_is_not_taken_ahead(
     dead tracker's) stops the round from going ahead: that chunk stays not done."""
     r = connect(redis_url)
     topic = f"persistent://t/ns/held-{unique}"
-    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
-    k = (now + LEAD) // CHUNK
-    ats = [(k + c) * CHUNK + 2500 for _ in range(60) for c in range(2)]
-    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
-    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    now, k, _ = _sixty_a_chunk(r, kafka_bootstrap, delayed_topic, topic, 2)
     idx = TopicIndex(r, topic)
     [held] = idx.claim_between((k + 1) * CHUNK, (k + 2) * CHUNK - 1, now, 10, 600_000)
 
@@ -541,11 +544,7 @@ def test_a_large_chunk_goes_alone_when_the_round_might_not_end_before_it_is_due(
     39 s left (more than half), the due chunk goes alone."""
     r = connect(redis_url)
     topic = f"persistent://t/ns/alone-{unique}"
-    now = (int(time.time() * 1000) // CHUNK) * CHUNK + 1000
-    k = (now + LEAD) // CHUNK
-    ats = [(k + c) * CHUNK + 2500 for _ in range(60) for c in range(2)]
-    rows = _publish(kafka_bootstrap, delayed_topic, topic, ats)
-    wait_for(lambda: _count(r, topic) == len(rows), 20, "the ingest of the originals")
+    now, k, _ = _sixty_a_chunk(r, kafka_bootstrap, delayed_topic, topic, 2)
     rs = restager(r, kafka_bootstrap, delayed_topic, ahead_records=50)
     try:
         rs.run_once(now - CHUNK)
