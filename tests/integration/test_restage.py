@@ -552,8 +552,9 @@ def test_a_large_chunk_goes_alone_when_the_round_might_not_end_before_it_is_due(
         rnd = rs.run_once(now)
         assert (rnd.ahead, rnd.records) == (0, 60)
         assert TopicIndex(r, topic).restaged_chunk() == k
-        # Its copy rate is measured now, and the next chunk is re-filed in its own round.
-        assert rs.copy_rate is not None and rs.copy_rate > 0
+        # A round of fewer than RATE_RECORDS does not measure the rate; the next chunk
+        # is re-filed in its own round.
+        assert rs.copy_rate == rate
         assert rs.run_once(now + CHUNK).records == 60
     finally:
         rs.close()
@@ -599,3 +600,29 @@ def test_an_original_that_claims_an_id_or_origin_is_copied_with_its_own(
     assert [v for k, v in headers if k == "dwell-message-id"] == [
         format_message_id(delayed_topic, partition, offset).encode()]
     assert [v for k, v in headers if k == "dwell-origin"] == [b"%d:%d" % (partition, offset)]
+
+
+def test_a_chunk_that_would_be_refiled_after_it_is_due_is_left_in_place(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:
+    """At a copy rate of one record a second, the due chunk's 60 records would take 60 s
+    of the 39 s left: the chunk is marked done, nothing is claimed or copied, and the
+    metric counts what was left."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/left-{unique}"
+    now, k, _ = _sixty_a_chunk(r, kafka_bootstrap, delayed_topic, topic, 2)
+    before = _positions(r, topic)
+    left = REGISTRY.get_sample_value("dwell_tracker_restage_left_total") or 0.0
+    rs = restager(r, kafka_bootstrap, delayed_topic)
+    try:
+        rs.run_once(now - CHUNK)
+        rs.copy_rate = 1.0
+        rnd = rs.run_once(now)
+        assert (rnd.records, rnd.buckets) == (0, 0)
+        assert TopicIndex(r, topic).restaged_chunk() == k
+        assert REGISTRY.get_sample_value("dwell_tracker_restage_left_total") == left + 60
+        assert _positions(r, topic) == before
+        # At a rate that fits, the next chunk is re-filed.
+        rs.copy_rate = 1000.0
+        assert rs.run_once(now + CHUNK).records == 60
+    finally:
+        rs.close()

@@ -106,12 +106,20 @@ class BucketIndex:
     def counts(self) -> dict[int, int]:
         """bucketStart -> number of distinct positions, for live and claimed buckets; read
         COUNT_CHUNK buckets a round trip, so a large index is not one reply in memory."""
+        every = [(b, False) for b in self.buckets()] + [
+            (int(b), True) for b in self.redis.zrange(self.keys.claims, 0, -1)]
+        return self._count(every)
+
+    def count_between(self, first: int, last: int) -> int:
+        """How many positions the live buckets starting in ``[first, last]`` hold."""
+        starts = self.redis.zrangebyscore(self.keys.index, first, last)
+        return sum(self._count([(int(float(b)), False) for b in starts]).values())
+
+    def _count(self, every: list[tuple[int, bool]]) -> dict[int, int]:
+        """bucketStart -> positions of each (bucket, claimed) of ``every``: a live bucket
+        is a HASH, a claimed one a LIST of field, blob pairs; each has its delta string."""
         ks = self.keys
         out: dict[int, int] = {}
-        # (bucket, claimed) of every bucket: a live one is a HASH, a claimed one a LIST of
-        # field, blob pairs; each has its delta string.
-        every = [(b, False) for b in self.buckets()] + [
-            (int(b), True) for b in self.redis.zrange(ks.claims, 0, -1)]
         for i in range(0, len(every), COUNT_CHUNK):
             chunk = every[i:i + COUNT_CHUNK]
             pipe = self.redis.pipeline(transaction=False)

@@ -64,6 +64,7 @@ from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
 from dwell.tracker.metrics import (
     RESTAGE_LEASE_RENEWALS,
     RESTAGE_LEASES_LOST,
+    RESTAGE_LEFT,
     RESTAGE_SECONDS,
     RESTAGED,
 )
@@ -76,6 +77,9 @@ log = logging.getLogger("dwell.tracker.restage")
 MAX_GAP: Final = 2000
 # A round's records are read and written this many at a time: what a round holds at most.
 PIECE_RECORDS: Final = 100_000
+# A round measures the copy rate when it copies at least this many records: a smaller one
+# is mostly the cost of reading a window its few records lie scattered over.
+RATE_RECORDS: Final = 100_000
 # Headers of an original that its copy does not take from it.
 NOT_COPIED: Final = frozenset({AUTHORIZATION, MESSAGE_ID, ORIGIN})
 # A chunk is taken ahead only while the round's expected time, this many times over, ends
@@ -180,7 +184,7 @@ class Restager:
         self.max_records = max_records
         self.ahead_records = ahead_records
         self.ahead_chunks = ahead_chunks
-        # Records/s of the last round's copy; None until a round has copied.
+        # Records/s of the last round's copy of RATE_RECORDS or more; None until then.
         self.copy_rate: float | None = None
         self.piece_records = piece_records
         self.stopping = threading.Event()
@@ -226,6 +230,14 @@ class Restager:
             if todo >= self.max_records:
                 break
             rnd.topics += 1
+            late = self._too_late(idx, first, last, now)
+            if late is not None:
+                RESTAGE_LEFT.inc(late)
+                log.warning("restage: %d records of %s for [%d, %d] left where they lie: at "
+                            "%.0f records/s they would be re-filed after they are due",
+                            late, topic, first, last, self.copy_rate or 0)
+                idx.mark_restaged(k)
+                continue
             mine = idx.claim_between(first, last, now, 1_000_000, self.lease_ms)
             claims += [(idx, b) for b in mine]
             n = sum(b.count() for b in mine)
@@ -266,7 +278,7 @@ class Restager:
                     log.warning("restage claim on %s bucket %s lost before completion",
                                 idx.topic, b.bucket_start)
         done_at = time.monotonic()
-        if rnd.records:
+        if rnd.records >= RATE_RECORDS:
             self.copy_rate = rnd.records / max(written - claimed, 1e-3)
         rnd.timings_ms = {"claim": (claimed - started) * 1000,
                           "copy": (written - claimed) * 1000,
@@ -305,6 +317,16 @@ class Restager:
             todo += count
             j += 1
         return out, j
+
+    def _too_late(self, idx: TopicIndex, first: int, last: int, now: int) -> int | None:
+        """The records of ``idx``'s chunk [first, last] when, at the last round's copy
+        rate, a round of them alone would end after the chunk's first bucket is due (it
+        would hold that bucket from the drain); else None. The drain then reads them where
+        they lie, many buckets a round once it is behind."""
+        if not self.copy_rate:
+            return None
+        n = idx.count_between(first, last)
+        return n if n / self.copy_rate * 1000 > first - now else None
 
     def _fits(self, records: int, due_in_ms: int) -> bool:
         """Whether a round of ``records`` at the last round's copy rate ends within
