@@ -326,14 +326,14 @@ class Restager:
         if not self.copy_rate:
             return None
         n = idx.count_between(first, last)
-        return n if n / self.copy_rate * 1000 > first - now else None
+        return None if self._fits(n, first - now, margin=1.0) else n
 
-    def _fits(self, records: int, due_in_ms: int) -> bool:
-        """Whether a round of ``records`` at the last round's copy rate ends within
-        ``due_in_ms`` / AHEAD_MARGIN."""
+    def _fits(self, records: int, due_in_ms: int, margin: float = AHEAD_MARGIN) -> bool:
+        """Whether a round of ``records`` at the last round's copy rate, ``margin`` times
+        over, ends within ``due_in_ms``; False with no rate measured."""
         if not self.copy_rate:
             return False
-        return records / self.copy_rate * 1000 * AHEAD_MARGIN <= due_in_ms
+        return records / self.copy_rate * 1000 * margin <= due_in_ms
 
     def _claimed_elsewhere(self, idx: TopicIndex, first: int, last: int) -> bool:
         """Whether buckets of the chunk are held by another claim: a round of a tracker
