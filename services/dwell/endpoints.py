@@ -14,6 +14,8 @@ ADMISSION_PORT: Final = 8082
 TRACKER_PORT: Final = 8083
 SPARK_METRICS_PORT: Final = 8084
 KAFKA_PORT: Final = 9092
+# The in-chart and local Kafka's KRaft controller listener (no client connects to it).
+KAFKA_CONTROLLER_PORT: Final = 9093
 REDIS_PORT: Final = 6379
 
 POLICY_URL: Final = f"http://{LOCAL}:{POLICY_PORT}"

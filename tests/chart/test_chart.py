@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import yaml
 
 import chart_schema
 import devinstall
+from dwell import endpoints
 from dwell.settings import CommonSettings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -35,7 +37,16 @@ KUBE_VERSIONS = ("1.27.0", "1.37.0")
 # cert-manager's Certificate by test_secure_certificate_probes_and_scrapes, the Spark
 # Operator's SparkApplication by tests/kube against its CRD on an API server.
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "SparkApplication"}
-PORTS = {"policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
+# The ports the chart's helper dwell.ports spells (templates/_ports.tpl), by its names.
+CHART_PORTS = {"policy": endpoints.POLICY_PORT, "admission": endpoints.ADMISSION_PORT,
+               "tracker": endpoints.TRACKER_PORT, "spark": endpoints.SPARK_METRICS_PORT,
+               "redis": endpoints.REDIS_PORT, "kafka": endpoints.KAFKA_PORT,
+               "kafkaController": endpoints.KAFKA_CONTROLLER_PORT,
+               # Only the chart's: the driver's fixed ports its executors connect back to
+               # (a pod's network policy names them), and DNS.
+               "sparkDriver": 7078, "sparkBlockManager": 7079, "dns": 53}
+# dwell's own processes: each serves HTTP (the Spark app its metrics) on its port.
+PORTS = {name: CHART_PORTS[name] for name in ("policy", "admission", "tracker", "spark")}
 # The chart's scenarios: its defaults and each charts/dwell/ci/<name>-values.yaml (which
 # tests/kube also installs or dry-runs on a real API server), and `secure` below.
 VARIANTS = {"defaults": [], **{p.name.removesuffix("-values.yaml"): ["-f", str(p)]
@@ -119,6 +130,65 @@ def test_every_object_is_valid_kubernetes(helm: str, variant: str, kube: str) ->
         checked += 1
     assert checked >= 15
 
+
+
+# ---------------------------------------------------------------- ports
+
+PORTS_HELPER = CHART / "templates" / "_ports.tpl"
+# A port where a template would spell one: a YAML port field, a host:port, or any of the
+# ports dwell.ports names.
+_ANY_PORT = "|".join(str(p) for p in sorted(set(CHART_PORTS.values())))
+PORT_LITERAL = re.compile(rf"\b(({_ANY_PORT})\b|(port|containerPort|targetPort|number):"
+                          rf"\s*\d|port=\d|[\w.}}]:\d{{2,5}}\b)")
+
+
+def helper_ports() -> dict[str, int]:
+    """The table of the helper dwell.ports, as YAML."""
+    text = PORTS_HELPER.read_text()
+    body = re.search(r'define "dwell\.ports" -}}(.*?){{- end -}}', text, re.S)
+    assert body, "no dwell.ports in _ports.tpl"
+    return yaml.safe_load(body[1])
+
+
+def port_literals(text: str) -> list[str]:
+    return [f"line {n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if PORT_LITERAL.search(line)]
+
+
+def test_the_chart_spells_each_port_once_as_the_code_does() -> None:
+    """The chart's ports are dwell.endpoints' (what the processes listen on without the
+    chart), named once in the helper dwell.ports; every other template asks the helper."""
+    assert helper_ports() == CHART_PORTS
+    templates = [p for p in sorted((CHART / "templates").iterdir())
+                 if p.is_file() and p != PORTS_HELPER]
+    assert len(templates) > 30
+    found = {p.name: hits for p in templates if (hits := port_literals(p.read_text()))}
+    assert found == {}
+
+
+@pytest.mark.parametrize("line", ["containerPort: 8080", "      port: 443",
+                                  "advertised.listeners=PLAINTEXT://{{ $host }}:9092",
+                                  'value: "8084"', "number: 80",
+                                  "spark.driver.port=7078"])
+def test_a_spelled_port_is_found(line: str) -> None:
+    assert port_literals(f"a: b\n{line}\n") == [f"line 2: {line.strip()}"]
+
+
+def test_the_helper_gives_each_named_port_and_refuses_an_unknown_name(helm: str,
+                                                                     tmp_path: Path) -> None:
+    chart = tmp_path / "dwell"
+    shutil.copytree(CHART, chart)
+    probe = chart / "templates" / "zz-ports.yaml"
+    probe.write_text("".join(f'{name}: {{{{ include "dwell.port" "{name}" }}}}\n'
+                             for name in CHART_PORTS))
+    got = run_helm(helm, "template", "rel", str(chart), *TOKEN_KEYS,
+                   "--show-only", "templates/zz-ports.yaml")
+    assert got.returncode == 0, got.stderr
+    assert yaml.safe_load(got.stdout) == CHART_PORTS
+    probe.write_text('x: {{ include "dwell.port" "kafak" }}\n')
+    got = run_helm(helm, "template", "rel", str(chart), *TOKEN_KEYS)
+    assert got.returncode != 0
+    assert 'no port named "kafak"' in got.stderr
 
 def test_values_schema_is_what_the_settings_say() -> None:
     """values.schema.json is generated from the settings classes: re-run the script."""

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import devstack
 from dwell import endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = {endpoints.POLICY_PORT, endpoints.ADMISSION_PORT, endpoints.TRACKER_PORT,
-         endpoints.SPARK_METRICS_PORT, endpoints.KAFKA_PORT, endpoints.REDIS_PORT}
+         endpoints.SPARK_METRICS_PORT, endpoints.KAFKA_PORT, endpoints.KAFKA_CONTROLLER_PORT,
+         endpoints.REDIS_PORT}
 _ANY_PORT = "|".join(map(str, sorted(PORTS)))
 ADDRESS = re.compile(rf"(127\.0\.0\.1|localhost):({_ANY_PORT})\b")
 
@@ -69,3 +71,13 @@ def test_an_address_given_wins_then_the_environment_then_the_default(
     monkeypatch.setenv(env, "http://elsewhere:1")
     assert find() == "http://elsewhere:1"
     assert find("http://given:2") == "http://given:2"
+
+
+def test_the_local_stack_listens_where_the_code_looks() -> None:
+    """scripts/devstack.py starts the dev profile's servers before the project's venv
+    exists, so it spells the ports itself; they must be these."""
+    assert devstack.PROFILES["dev"] == {
+        "redis": endpoints.REDIS_PORT, "kafka": endpoints.KAFKA_PORT,
+        "kafka_controller": endpoints.KAFKA_CONTROLLER_PORT,
+        "policy": endpoints.POLICY_PORT, "admission": endpoints.ADMISSION_PORT,
+        "tracker": endpoints.TRACKER_PORT, "spark": endpoints.SPARK_METRICS_PORT}

@@ -64,7 +64,7 @@ app.kubernetes.io/part-of: dwell
 {{- end -}}
 
 {{- define "dwell.redisPort" -}}
-{{- if .Values.redis.enabled -}}6379{{- else -}}{{ int .Values.redis.external.port }}{{- end -}}
+{{- if .Values.redis.enabled -}}{{ include "dwell.port" "redis" }}{{- else -}}{{ int .Values.redis.external.port }}{{- end -}}
 {{- end -}}
 
 {{- define "dwell.redisDb" -}}
@@ -86,7 +86,7 @@ redis-password
 {{- define "dwell.kafkaBootstrap" -}}
 {{- if .Values.kafka.enabled -}}
 {{- $kafka := include "dwell.component" (dict "root" . "component" "kafka") -}}
-{{- printf "%s-0.%s-headless.%s.svc:9092" $kafka $kafka .Release.Namespace -}}
+{{- printf "%s-0.%s-headless.%s.svc:%s" $kafka $kafka .Release.Namespace (include "dwell.port" "kafka") -}}
 {{- else -}}
 {{- required "kafka.external.bootstrap is required when kafka.enabled is false" .Values.kafka.external.bootstrap -}}
 {{- end -}}
@@ -172,7 +172,8 @@ affinity:
 {{- end -}}
 
 {{/* One of the three HTTP services' containers:
-     dwell.serviceContainer (dict "root" $ "component" "policy" "port" 8081) */}}
+     dwell.serviceContainer (dict "root" $ "component" "policy"
+       "port" (include "dwell.port" "policy" | int)) */}}
 {{- define "dwell.serviceContainer" -}}
 {{- $values := index .root.Values .component -}}
 - name: {{ .component }}
@@ -193,7 +194,7 @@ affinity:
     {{- if eq .component "policy" }}
     {{- /* the policy service serves the tracker's figures on Pulsar's topic stats path */}}
     - name: DWELL_TRACKER_URL
-      value: {{ printf "%s://%s:8083" (include "dwell.scheme" .root) (include "dwell.component" (dict "root" .root "component" "tracker")) | quote }}
+      value: {{ printf "%s://%s:%s" (include "dwell.scheme" .root) (include "dwell.component" (dict "root" .root "component" "tracker")) (include "dwell.port" "tracker") | quote }}
     {{- end }}
     {{- include "dwell.settingsEnv" $values.config | trim | nindent 4 }}
     {{- include "dwell.authEnv" .root | nindent 4 }}

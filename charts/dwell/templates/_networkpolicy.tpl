@@ -19,7 +19,8 @@ podSelector:
 {{- end -}}
 
 {{/* An ingress rule on `ports` from `peers`; no peers: from any source:
-     dwell.np.from (dict "ports" (list 9092) "peers" .Values.networkPolicy.clients) */}}
+     dwell.np.from (dict "ports" (list (include "dwell.port" "kafka"))
+       "peers" .Values.networkPolicy.clients) */}}
 {{- define "dwell.np.from" -}}
 - ports:
     {{- range .ports }}
@@ -34,7 +35,8 @@ podSelector:
 
 {{/* The ingress rule of an HTTP service's port, which serves both its clients and
      /metrics: from networkPolicy.clients and .metrics, or from any source when either
-     list is empty: dwell.np.clients (dict "root" $ "port" 8081) */}}
+     list is empty: dwell.np.clients
+     (dict "root" $ "port" (include "dwell.port" "policy" | int)) */}}
 {{- define "dwell.np.clients" -}}
 {{- $np := .root.Values.networkPolicy -}}
 {{- $peers := list -}}
@@ -53,7 +55,7 @@ podSelector:
 - to:
     {{- include "dwell.np.pods" (dict "root" . "component" "redis") | nindent 4 }}
   ports:
-    - port: 6379
+    - port: {{ include "dwell.port" "redis" }}
       protocol: TCP
 {{- else }}
 - ports:
@@ -68,7 +70,7 @@ podSelector:
 - to:
     {{- include "dwell.np.pods" (dict "root" . "component" "kafka") | nindent 4 }}
   ports:
-    - port: 9092
+    - port: {{ include "dwell.port" "kafka" }}
       protocol: TCP
 {{- else }}
 {{- $ports := list -}}
@@ -89,9 +91,9 @@ podSelector:
 
 {{- define "dwell.np.dns" -}}
 - ports:
-    - port: 53
+    - port: {{ include "dwell.port" "dns" }}
       protocol: UDP
-    - port: 53
+    - port: {{ include "dwell.port" "dns" }}
       protocol: TCP
   {{- with .Values.networkPolicy.dns.to }}
   to:
