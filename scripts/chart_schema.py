@@ -206,7 +206,7 @@ def schema() -> dict[str, Any]:
                 "enabled": BOOL,
                 "superUserRoles": {"type": "array", "items": {"type": "string",
                                                               "minLength": 1}},
-                "existingSecret": STR,
+                "existingSecret": STR, "generateKeys": BOOL,
                 "secretKeyKey": STR,
                 "publicKeyKey": STR,
                 "kafkaTokenSecretKeyKey": STR,

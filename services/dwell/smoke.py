@@ -10,6 +10,10 @@ the tracker's buckets are that wide); 1 otherwise, saying what went wrong.
 With authentication on, it needs a super-user's token (it creates a tenant), given as
 pulsar-admin's authParams in DWELL_AUTH_PARAMS or ``--auth-params``: `token:<jwt>` or
 `file:<path>`; the chart mounts the Secret named by auth.testToken.existingSecret there.
+Or it signs a token itself, valid for ten minutes, for ``--role`` (DWELL_SMOKE_ROLE,
+default ``admin``) with the HS256 key ``--signing-key`` (DWELL_SMOKE_SIGNING_KEY: `file:`,
+`data:` or base64, as the services' key settings): the chart gives it the key it made
+with auth.generateKeys.
 TLS: DWELL_TLS_TRUST_CERTS_FILE_PATH names the CA the services' certificates are checked
 against, as for the SDK.
 """
@@ -25,12 +29,16 @@ import uuid
 import httpx
 
 from dwell import endpoints
+from dwell.auth.keys import InvalidKey, check_secret_key, read_key
+from dwell.auth.tokens import create_token
 from dwell.client import Consumer, Producer, PublishError
 from dwell.client.auth import ENV as AUTH_PARAMS_ENV
 from dwell.client.auth import token_from_auth_params
 from dwell.security import http_verify
 
 TENANT, NAMESPACE = "dwellsmoke", "helm-test"
+SIGNING_KEY_ENV, ROLE_ENV = "DWELL_SMOKE_SIGNING_KEY", "DWELL_SMOKE_ROLE"
+SIGNED_TOKEN_TTL_S = 600
 
 
 def _now_ms() -> int:
@@ -47,7 +55,8 @@ def ensure_namespace(policy_url: str, token: str | None) -> int:
             r = http.put(path, json={} if "tenants" in path else None)
             if r.status_code in (401, 403):
                 hint = ("give a super-user's token in DWELL_AUTH_PARAMS (the chart: "
-                        "auth.testToken.existingSecret)" if token is None else
+                        "auth.testToken.existingSecret, or auth.generateKeys)"
+                        if token is None else
                         "the token's role must be a super-user (it creates a tenant)")
                 raise RuntimeError(f"PUT {path} answered {r.status_code} {r.text}: {hint}")
             if r.status_code not in (204, 409):
@@ -105,6 +114,14 @@ def run(delay_ms: int, timeout_s: float, token: str | None = None) -> int:
     return 1
 
 
+def signed_token(key: str, role: str) -> str:
+    """A token for ``role`` signed with the HS256 secret key ``key`` (a key setting's
+    value), valid for SIGNED_TOKEN_TTL_S."""
+    raw = read_key(key, "--signing-key")
+    check_secret_key(raw, "--signing-key")
+    return create_token(raw, "HS256", role, time.time() + SIGNED_TOKEN_TTL_S)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dwell.smoke", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,12 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--auth-params", default=os.environ.get(AUTH_PARAMS_ENV),
                     help="a super-user's token: token:<jwt> or file:<path> (default: "
                          f"${AUTH_PARAMS_ENV}; none: authentication off)")
+    ap.add_argument("--signing-key", default=os.environ.get(SIGNING_KEY_ENV),
+                    help="with no --auth-params: an HS256 secret key to sign a token for "
+                         f"--role with (file:, data: or base64; default: ${SIGNING_KEY_ENV})")
+    ap.add_argument("--role", default=os.environ.get(ROLE_ENV) or "admin",
+                    help=f"the signed token's role, a super-user (default: ${ROLE_ENV}, "
+                         "else admin)")
     args = ap.parse_args(argv)
     try:
         token = token_from_auth_params(args.auth_params) if args.auth_params else None
     except ValueError as exc:
         print(f"smoke: FAILED: --auth-params: {exc}", file=sys.stderr)
         return 1
+    if token is None and args.signing_key:
+        try:
+            token = signed_token(args.signing_key, args.role)
+        except InvalidKey as exc:
+            print(f"smoke: FAILED: {exc}", file=sys.stderr)
+            return 1
     try:
         return run(args.delay_ms, args.timeout_s, token)
     except (httpx.HTTPError, PublishError, RuntimeError) as exc:

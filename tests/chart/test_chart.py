@@ -47,10 +47,15 @@ CHART_PORTS = {"policy": endpoints.POLICY_PORT, "admission": endpoints.ADMISSION
                "sparkDriver": 7078, "sparkBlockManager": 7079, "dns": 53}
 # dwell's own processes: each serves HTTP (the Spark app its metrics) on its port.
 PORTS = {name: CHART_PORTS[name] for name in ("policy", "admission", "tracker", "spark")}
-# The chart's scenarios: its defaults and each charts/dwell/ci/<name>-values.yaml (which
-# tests/kube also installs or dry-runs on a real API server), and `secure` below.
+# The chart's scenarios: its defaults and each charts/dwell/{examples,ci}/<name>-values.yaml
+# (which tests/kube also installs or dry-runs on a real API server), and `secure` below.
 VARIANTS = {"defaults": [], **{p.name.removesuffix("-values.yaml"): ["-f", str(p)]
-                               for p in sorted((CHART / "ci").glob("*-values.yaml"))}}
+                               for p in sorted((CHART / "examples").glob("*-values.yaml"))}}
+# ci/'s install as they are, as chart-testing installs them: the token Secret render()
+# names is taken away again, and they make their own keys.
+CI = {p.name.removesuffix("-values.yaml"): ["-f", str(p), "--set", "auth.existingSecret="]
+      for p in sorted((CHART / "ci").glob("*-values.yaml"))}
+VARIANTS.update(CI)
 EXTERNAL = VARIANTS["external"]
 EVERYTHING = VARIANTS["everything"]
 # HTTPS from cert-manager, SASL_SSL Kafka and TLS Redis with an ACL user, from Secrets.
@@ -349,7 +354,7 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
     pods = [(w["metadata"]["name"], w["spec"]["template"]["spec"]) for w in workloads(docs)]
     pods += [(p["metadata"]["name"], p["spec"]) for p in docs if p["kind"] == "Pod"]
     # The inner loop's values run as root on a writable root filesystem, so that live
-    # update can write into the image (charts/dwell/ci/dev-values.yaml says so).
+    # update can write into the image (charts/dwell/examples/dev-values.yaml says so).
     for name, spec in pods:
         dev = variant == "dev" and not name.endswith(("-kafka", "-redis"))
         assert spec["securityContext"]["runAsNonRoot"] is not dev, name
@@ -381,6 +386,8 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
     # Spark's RPC secret: the chart's in every variant (none names an existingSecret).
     spark_secret = secrets.pop("rel-dwell-spark-auth")
     assert len(spark_secret["data"]["spark-auth-secret"]) >= 64  # 48 random chars, base64
+    # The token keys: the chart's in ci/'s variants (auth.generateKeys).
+    assert (secrets.pop("rel-dwell-token-keys", None) is not None) == (variant in CI)
     if variant in ("external", "secure", "production"):
         assert not secrets  # the user's existingSecret
     else:
@@ -390,14 +397,17 @@ def test_pods_run_non_root_with_nothing_secret_in_the_manifests(helm: str, varia
 
 
 def test_generated_secrets_stay_in_their_secrets(helm: str) -> None:
-    """The secrets the chart makes (the in-chart Redis password, Spark's RPC secret)
-    appear in their Secrets and nowhere else: not in a ConfigMap (the executors' pod
-    template, dashboards), not in an env value."""
-    docs = render(helm, *EVERYTHING)
+    """The secrets the chart makes (the in-chart Redis password, Spark's RPC secret, the
+    token keys, base64 as they are random bytes) appear in their Secrets and nowhere
+    else: not in a ConfigMap (the executors' pod template, dashboards), not in an env
+    value."""
+    docs = render(helm, *EVERYTHING, "--set", "auth.existingSecret=",
+                  "--set", "auth.generateKeys=true")
     secrets = by_kind(docs, "Secret")
     values = [base64.b64decode(secrets["rel-dwell-redis"]["data"]["redis-password"]).decode(),
               base64.b64decode(secrets["rel-dwell-spark-auth"]["data"][
-                  "spark-auth-secret"]).decode()]
+                  "spark-auth-secret"]).decode(),
+              *secrets["rel-dwell-token-keys"]["data"].values()]
     others = [d for d in docs if d["kind"] != "Secret"]
     assert by_kind(others, "ConfigMap")
     for d in others:
@@ -585,6 +595,71 @@ def test_helm_test_hook_authenticates_with_the_test_token_secret(helm: str) -> N
         env, spec = hook(*args)
         assert "DWELL_AUTH_PARAMS" not in env, args
         assert all(v["name"] != "test-token" for v in spec["volumes"]), args
+
+
+def test_generated_token_keys_are_random_mounted_everywhere_and_sign_the_hooks_token(
+        helm: str) -> None:
+    """auth.generateKeys (ci/'s files): one Secret with two random 32-byte keys, the HS256
+    key and the Kafka token key, read by every process that checks tokens (the executors
+    too); the helm test hook mounts only the HS256 key and signs its own super-user token."""
+    docs = render(helm, *CI["minimal"], "--set", "auth.superUserRoles={ops,admin}")
+    (secret,) = [d for d in docs if d["kind"] == "Secret"
+                 and d["metadata"]["name"] == "rel-dwell-token-keys"]
+    keys = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    assert sorted(keys) == ["kafka-token.key", "secret.key"]
+    assert all(len(v) == 32 for v in keys.values()) and len(set(keys.values())) == 2
+    checked = 0
+    for w in workloads(docs):
+        spec = w["spec"]["template"]["spec"]
+        env = container_env(spec["containers"][0])
+        if env.get("DWELL_AUTHENTICATION_ENABLED") != "true":
+            continue
+        assert env["DWELL_TOKEN_SECRET_KEY"] == "file:///etc/dwell/auth/secret.key"
+        assert env["DWELL_KAFKA_TOKEN_SECRET_KEY"] == "file:///etc/dwell/auth/kafka-token.key"
+        assert "DWELL_TOKEN_PUBLIC_KEY" not in env
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "token-keys"]
+        assert volume["secret"]["secretName"] == "rel-dwell-token-keys"
+        checked += 1
+    assert checked == 4
+    (template,) = [d for d in docs if d["kind"] == "ConfigMap"
+                   and d["metadata"]["name"].endswith("-spark-executor")]
+    pod = yaml.safe_load(template["data"]["executor.yaml"])["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "token-keys"]
+    assert volume["secret"]["secretName"] == "rel-dwell-token-keys"
+    (hook,) = [d for d in docs if d["kind"] == "Pod"]
+    env = container_env(hook["spec"]["containers"][0])
+    assert env["DWELL_SMOKE_SIGNING_KEY"] == "file:///etc/dwell/auth/secret.key"
+    assert env["DWELL_SMOKE_ROLE"] == "ops"
+    assert "DWELL_AUTH_PARAMS" not in env
+    (volume,) = [v for v in hook["spec"]["volumes"] if v["name"] == "token-keys"]
+    assert volume["secret"]["items"] == [{"key": "secret.key", "path": "secret.key"}]
+
+
+@pytest.mark.parametrize(("args", "hook_env"), [
+    # A Secret named wins: nothing is made, and the hook takes the test token if any.
+    (["--set", "auth.existingSecret=dwell-token-keys",
+      "--set", "auth.testToken.existingSecret=dwell-test-token"], "DWELL_AUTH_PARAMS"),
+    # A test token given wins over signing one.
+    (["--set", "auth.testToken.existingSecret=dwell-test-token"], "DWELL_AUTH_PARAMS"),
+    (["--set", "auth.enabled=false"], None),
+])
+def test_generated_keys_give_way(helm: str, args: list[str], hook_env: str | None) -> None:
+    docs = render(helm, *CI["minimal"], *args)
+    made = [d for d in docs if d["kind"] == "Secret" and "token-keys" in d["metadata"]["name"]]
+    generated = "auth.existingSecret=dwell-token-keys" not in args and (
+        "auth.enabled=false" not in args)
+    assert bool(made) == generated
+    (hook,) = [d for d in docs if d["kind"] == "Pod"]
+    env = container_env(hook["spec"]["containers"][0])
+    assert "DWELL_SMOKE_SIGNING_KEY" not in env
+    assert (hook_env in env) if hook_env else "DWELL_AUTH_PARAMS" not in env
+
+
+def test_no_token_key_secret_names_both_ways_out(helm: str) -> None:
+    got = run_helm(helm, "template", "rel", str(CHART), "--kube-version", "1.31.0",
+                   "--set", "auth.generateKeys=false")
+    assert got.returncode != 0
+    assert "set auth.existingSecret, set auth.generateKeys=true" in got.stderr
 
 
 def test_auth_can_be_turned_off(helm: str) -> None:

@@ -27,13 +27,18 @@ import kubestack
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dwell"
-# Token auth is on by default and needs the Secret holding its key: every scenario names
-# one (a scenario's own values file may name another), and a release makes it first.
+# Token auth is on by default and needs the Secret holding its key: every scenario but
+# ci/'s names one (a scenario's own values file may name another); ci/'s install as they
+# are, with the keys the chart makes.
 TOKEN_SECRET = "dwell-token-keys"
-# The chart's scenarios: its defaults and every charts/dwell/ci/<name>-values.yaml.
-SCENARIOS = {"defaults": [], **{p.name.removesuffix("-values.yaml"): ["-f", str(p)]
-                                for p in sorted((CHART / "ci").glob("*-values.yaml"))}}
-SCENARIOS = {name: ["--set", f"auth.existingSecret={TOKEN_SECRET}", *args]
+# ci/: what installs as it is on any cluster, as chart-testing installs it; examples/: what
+# needs more around it (external servers, Secrets, an operator's CRDs, a local image).
+VALUES_FILES = {p.name.removesuffix("-values.yaml"): p
+                for d in ("ci", "examples") for p in sorted((CHART / d).glob("*-values.yaml"))}
+# The chart's scenarios: its defaults and every values file.
+SCENARIOS = {"defaults": [], **{name: ["-f", str(p)] for name, p in VALUES_FILES.items()}}
+SCENARIOS = {name: args if name in VALUES_FILES and VALUES_FILES[name].parent.name == "ci"
+             else ["--set", f"auth.existingSecret={TOKEN_SECRET}", *args]
              for name, args in SCENARIOS.items()}
 
 # Each poll is a call to the API server: a slower beat than the other suites'.

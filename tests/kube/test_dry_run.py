@@ -1,4 +1,4 @@
-"""Every chart scenario (defaults and charts/dwell/ci/*-values.yaml) through the real API
+"""Every chart scenario (defaults and charts/dwell/{ci,examples}/*-values.yaml) through the real API
 server's admission and schema checks, without persisting anything: each rendered object
 POSTed with dryRun=All and fieldValidation=Strict, which is what `kubectl apply
 --dry-run=server --validate=strict` asks of the server for a new object."""

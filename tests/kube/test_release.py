@@ -1,5 +1,6 @@
-"""One release of the chart (charts/dwell/ci/minimal-values.yaml) through its life on the
-kube tier, in order: `helm install --wait`, Spark on Kubernetes from the installed driver's
+"""One release of the chart (charts/dwell/ci/minimal-values.yaml as it is, as chart-testing
+installs it: no Secret made beforehand, the token keys made by the chart) through its life
+on the kube tier, in order: `helm install --wait`, Spark on Kubernetes from the installed driver's
 own spark-submit line, `helm upgrade` rolling exactly the pods whose template changed,
 `helm test`, and `helm uninstall` leaving only what the chart keeps on purpose.
 
@@ -26,9 +27,8 @@ import pyspark
 import pytest
 
 from conftest import free_port
-from dwell.auth.tokens import create_key_pair, create_secret_key
 
-from .conftest import CHART, SCENARIOS, TOKEN_SECRET, Kube, wait_for
+from .conftest import CHART, SCENARIOS, Kube, wait_for
 
 RELEASE = "rel"
 VALUES = SCENARIOS["minimal"]
@@ -40,10 +40,10 @@ KEPT = {("PersistentVolumeClaim", f"{SPARK}-checkpoints"),
         ("PersistentVolumeClaim", f"data-{RELEASE}-dwell-redis-0"),
         ("PersistentVolumeClaim", f"data-{RELEASE}-dwell-kafka-0"),
         ("Secret", f"{RELEASE}-dwell-redis")}
-# Present in every namespace, made by Kubernetes itself; and the token key's Secret, made
-# by the test before the install as a user makes it.
-AMBIENT = {("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt"),
-           ("Secret", TOKEN_SECRET)}
+# Present in every namespace, made by Kubernetes itself.
+AMBIENT = {("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt")}
+# The token keys the chart makes (auth.generateKeys): they go with the release.
+TOKEN_KEYS = f"{RELEASE}-dwell-token-keys"
 
 
 @dataclass
@@ -82,11 +82,6 @@ def ready(pod: dict[str, Any]) -> bool:
 def release(kube: Kube) -> Iterator[Release]:
     ns = kube.namespace("release")
     volumes = make_volumes(kube, ns, 3)
-    r = kube.api.post(f"/api/v1/namespaces/{ns}/secrets", json={
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": TOKEN_SECRET},
-        "data": {"public.key": base64.b64encode(create_key_pair()[1]).decode(),
-                 "kafka-token.key": base64.b64encode(create_secret_key()).decode()}})
-    assert r.status_code == 201, r.text
     try:
         t0 = time.monotonic()
         kube.helm("install", RELEASE, str(CHART), "-n", ns, *VALUES, "--wait",
@@ -259,6 +254,9 @@ def test_upgrade_rolls_exactly_the_pods_whose_template_changed(
             for k in ("deployments", "statefulsets")
             for w in kube.items(f"/apis/apps/v1/namespaces/{ns}/{k}")}
     secret = kube.get(f"/api/v1/namespaces/{ns}/secrets/{RELEASE}-dwell-redis")["data"]
+    keys = kube.get(f"/api/v1/namespaces/{ns}/secrets/{TOKEN_KEYS}")["data"]
+    assert {k: len(base64.b64decode(v)) for k, v in keys.items()} == {
+        "secret.key": 32, "kafka-token.key": 32}
     kube.helm("upgrade", RELEASE, str(CHART), "-n", ns, *VALUES,
               "--set", "tracker.config.stats_refresh_s=5", "--wait", "--timeout", "5m")
     tracker = "app.kubernetes.io/component=tracker"
@@ -282,8 +280,9 @@ def test_upgrade_rolls_exactly_the_pods_whose_template_changed(
     assert env["DWELL_STATS_REFRESH_S"] == "5"
     for name in set(before) & set(after):
         assert after[name]["metadata"]["uid"] == before[name]["metadata"]["uid"], name
-    # The generated Redis password is the one the install made.
+    # The generated Redis password and token keys are the ones the install made.
     assert kube.get(f"/api/v1/namespaces/{ns}/secrets/{RELEASE}-dwell-redis")["data"] == secret
+    assert kube.get(f"/api/v1/namespaces/{ns}/secrets/{TOKEN_KEYS}")["data"] == keys
     assert all(ready(p) for p in after.values())
 
 

@@ -262,7 +262,8 @@ def test_certificates_and_passwords_are_private_state(secured: devstack.Stack) -
 def test_smoke_hook_authenticates_with_the_super_users_token(secured: devstack.Stack) -> None:
     """`python -m dwell.smoke` (the chart's `helm test` hook) over HTTPS and SASL_SSL with
     the token DWELL_AUTH_PARAMS names, as the chart's auth.testToken gives it; without
-    one it fails and says what to set."""
+    one it fails and says what to set; with the services' HS256 key instead (the chart's
+    auth.generateKeys) it signs a token of its own for the role it is given."""
     env = dict(os.environ) | secured.service_env() | secure_stack.kafka_user_env(
         secured.pki, "app-dwell-smoke")
     assert env["DWELL_AUTH_PARAMS"].startswith("file:")
@@ -277,3 +278,16 @@ def test_smoke_hook_authenticates_with_the_super_users_token(secured: devstack.S
     assert got.returncode == 1
     assert "answered 401" in got.stderr and "auth.testToken.existingSecret" in got.stderr, (
         got.stderr)
+
+    # auth.generateKeys: the hook signs its own token with the key the services verify.
+    env["DWELL_SMOKE_SIGNING_KEY"] = f"file:{secured.pki / 'token-secret.key'}"
+    env["DWELL_SMOKE_ROLE"] = secure_stack.SUPER_USER
+    got = subprocess.run(smoke, env=env, capture_output=True, text=True, timeout=150)
+    print(got.stdout, got.stderr)
+    assert got.returncode == 0, got.stderr
+    assert "smoke: ok:" in got.stdout
+    # A token signed for a role that is not a super-user cannot create the tenant.
+    got = subprocess.run([*smoke, "--role", "nobody"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 1
+    assert "must be a super-user" in got.stderr, got.stderr
