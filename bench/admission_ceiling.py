@@ -43,7 +43,7 @@ def serve() -> None:
     from fastapi import FastAPI
 
     from dwell.adapters import kafka
-    from dwell.admission.app import PublishFront
+    from dwell.admission.app import PublishFront, add_publish_routes
     from dwell.admission.deliveries import Deliveries
     from dwell.admission.settings import AdmissionSettings
     from dwell.core.topics import TopicName
@@ -74,10 +74,11 @@ def serve() -> None:
     async def readyz() -> dict[str, bool]:
         return {"ready": True}
 
+    routes = add_publish_routes(app, handle)
     gc.collect()
     gc.freeze()
     gc.set_threshold(*bench.GC_THRESHOLDS)
-    serve_http(PublishFront(app, handle, settings.max_request_bytes), settings)
+    serve_http(PublishFront(app, routes, handle, settings.max_request_bytes), settings)
 
 
 def main() -> None:

@@ -10,17 +10,20 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dwell.adapters import kafka
-from dwell.auth.guard import Guard
+from dwell.auth.guard import Guard, operation_of
 from dwell.core import topics as names
 from dwell.core.authz import Grants, Operation
 from dwell.http import (
@@ -124,62 +127,128 @@ class Admission:
 
 
 # (domain, tenant, namespace, topic, body) -> (status, JSON body, extra headers)
-Handler = Callable[[str, str, str, str, bytes],
-                   Awaitable[tuple[int, bytes, dict[str, str] | None]]]
-_PREFIX = "/topics/"
+Answer = tuple[int, bytes, dict[str, str] | None]
+Handler = Callable[[str, str, str, str, bytes], Awaitable[Answer]]
+# A publish route's path parameters -> (domain, tenant, namespace, topic); None: the app
+# answers the request (a malformed partition number: FastAPI's 422).
+TopicOf = Callable[[dict[str, Any]], "tuple[str, str, str, str] | None"]
+PUBLISH_PATH = "/topics/{domain}/{tenant}/{namespace}/{topic}"
+PARTITION_PATH = f"{PUBLISH_PATH}/partitions/{{partition}}"
 
 
-def publish_parts(scope: Scope) -> list[str] | None:
-    """The four path segments of a publish request, or None: the FastAPI routes' match
-    (a POST, four non-empty segments of the decoded path, or six ending in
-    `partitions/<N>`, whose topic is then `<topic>-partition-<N>`)."""
-    if scope["type"] != "http" or scope["method"] != "POST":
+@dataclass(frozen=True)
+class PublishRoute:
+    """A publish route as the app declares it (its path, its guard's operation, what
+    OpenAPI documents), and how its path parameters name the topic published to."""
+
+    route: APIRoute
+    operation: Operation | None
+    topic_of: TopicOf
+
+
+def partition_topic(topic: str, partition: int) -> str:
+    """Pulsar's route to one partition of `topic`: a publish to `<topic>-partition-N`."""
+    if names.PARTITION_SUFFIX in topic:
+        raise ApiError(400, "Topic name can't contain '-partition-' suffix.")
+    return f"{topic}{names.PARTITION_SUFFIX}{partition}"
+
+
+def _topic(params: dict[str, Any]) -> tuple[str, str, str, str]:
+    return params["domain"], params["tenant"], params["namespace"], params["topic"]
+
+
+def _partition(params: dict[str, Any]) -> tuple[str, str, str, str] | None:
+    number: str = params["partition"]
+    if not (number.isascii() and number.isdigit()):
         return None
-    path: str = scope["path"]
-    if not path.startswith(_PREFIX):
-        return None
-    parts = path[len(_PREFIX):].split("/")
-    if (len(parts) == 6 and parts[4] == "partitions" and parts[5].isascii()
-            and parts[5].isdigit() and names.PARTITION_SUFFIX not in parts[3]):
-        # Pulsar's route to one partition of x is a publish to x-partition-N; the FastAPI
-        # route answers its malformed forms.
-        parts = [*parts[:3], f"{parts[3]}{names.PARTITION_SUFFIX}{int(parts[5])}"]
-    return parts if len(parts) == 4 and all(parts) else None
+    return (params["domain"], params["tenant"], params["namespace"],
+            partition_topic(params["topic"], int(number)))
+
+
+def add_publish_routes(app: FastAPI, handle: Handler,
+                       dependencies: Sequence[Any] = ()) -> list[PublishRoute]:
+    """Declare the publish routes on `app`, guarded by `dependencies`: the one
+    declaration of each, which OpenAPI documents and any ASGI server serves through
+    FastAPI. Returned for `PublishFront`, which serves the same routes (their own path
+    matching and guard) without FastAPI's per-request work."""
+    body = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": model_of(PublishRequest).model_json_schema()}}}}
+    responses = {200: {"model": PublishResults}} | errors(404, 409, 413)
+
+    @app.post(PUBLISH_PATH, dependencies=list(dependencies), responses=responses,
+              openapi_extra=body)
+    async def publish(domain: str, tenant: str, namespace: str, topic: str,
+                      request: Request) -> Response:
+        status, content, headers = await handle(domain, tenant, namespace, topic,
+                                                await request.body())
+        return Response(content, status, headers, media_type="application/json")
+
+    @app.post(PARTITION_PATH, dependencies=list(dependencies), responses=responses,
+              openapi_extra=body)
+    async def publish_to_partition(domain: str, tenant: str, namespace: str, topic: str,
+                                   partition: int, request: Request) -> Response:
+        """Pulsar's route to one partition: the same as a publish to `<topic>-partition-N`."""
+        status, content, headers = await handle(
+            domain, tenant, namespace, partition_topic(topic, partition),
+            await request.body())
+        return Response(content, status, headers, media_type="application/json")
+
+    routes = {r.endpoint: r for r in app.routes if isinstance(r, APIRoute)}
+    operations = [op for d in dependencies if (op := operation_of(d)) is not None]
+    operation = operations[0] if operations else None
+    return [PublishRoute(routes[publish], operation, _topic),
+            PublishRoute(routes[publish_to_partition], operation, _partition)]
 
 
 class PublishFront:
-    """ASGI: publish requests go straight to `handle`; every other request, and the
-    lifespan, to `app`.
+    """ASGI: requests to the publish `routes` (matched by the routes themselves) go
+    straight to `handle`; every other request, and the lifespan, to `app`.
 
     A publish needs none of FastAPI's per-request work (routing, parameter resolution,
     the middleware stack), and that work costs more than the rest of the HTTP exchange
-    around a batch. What the app would give a publish is kept here: a body over
-    `max_bytes` is refused with 413, as `BodyLimit` refuses it (at once when its
-    Content-Length says so, else as soon as the bytes read pass the limit, closing the
-    connection), and an unexpected error is a 500 without a trace. Keep-alive,
-    pipelining and `Expect: 100-continue` are uvicorn's."""
+    around a batch. What the app would give a publish is kept here: the route's guard
+    (its operation on the path's tenant and namespace), a body over `max_bytes` refused
+    with 413, as `BodyLimit` refuses it (at once when its Content-Length says so, else
+    as soon as the bytes read pass the limit, closing the connection), and an unexpected
+    error a 500 without a trace. Keep-alive, pipelining and `Expect: 100-continue` are
+    uvicorn's."""
 
-    def __init__(self, app: ASGIApp, handle: Handler, max_bytes: int,
-                 guard: Guard | None = None) -> None:
+    def __init__(self, app: ASGIApp, routes: Sequence[PublishRoute], handle: Handler,
+                 max_bytes: int, guard: Guard | None = None) -> None:
         self.app = app
+        self.routes = tuple(routes)
         self.handle = handle
         self.max_bytes = max_bytes
         self.guard = guard if guard is not None and guard.authentication else None
 
+    def match(self, scope: Scope) -> tuple[PublishRoute, dict[str, Any]] | None:
+        """The publish route `scope` is a request to and its path parameters, or None."""
+        if scope["type"] != "http":
+            return None
+        for route in self.routes:
+            found, child = route.route.matches(scope)
+            if found is Match.FULL:
+                return route, child["path_params"]
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        parts = publish_parts(scope)
-        if parts is None:
-            await self.app(scope, receive, send)
-            return
-        if self.guard is not None:
-            # The route's guard (Operation.PRODUCE), which this path bypasses with the app.
+        matched = self.match(scope)
+        parts = None
+        if matched is not None:
+            route, params = matched
             try:
-                await self.guard.check(_authorization(scope), Operation.PRODUCE, parts[1],
-                                       parts[2])
+                # The route's guard first, as FastAPI runs it before the path's checks.
+                if self.guard is not None and route.operation is not None:
+                    await self.guard.check(_authorization(scope), route.operation,
+                                           params.get("tenant"), params.get("namespace"))
+                parts = route.topic_of(params)
             except ApiError as exc:
                 await _answer(send, exc.status, orjson.dumps({"reason": exc.reason}),
                               exc.headers)
                 return
+        if parts is None:
+            await self.app(scope, receive, send)
+            return
         limit = self.max_bytes
         size = declared_size(scope)
         if size is not None and size > limit:
@@ -236,9 +305,10 @@ async def _answer(send: Send, status: int, content: bytes,
 
 
 def build_app(settings: AdmissionSettings) -> FastAPI:
-    """The admission app: the publish route, `/readyz`, and the policy follower and Kafka
+    """The admission app: the publish routes, `/readyz`, and the policy follower and Kafka
     ingress started and stopped with its lifespan. `app.state.publish` is its publish
-    handler, which `serve_publishes` hands publishes to directly."""
+    handler and `app.state.publish_routes` its publish routes, which `serve_publishes`
+    serves directly."""
     adm = Admission(settings)
 
     async def ready() -> dict[str, Any]:
@@ -288,39 +358,12 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
             latency.observe(time.perf_counter() - started)
 
     app.state.publish = handle
-
-    # Documents the endpoint (OpenAPI) and serves it under any ASGI server; behind
-    # `serve_publishes`, as `python -m dwell.admission` runs it, publishes skip it.
-    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}",
-              dependencies=[adm.guard.require(Operation.PRODUCE)],
-              responses={200: {"model": PublishResults}} | errors(404, 409, 413),
-              openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": model_of(PublishRequest).model_json_schema()}}}})
-    async def publish(domain: str, tenant: str, namespace: str, topic: str,
-                      request: Request) -> Response:
-        status, content, headers = await handle(domain, tenant, namespace, topic,
-                                                await request.body())
-        return Response(content, status, headers, media_type="application/json")
-
-    @app.post("/topics/{domain}/{tenant}/{namespace}/{topic}/partitions/{partition}",
-              dependencies=[adm.guard.require(Operation.PRODUCE)],
-              responses={200: {"model": PublishResults}} | errors(404, 409, 413),
-              openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": model_of(PublishRequest).model_json_schema()}}}})
-    async def publish_to_partition(domain: str, tenant: str, namespace: str, topic: str,
-                                   partition: int, request: Request) -> Response:
-        """Pulsar's route to one partition: the same as a publish to `<topic>-partition-N`."""
-        if names.PARTITION_SUFFIX in topic:
-            raise ApiError(400, "Topic name can't contain '-partition-' suffix.")
-        status, content, headers = await handle(
-            domain, tenant, namespace, f"{topic}{names.PARTITION_SUFFIX}{partition}",
-            await request.body())
-        return Response(content, status, headers, media_type="application/json")
-
+    app.state.publish_routes = add_publish_routes(
+        app, handle, [adm.guard.require(Operation.PRODUCE)])
     return app
 
 
 def serve_publishes(app: FastAPI, settings: AdmissionSettings) -> PublishFront:
     """`app` (from `build_app`) behind the ASGI front that serves its publishes."""
-    return PublishFront(app, app.state.publish, settings.max_request_bytes,
-                        app.state.admission.guard)
+    return PublishFront(app, app.state.publish_routes, app.state.publish,
+                        settings.max_request_bytes, app.state.admission.guard)

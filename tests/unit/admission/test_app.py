@@ -1,5 +1,6 @@
-"""Admission's publish front (`PublishFront`) under uvicorn, against real sockets: publish
-requests reach the handler straight from ASGI, everything else reaches FastAPI, what
+"""Admission's publish front (`PublishFront`) under uvicorn, against real sockets: requests
+to the publish routes (matched by the routes the app declares) reach the handler straight
+from ASGI and answer as FastAPI answers them, everything else reaches FastAPI, what
 uvicorn does per request holds for both (pipelining in order, Expect: 100-continue,
 large bodies, keep-alive and Connection: close, a client that leaves mid-request), an
 unexpected error is a 500 without a trace, and a body over the limit is refused with 413
@@ -18,10 +19,11 @@ import httpx
 import orjson
 import pytest
 import uvicorn
-from fastapi import Request
+from fastapi import FastAPI, Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conftest import read_answers
-from dwell.admission.app import PublishFront, publish_parts
+from dwell.admission.app import PublishFront, add_publish_routes
 from dwell.http import BodyLimit, create_app
 
 SLOW_S = 0.3
@@ -40,8 +42,25 @@ async def handle(domain: str, tenant: str, namespace: str, topic: str,
                               "sha": hashlib.sha256(body).hexdigest()}), None
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, int]]:
+class Marked:
+    """ASGI middleware: every answer FastAPI gives carries `x-through: fastapi`, so a test
+    sees which path served a request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def marked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message["headers"], (b"x-through", b"fastapi")]
+            await send(message)
+
+        await self.app(scope, receive, marked)
+
+
+def build() -> tuple[FastAPI, PublishFront]:
+    """The app under test (the publish routes, /ping, /echo) and the front over it."""
+
     async def ready() -> dict[str, bool]:
         return {"ready": True}
 
@@ -55,12 +74,17 @@ def server() -> Iterator[tuple[str, int]]:
     async def echo(request: Request) -> dict[str, int]:
         return {"size": len(await request.body())}
 
+    routes = add_publish_routes(app, handle)
     app.add_middleware(BodyLimit, max_bytes=LIMIT, setting="max_request_bytes")
+    app.add_middleware(Marked)
+    return app, PublishFront(app, routes, handle, LIMIT)
 
+
+def run(asgi: ASGIApp) -> Iterator[tuple[str, int]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(PublishFront(app, handle, LIMIT), host="127.0.0.1", port=port,
+    config = uvicorn.Config(asgi, host="127.0.0.1", port=port,
                             lifespan="off", log_level="warning", access_log=False)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -74,6 +98,17 @@ def server() -> Iterator[tuple[str, int]]:
     thread.join(10)
 
 
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, int]]:
+    yield from run(build()[1])
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[tuple[str, int]]:
+    """The same app served by FastAPI alone, as any ASGI server would serve it."""
+    yield from run(build()[0])
+
+
 def post(path: str, body: bytes, *headers: str) -> bytes:
     lines = [f"POST {path} HTTP/1.1", "host: admission", f"content-length: {len(body)}",
              "content-type: application/json", *headers]
@@ -84,20 +119,34 @@ def request(method: str, path: str) -> dict[str, str]:
     return {"type": "http", "method": method, "path": path}
 
 
-def test_publish_paths_are_the_routes_match() -> None:
-    assert publish_parts(request("POST", "/topics/persistent/a/b/c")) == [
-        "persistent", "a", "b", "c"]
-    assert publish_parts(request("POST", "/topics/persistent/a/b")) is None
-    assert publish_parts(request("POST", "/topics/persistent/a//c")) is None
-    assert publish_parts(request("POST", "/topics/persistent/a/b/c/d")) is None
-    assert publish_parts(request("GET", "/topics/persistent/a/b/c")) is None
-    assert publish_parts({"type": "lifespan"}) is None
+@pytest.mark.parametrize(("method", "path", "fast"), [
+    ("POST", "/topics/persistent/a/b/c", True),
+    ("POST", "/topics/persistent/a/b/x%20y", True),
     # Pulsar's route to one partition.
-    assert publish_parts(request("POST", "/topics/persistent/a/b/c/partitions/02")) == [
-        "persistent", "a", "b", "c-partition-2"]
-    for odd in ("c/partitions/x", "c/partitions/-1", "c/partitions/", "c-partition-0/partitions/1",
-                "c/partition/1", "c/partitions/1/2"):
-        assert publish_parts(request("POST", f"/topics/persistent/a/b/{odd}")) is None
+    ("POST", "/topics/persistent/a/b/c/partitions/02", True),
+    ("POST", "/topics/persistent/a/b/c-partition-0/partitions/1", True),  # 400
+    ("POST", "/topics/persistent/a/b/c/partitions/x", False),  # FastAPI's 422
+    ("POST", "/topics/persistent/a/b/c/partitions/-1", False),
+    ("POST", "/topics/persistent/a/b/c/partitions/", False),
+    ("POST", "/topics/persistent/a/b/c/partition/1", False),
+    ("POST", "/topics/persistent/a/b/c/partitions/1/2", False),
+    ("POST", "/topics/persistent/a/b", False),
+    ("POST", "/topics/persistent/a//c", False),
+    ("POST", "/topics/persistent/a/b/c/d", False),
+    ("GET", "/topics/persistent/a/b/c", False),
+])
+def test_the_front_answers_the_publish_routes_as_fastapi_does(
+        server: tuple[str, int], plain: tuple[str, int], method: str, path: str,
+        fast: bool) -> None:
+    """The front serves exactly what the declared routes match, with FastAPI's answer."""
+    got = [httpx.request(method, f"http://{host}:{port}{path}", content=b'{"messages": []}')
+           for host, port in (server, plain)]
+    assert (got[0].status_code, got[0].content) == (got[1].status_code, got[1].content)
+    assert got[1].headers["x-through"] == "fastapi"
+    assert ("x-through" not in got[0].headers) == fast
+    if path.endswith("/partitions/02"):
+        assert orjson.loads(got[0].content)["parts"] == ["persistent", "a", "b",
+                                                         "c-partition-2"]
 
 
 def test_publish_reaches_the_handler_and_the_rest_reaches_fastapi(
