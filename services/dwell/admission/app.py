@@ -147,10 +147,11 @@ class PublishRoute:
 
 
 def partition_topic(topic: str, partition: int) -> str:
-    """Pulsar's route to one partition of `topic`: a publish to `<topic>-partition-N`."""
+    """Pulsar's route to one partition of `topic`: a publish to `<topic>-partition-N`,
+    and partition -1 to `topic` itself (Pulsar's `TopicName.getPartition`)."""
     if names.PARTITION_SUFFIX in topic:
         raise ApiError(400, "Topic name can't contain '-partition-' suffix.")
-    return f"{topic}{names.PARTITION_SUFFIX}{partition}"
+    return topic if partition == -1 else f"{topic}{names.PARTITION_SUFFIX}{partition}"
 
 
 def _topic(params: dict[str, Any]) -> tuple[str, str, str, str]:
