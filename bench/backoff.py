@@ -16,7 +16,16 @@ Prints events/s of each phase and its ratio to the baseline, and the backoff's o
 per-batch timings from the app's log ("events and state", then writing: the index check and
 applying the decisions).
 
+4. With ``--restart-events N`` (after the phases; ``--events 0`` skips them): the restart.
+   Every process of the app's session (its JVM and Python workers) is killed with SIGKILL,
+   N `delivered` events for other messages of the subscription are written to dwell.acks
+   while it is down, and the app is started again on the same checkpoint. Prints the time
+   from the kill to "backoff ready", from "spark session up" to "backoff ready" (the app's
+   log timestamps), and the catch-up: from ready until Redis holds all N redelivery counts,
+   its events/s beside phase 1's, and how many counts are missing (lost).
+
     .venv/bin/python bench/backoff.py [--events 20000] [--state-partitions 1] [--state-shards 64]
+        [--restart-events 100000]
 """
 
 from __future__ import annotations
@@ -29,7 +38,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from delivery import ROOT
 from procs import BENCH_REDIS_DB, Procs, load_avg, send_ack_events, spark_env, wait_line
@@ -43,6 +55,8 @@ from dwell.core import topics as names
 FAR_MS = 600_000  # an ack timeout nothing in the run reaches
 BATCH_LINE = re.compile(r"backoff: (\d+) decisions.*events and state (\d+) ms, written in "
                         r"(\d+) ms")
+SESSION_UP = "spark session up"
+READY = "backoff ready"
 
 
 def timed(what: str, start: float, done, procs: Procs, timeout: float) -> float:
@@ -55,15 +69,95 @@ def timed(what: str, start: float, done, procs: Procs, timeout: float) -> float:
     return time.monotonic() - start
 
 
+def throughput(st: devstack.Stack, r: Any, procs: Procs, log: Path, topic: str,
+               ids: list[str], timeout: float) -> float:
+    """Phases 1-3; returns phase 1's events/s."""
+    counts = keys.sub_counts(topic, "s")
+    n = len(ids)
+    starts = kafka.end_offsets(st.kafka_bootstrap, names.ACKS)
+    figures = []
+    for kind, done in (("delivered", lambda: r.hlen(counts) >= n),
+                       ("ack", lambda: r.hlen(counts) == 0)):
+        t0 = time.monotonic()
+        send_ack_events(st.kafka_bootstrap, kind, topic, ids, FAR_MS)
+        sent = time.monotonic() - t0
+        took = timed(kind, t0, done, procs, timeout)
+        figures.append((kind, took))
+        print(f"  {kind:9} {n / took:9,.0f} events/s ({took:.1f} s; written to "
+              f"dwell.acks in {sent:.1f} s)", flush=True)
+    t0 = time.monotonic()
+    raw = [x for x in kafka.read_from(st.kafka_bootstrap, names.ACKS, starts)
+           if x.key == f"{topic}/s".encode()]
+    base = len(raw) / (time.monotonic() - t0)
+    print(f"  baseline  {base:9,.0f} events/s (plain consumer, {len(raw):,} events read)")
+    for kind, took in figures:
+        print(f"  {kind:9} / baseline: {n / took / base:.3f}")
+    batches = [tuple(int(x) for x in m.groups())
+               for m in BATCH_LINE.finditer(log.read_text(errors="replace"))]
+    if batches:
+        decided = sum(b[0] for b in batches)
+        print(f"  the app's {len(batches)} batches with decisions: {decided:,} decisions; "
+              f"events and state {sum(b[1] for b in batches) / decided * 1000:.0f} us, "
+              f"writing {sum(b[2] for b in batches) / decided * 1000:.0f} us per decision")
+    return n / figures[0][1]
+
+
+def logged_at(log: Path, text: str) -> datetime:
+    """The timestamp of the first line of ``log`` holding ``text``."""
+    for line in log.read_text(errors="replace").splitlines():
+        if text in line:
+            return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    raise RuntimeError(f"no '{text}' in {log}")
+
+
+def restart(st: devstack.Stack, r: Any, procs: Procs, start_app: Callable[[str], Path],
+            topic: str, ids: list[str], full_rate: float | None, timeout: float) -> int:
+    """Phase 4; returns how many of the ids have no redelivery count (lost)."""
+    counts = keys.sub_counts(topic, "s")
+    n = len(ids)
+    t_kill = time.monotonic()
+    procs.kill("spark")
+    killed = time.monotonic() - t_kill
+    send_ack_events(st.kafka_bootstrap, "delivered", topic, ids, FAR_MS)
+    sent = time.monotonic() - t_kill - killed
+    print(f"  restart: app killed (JVM and workers gone) in {killed:.2f} s; {n:,} `delivered` "
+          f"events written to dwell.acks while it was down, in {sent:.1f} s", flush=True)
+    t_start = time.monotonic()
+    log = start_app("spark-restarted")
+    wait_line(procs, log, READY, timeout)
+    t_ready = time.monotonic()
+    at_ready = r.hlen(counts)
+    up_to_ready = (logged_at(log, READY) - logged_at(log, SESSION_UP)).total_seconds()
+    print(f"  restart: kill -> backoff ready {t_ready - t_kill:.1f} s (app start -> ready "
+          f"{t_ready - t_start:.1f} s; Spark session up -> ready {up_to_ready:.1f} s)", flush=True)
+    deadline = t_ready + timeout
+    while r.hlen(counts) < n and time.monotonic() < deadline:
+        procs.check()
+        time.sleep(0.05)
+    t_done = time.monotonic()
+    caught_up = t_done - t_ready
+    lost = n - len(set(ids) & {k.decode() for k in r.hkeys(counts)})
+    rate = (n - at_ready) / caught_up
+    print(f"  restart: catch-up {caught_up:.1f} s after ready ({at_ready:,} counts written at "
+          f"ready): {rate:,.0f} events/s" + (
+              f", {rate / full_rate:.2f} of phase 1's {full_rate:,.0f}" if full_rate else "")
+          + f"; kill -> all {n:,} counts {t_done - t_kill:.1f} s; lost {lost:,}",
+          flush=True)
+    return lost
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--events", type=int, default=20000, help="messages (events per phase)")
+    ap.add_argument("--events", type=int, default=20000,
+                    help="messages (events per phase); 0 skips phases 1-3")
     ap.add_argument("--state-partitions", type=int, default=1,
                     help="the app's state_partitions (shuffle partitions of the state)")
     ap.add_argument("--state-shards", type=int, default=64,
                     help="the app's backoff_state_shards (shards of a subscription's state)")
     ap.add_argument("--max-events-per-batch", type=int, default=None,
                     help="the app's acks_max_events_per_batch (default: the setting's)")
+    ap.add_argument("--restart-events", type=int, default=0,
+                    help="events waiting on a restart after kill -9 (phase 4; 0: none)")
     ap.add_argument("--timeout-s", type=float, default=600)
     args = ap.parse_args()
     st = devstack.Stack("test")
@@ -78,46 +172,37 @@ def main() -> None:
         sys.exit(f"test profile's Kafka not reachable at {st.kafka_bootstrap}")
     tmp = Path(tempfile.mkdtemp(prefix="dwell-bench-backoff-"))
     procs = Procs(tmp)
-    ok = False
-    try:
-        log = procs.start("spark", ["-m", "dwell_spark"], spark_env(
+
+    def start_app(name: str) -> Path:
+        # A restart keeps the checkpoint: the app resumes where the killed one stopped.
+        return procs.start(name, ["-m", "dwell_spark"], spark_env(
             st, redis_url, tmp / "checkpoints") | {
             "DWELL_STATE_PARTITIONS": str(args.state_partitions),
             "DWELL_BACKOFF_STATE_SHARDS": str(args.state_shards)} | (
             {} if args.max_events_per_batch is None else
             {"DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(args.max_events_per_batch)}),
             cwd=ROOT / "spark")
-        wait_line(procs, log, "backoff ready", 600)
+
+    ok = False
+    try:
+        log = start_app("spark")
+        wait_line(procs, log, READY, 600)
         print(f"Spark app ready ({load_avg()}); {args.events:,} messages, state_partitions "
               f"{args.state_partitions}, state shards {args.state_shards}", flush=True)
         topic = f"persistent://bench{uuid.uuid4().hex[:8]}/ns/backoff"
-        counts = keys.sub_counts(topic, "s")
-        ids = [f"{names.DELAYED}:0:{i}" for i in range(args.events)]
-        starts = kafka.end_offsets(st.kafka_bootstrap, names.ACKS)
-        figures = []
-        for kind, done in (("delivered", lambda: r.hlen(counts) >= args.events),
-                           ("ack", lambda: r.hlen(counts) == 0)):
-            t0 = time.monotonic()
-            send_ack_events(st.kafka_bootstrap, kind, topic, ids, FAR_MS)
-            sent = time.monotonic() - t0
-            took = timed(kind, t0, done, procs, args.timeout_s)
-            figures.append((kind, took))
-            print(f"  {kind:9} {args.events / took:9,.0f} events/s ({took:.1f} s; written to "
-                  f"dwell.acks in {sent:.1f} s)", flush=True)
-        t0 = time.monotonic()
-        raw = [x for x in kafka.read_from(st.kafka_bootstrap, names.ACKS, starts)
-               if x.key == f"{topic}/s".encode()]
-        base = len(raw) / (time.monotonic() - t0)
-        print(f"  baseline  {base:9,.0f} events/s (plain consumer, {len(raw):,} events read)")
-        for kind, took in figures:
-            print(f"  {kind:9} / baseline: {args.events / took / base:.3f}")
-        batches = [tuple(int(x) for x in m.groups())
-                   for m in BATCH_LINE.finditer(log.read_text(errors="replace"))]
-        if batches:
-            n = sum(b[0] for b in batches)
-            print(f"  the app's {len(batches)} batches with decisions: {n:,} decisions; "
-                  f"events and state {sum(b[1] for b in batches) / n * 1000:.0f} us, "
-                  f"writing {sum(b[2] for b in batches) / n * 1000:.0f} us per decision")
+        full_rate = None
+        if args.events:
+            full_rate = throughput(st, r, procs, log, topic,
+                                   [f"{names.DELAYED}:0:{i}" for i in range(args.events)],
+                                   args.timeout_s)
+        if args.restart_events:
+            lost = restart(st, r, procs, start_app, topic,
+                           [f"{names.DELAYED}:0:{i}" for i in range(
+                               args.events, args.events + args.restart_events)],
+                           full_rate, args.timeout_s)
+            if lost:
+                raise RuntimeError(f"restart: {lost:,} of {args.restart_events:,} counts "
+                                   "missing")
         ok = True
     finally:
         procs.stop_all()

@@ -4,6 +4,7 @@ exit, failure or Ctrl-C (services run in their own process groups)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -67,6 +68,23 @@ class Procs:
                 raise RuntimeError(f"{name} exited {proc.returncode}:\n"
                                    + log.read_text(errors="replace")[-3000:])
 
+    def kill(self, name: str) -> None:
+        """``kill -9`` of process ``name`` as a pod's end would be: SIGKILL to every process
+        of its session (started with ``start_new_session``), the Spark app's JVM and its
+        Python worker daemons too, which PySpark puts in process groups of their own;
+        returns once none runs."""
+        i, proc = next((i, p) for i, (n, p, _) in enumerate(self.popen) if n == name)
+        deadline = time.monotonic() + 30
+        while left := session_members(proc.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: processes {left} still run after SIGKILL")
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+        proc.wait()
+        del self.popen[i]
+
     def stop_all(self) -> None:
         for w in self.workers:
             if w.is_alive():
@@ -81,6 +99,20 @@ class Procs:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def session_members(sid: int) -> list[int]:
+    """The processes of session ``sid`` that still run (Linux's /proc; a zombie whose
+    parent died may wait there for a reaper, but runs nothing)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, _, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if int(session) == sid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 def spark_env(stack: devstack.Stack, redis_url: str, checkpoints: Path) -> dict[str, str]:

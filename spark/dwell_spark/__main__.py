@@ -76,6 +76,7 @@ def main() -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ensure_dwell_topics(settings.kafka_bootstrap, settings.kafka_replication_factor)
     spark = session(settings)
+    log.info("spark session up: Spark %s, master %s", spark.version, settings.spark_master)
     r = redis_adapter.connect(settings.redis_url)
     metrics.set_stall_timeout(settings.batch_stall_timeout_ms / 1000)
     metrics.serve(settings.http_host, settings.spark_metrics_port, server_context(settings),
