@@ -25,7 +25,7 @@ applying the decisions).
    its events/s beside phase 1's, and how many counts are missing (lost).
 
     .venv/bin/python bench/backoff.py [--events 20000] [--state-partitions 1] [--state-shards 64]
-        [--restart-events 100000]
+        [--master local[1]] [--restart-events 100000]
 """
 
 from __future__ import annotations
@@ -156,6 +156,9 @@ def main() -> None:
                     help="the app's backoff_state_shards (shards of a subscription's state)")
     ap.add_argument("--max-events-per-batch", type=int, default=None,
                     help="the app's acks_max_events_per_batch (default: the setting's)")
+    ap.add_argument("--master", default=None,
+                    help="the app's Spark master, e.g. local[1] or local[2] (default: the "
+                         "setting's, local[2])")
     ap.add_argument("--restart-events", type=int, default=0,
                     help="events waiting on a restart after kill -9 (phase 4; 0: none)")
     ap.add_argument("--timeout-s", type=float, default=600)
@@ -180,15 +183,17 @@ def main() -> None:
             "DWELL_STATE_PARTITIONS": str(args.state_partitions),
             "DWELL_BACKOFF_STATE_SHARDS": str(args.state_shards)} | (
             {} if args.max_events_per_batch is None else
-            {"DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(args.max_events_per_batch)}),
+            {"DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(args.max_events_per_batch)}) | (
+            {} if args.master is None else {"DWELL_SPARK_MASTER": args.master}),
             cwd=ROOT / "spark")
 
     ok = False
     try:
         log = start_app("spark")
         wait_line(procs, log, READY, 600)
-        print(f"Spark app ready ({load_avg()}); {args.events:,} messages, state_partitions "
-              f"{args.state_partitions}, state shards {args.state_shards}", flush=True)
+        print(f"Spark app ready ({load_avg()}); {args.events:,} messages, master "
+              f"{args.master or 'local[2]'}, state_partitions {args.state_partitions}, state "
+              f"shards {args.state_shards}", flush=True)
         topic = f"persistent://bench{uuid.uuid4().hex[:8]}/ns/backoff"
         full_rate = None
         if args.events:
