@@ -275,3 +275,39 @@ def test_topic_stats_carry_the_delayed_index(pulsar_admin: PulsarAdmin, policy, 
     size = subs["s1"]["delayedMessageIndexSizeInBytes"]
     assert size > 0 and subs["s2"]["delayedMessageIndexSizeInBytes"] == size
     assert stats["delayedMessageIndexSizeInBytes"] == 2 * size
+
+
+def test_a_topic_with_subscriptions_is_deleted_only_by_force(
+        pulsar_admin: PulsarAdmin, policy, tracker,  # type: ignore[no-untyped-def]
+        unique: str, tmp_path: Path) -> None:
+    """`topics delete` and `delete-partitioned-topic` refuse a topic with subscriptions (here
+    registered at the tracker, as the SDK registers them) as Pulsar 4.0's broker does, and
+    `-f` deletes it with them."""
+    topic, parts = f"persistent://{unique}/ns/x", f"persistent://{unique}/ns/p"
+    with httpx.Client(base_url=policy.url, timeout=30) as http:
+        for url in (f"/admin/v2/tenants/{unique}", f"/admin/v2/namespaces/{unique}/ns",
+                    f"/admin/v2/persistent/{unique}/ns/x"):
+            assert http.put(url).status_code == 204, url
+        assert http.put(f"/admin/v2/persistent/{unique}/ns/p/partitions",
+                        json=2).status_code == 204
+    with httpx.Client(base_url=tracker.url, timeout=30) as http:
+        for local, sub in (("x", "s2"), ("x", "s1"), ("p", "s")):
+            assert http.put(f"/v1/topics/persistent/{unique}/ns/{local}/subscriptions/{sub}",
+                            json={}).status_code == 200
+    delete = "DELETE /admin/v2/persistent/{tenant}/{namespace}/{topic}"
+    steps = [
+        # pulsar-admin reports a failed delete on stdout and exits 0
+        Step(("topics", "delete", topic), delete,
+             out=f"Failed to delete topic: {topic}. Exception: org.apache.pulsar.client.admin."
+                 "PulsarAdminException$PreconditionFailedException: Topic has subscriptions: "
+                 "[s1, s2]\n"),
+        Step(("topics", "delete", topic, "-f"), f"{delete}?force"),
+        Step(("topics", "delete-partitioned-topic", parts), f"{delete}/partitions",
+             rc=1, err="Topic has active producers/subscriptions"),
+        Step(("topics", "delete-partitioned-topic", parts, "-f"), f"{delete}/partitions?force"),
+        Step(("topics", "delete", topic), delete,
+             out=f"Failed to delete topic: {topic}. Exception: org.apache.pulsar.client.admin."
+                 f"PulsarAdminException$NotFoundException: Topic {topic} not found\n"),
+    ]
+    failures = _failures(steps, pulsar_admin.batch([s.args for s in steps], tmp_path))
+    assert not failures, "\n".join(failures)

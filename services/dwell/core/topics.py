@@ -358,3 +358,11 @@ def group_id(topic: TopicName, subscription: str) -> str:
     """The Kafka consumer group of ``subscription`` on ``topic`` (see the module's text)."""
     validate_subscription(subscription)
     return f"{topic.kafka_topic}{GROUP_SEPARATOR}{subscription}"
+
+
+def subscription_of_group(topic: TopicName, group: str) -> str:
+    """The subscription a Kafka consumer group reading ``topic``'s ready topic stands for:
+    the subscription of a ``group_id`` of the topic, else the group itself (a plain Kafka
+    consumer's group is its subscription)."""
+    prefix = f"{topic.kafka_topic}{GROUP_SEPARATOR}"
+    return group.removeprefix(prefix) if group.startswith(prefix) else group

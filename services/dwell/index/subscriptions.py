@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import redis as redislib
+from redis.asyncio import Redis as AsyncRedis
 
 from dwell import keys
 from dwell.core.subscriptions import SubscriptionSettings
@@ -25,6 +26,11 @@ def get(r: redislib.Redis, topic: str, sub: str) -> SubscriptionSettings | None:
 def names(r: redislib.Redis, topic: str) -> list[str]:
     """The topic's registered subscriptions."""
     return [k.decode() for k in r.hkeys(keys.subscriptions(topic))]
+
+
+async def names_of(r: AsyncRedis, topic: str) -> list[str]:
+    """`names`, on an asyncio client (the policy service's)."""
+    return sorted(k.decode() for k in await r.hkeys(keys.subscriptions(topic)))
 
 
 def delete(r: redislib.Redis, topic: str, sub: str) -> bool:

@@ -51,6 +51,7 @@ from dwell.core.topics import (
     TopicName,
 )
 from dwell.http import ApiError, BodyLimit, create_app, error, errors
+from dwell.index.subscriptions import names_of as subscription_names
 from dwell.policy import kafka_tokens, limits, permissions, stats
 from dwell.policy.audit import FeedAudit
 from dwell.policy.feed import FeedUnavailable, PolicyFeed
@@ -77,6 +78,7 @@ from dwell.policy.store import (
     PolicyStore,
 )
 from dwell.policy.topics import TopicCatalog
+from dwell.policy.tracker import Tracker
 from dwell.security import http_verify
 
 log = logging.getLogger("dwell.policy.app")
@@ -108,8 +110,9 @@ def build_app(settings: PolicySettings) -> FastAPI:
     broker = settings.broker_defaults()
     delay_limit = settings.delayed_delivery_delay_limit_ms
     catalog = TopicCatalog(settings.kafka_bootstrap, settings.kafka_replication_factor, store)
-    tracker = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0,
-                                verify=http_verify(settings))
+    tracker_http = httpx.AsyncClient(base_url=settings.tracker_url, timeout=5.0,
+                                     verify=http_verify(settings))
+    tracker = Tracker(tracker_http)
 
     auth = Guard(settings, store.grants)
 
@@ -149,7 +152,7 @@ def build_app(settings: PolicySettings) -> FastAPI:
                     await task
             feed.close()
             await store.redis.aclose()
-            await tracker.aclose()
+            await tracker_http.aclose()
 
     app.router.lifespan_context = lifespan
 
@@ -442,34 +445,59 @@ def build_app(settings: PolicySettings) -> FastAPI:
         count, partitioned = await catalog.layout(topic_name(tenant, namespace, topic))
         return _json({"partitions": count if partitioned else 0})
 
-    async def _delete(name: TopicName, partitioned: bool) -> Response:
+    async def _delete(name: TopicName, partitioned: bool, force: bool,
+                      request: Request) -> Response:
         """Pulsar's two deletes, each refusing the other's kind of topic with 409
-        (PersistentTopics.deleteTopic and deletePartitionedTopic)."""
+        (PersistentTopics.deleteTopic and deletePartitionedTopic), and, unless `force`, a
+        topic that has subscriptions with 412: those in the tracker's subscription
+        registry (on the topic or, partitioned, on a partition) and the Kafka consumer
+        groups reading its ready topic. A forced delete removes the registered ones first,
+        through the tracker (its registry's log keeps them otherwise)."""
         count, is_partitioned = await catalog.layout(name)
         if count and is_partitioned != partitioned:
             raise ApiError(409, f"{name} is a partitioned topic, instead of calling delete "
                                 "topic, please call delete-partitioned-topic." if is_partitioned
                            else f"{name} is a non-partitioned topic. Instead of calling "
                                 "delete-partitioned-topic please call delete.")
-        if count == 0 or not await catalog.delete(name):
-            raise ApiError(404, f"{topic_not_found(name)}." if partitioned
-                           else topic_not_found(name))
+        not_found = ApiError(404, f"{topic_not_found(name)}." if partitioned
+                             else topic_not_found(name))
+        if count == 0:
+            raise not_found
+        authorization = request.headers.get("authorization")
+        topics = [name, *(name.partition(i) for i in range(count))] if partitioned else [name]
+        registered = {t: found for t in topics
+                      if (found := await subscription_names(store.redis, str(t)))}
+        if not force:
+            subs = sorted({s for found in registered.values() for s in found}
+                          | await catalog.consumer_groups(name))
+            if subs:
+                raise ApiError(412, "Topic has active producers/subscriptions" if partitioned
+                               else f"Topic has subscriptions: [{', '.join(subs)}]")
+        for t, found in registered.items():
+            for sub in found:
+                await tracker.unsubscribe(t, sub, authorization)
+        if not await catalog.delete(name):
+            raise not_found
         return await commit("topic_policy_remove", lambda: store.drop_topic_policies(name))
 
     @app.delete(topic_base, status_code=NO_CONTENT, tags=["topics"],
                 dependencies=[auth.require(Op.DELETE_TOPIC)],
                 responses=errors(404, 409, 412))
-    async def delete_topic(tenant: str, namespace: str, topic: str) -> Response:
-        return await _delete(topic_name(tenant, namespace, topic), partitioned=False)
+    async def delete_topic(tenant: str, namespace: str, topic: str, request: Request,
+                           force: bool = False) -> Response:
+        """`force`: delete it with its subscriptions (Pulsar's `topics delete -f`)."""
+        return await _delete(topic_name(tenant, namespace, topic), False, force, request)
 
     @app.delete(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
                 dependencies=[auth.require(Op.DELETE_TOPIC)],
                 responses=errors(404, 409, 412))
-    async def delete_partitioned_topic(tenant: str, namespace: str, topic: str) -> Response:
+    async def delete_partitioned_topic(tenant: str, namespace: str, topic: str,
+                                       request: Request, force: bool = False) -> Response:
+        """`force`: delete it with its subscriptions (`delete-partitioned-topic -f`)."""
         name = topic_name(tenant, namespace, topic)
         if name.partition_index >= 0:
             raise ApiError(412, "Partitioned Topic Name should not contain '-partition-'")
-        return await _delete(name, partitioned=True)
+        return await _delete(name, True, force, request)
 
     # -- topic delayed-delivery policy: a local one and a global one (`isGlobal`), kept
     # apart as Pulsar keeps them; the topic runs with local over global, field by field.

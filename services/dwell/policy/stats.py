@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
-import httpx
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -18,33 +16,19 @@ from dwell.core.authz import Operation
 from dwell.core.topics import TopicName
 from dwell.http import ApiError, errors
 from dwell.policy.topics import TopicCatalog
+from dwell.policy.tracker import Tracker
 
 
 def _json(value: Any) -> Response:
     return Response(orjson.dumps(value), media_type="application/json")
 
 
-def add_routes(app: FastAPI, catalog: TopicCatalog, tracker: httpx.AsyncClient, guard: Guard,
+def add_routes(app: FastAPI, catalog: TopicCatalog, tracker: Tracker, guard: Guard,
                topic_name: Callable[[str, str, str], TopicName]) -> None:
     topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
     async def tracker_stats(name: TopicName, request: Request) -> dict[str, Any]:
-        """The tracker's delayed-delivery fields of Pulsar's TopicStats for `name`."""
-        try:
-            answer = await tracker.get("/admin/v2/persistent/" + "/".join(
-                quote(part, safe="") for part in (name.tenant, name.namespace, name.local))
-                + "/stats",
-                # The tracker checks the caller's token as well.
-                headers={k: v for k, v in request.headers.items() if k == "authorization"})
-        except httpx.HTTPError as exc:
-            raise ApiError(503, f"tracker unavailable: {exc}") from exc
-        if answer.status_code == 404:
-            # The topic exists but nothing of it is indexed and no subscription is known.
-            return {"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}}
-        if answer.status_code != 200:
-            raise ApiError(503, f"tracker answered {answer.status_code}: {answer.text[:200]}")
-        stats: dict[str, Any] = orjson.loads(answer.content)
-        return stats
+        return await tracker.stats(name, request.headers.get("authorization"))
 
     @app.get(topic_base + "/stats", tags=["topics"],
              dependencies=[guard.require(Operation.GET_STATS)],

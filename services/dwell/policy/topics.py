@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from dwell.adapters import kafka
-from dwell.core.topics import InvalidTopicName, TopicName
+from dwell.core.topics import InvalidTopicName, TopicName, subscription_of_group
 from dwell.http import ApiError
 from dwell.policy.store import PolicyStore
 
@@ -81,6 +81,17 @@ class TopicCatalog:
                                 "topic names alike") from exc
         except kafka.KafkaUnavailable as exc:
             raise _unavailable(exc) from exc
+
+    async def consumer_groups(self, topic: TopicName) -> set[str]:
+        """The subscriptions of the Kafka consumer groups reading the topic's ready topic
+        (an SDK consumer's group named for its subscription, a plain consumer's group
+        as it is)."""
+        try:
+            groups = await asyncio.to_thread(kafka.groups_reading, self.bootstrap,
+                                             topic.kafka_topic)
+        except kafka.KafkaUnavailable as exc:
+            raise _unavailable(exc) from exc
+        return {subscription_of_group(topic, g) for g in groups}
 
     async def delete(self, topic: TopicName) -> bool:
         """Delete the ready topic; False when there was none."""

@@ -261,3 +261,16 @@ def test_group_ids_are_unique_per_topic_and_start_with_the_ready_topic() -> None
     assert group_id(a, "x/y").partition(GROUP_SEPARATOR) == ("a.b_c.d", "/", "x/y")
     for topic in (a, b, TopicName.parse("persistent://t/ns/with.dot")):
         assert GROUP_SEPARATOR not in topic.kafka_topic
+
+
+def test_a_group_stands_for_its_subscription() -> None:
+    """An SDK consumer's group is named for its subscription; a plain consumer's group is
+    its subscription; another topic's SDK group is a group like any other."""
+    from dwell.core.topics import group_id, subscription_of_group
+
+    a = TopicName.parse("persistent://t/ns/x")
+    other = TopicName.parse("persistent://t/ns/xy")
+    assert subscription_of_group(a, group_id(a, "billing")) == "billing"
+    assert subscription_of_group(a, group_id(a, "x/y")) == "x/y"
+    assert subscription_of_group(a, "plain-group") == "plain-group"
+    assert subscription_of_group(a, group_id(other, "s")) == "t.ns.xy/s"

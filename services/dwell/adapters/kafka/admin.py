@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from confluent_kafka import Consumer as _Consumer
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -251,6 +251,36 @@ def delete_topic(bootstrap: str, name: str, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.05)
     raise KafkaUnavailable(f"topic {name} still listed {timeout}s after its deletion")
+
+
+def groups_reading(bootstrap: str, topic: str, timeout: float = 15.0) -> set[str]:
+    """The consumer groups that read ``topic``: those with a member assigned one of its
+    partitions, and those with an offset committed on it (a subscription kept while no
+    consumer is connected). One request per group for the offsets: for an admin call,
+    not a hot path. KafkaUnavailable when Kafka cannot answer."""
+    client = admin(bootstrap)
+    try:
+        groups = [g.group_id for g in
+                  client.list_consumer_groups(request_timeout=timeout).result(timeout).valid]
+        if not groups:
+            return set()
+        found = set()
+        described = client.describe_consumer_groups(groups, request_timeout=timeout)
+        for group, future in described.items():
+            members = future.result(timeout).members
+            if any(tp.topic == topic for m in members
+                   for tp in (m.assignment.topic_partitions if m.assignment else [])):
+                found.add(group)
+        offsets = {g: client.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(g)], request_timeout=timeout)[g]
+            for g in groups if g not in found}
+        for group, future in offsets.items():
+            if any(tp.topic == topic and tp.offset >= 0
+                   for tp in future.result(timeout).topic_partitions or []):
+                found.add(group)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot list the consumer groups of {topic}: {exc}") from exc
+    return found
 
 
 def partitions(bootstrap: str, topic: str, timeout: float = 15.0) -> list[int]:
