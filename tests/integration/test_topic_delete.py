@@ -28,25 +28,33 @@ def policy(services, tracker):  # type: ignore[no-untyped-def]
     svc.stop()
 
 
-def subscribe(tracker_url: str, topic: str, sub: str) -> None:
+def subscription_url(tracker_url: str, topic: str, sub: str) -> str:
     name = TopicName.parse(topic)
-    got = httpx.put(f"{tracker_url}/v1/topics/persistent/{name.tenant}/{name.namespace}/"
-                    f"{name.local}/subscriptions/{sub}", json={"ackTimeoutMs": 0}, timeout=30)
+    return (f"{tracker_url}/v1/topics/persistent/{name.tenant}/{name.namespace}/{name.local}"
+            f"/subscriptions/{sub}")
+
+
+def subscribe(tracker_url: str, topic: str, sub: str) -> None:
+    got = httpx.put(subscription_url(tracker_url, topic, sub), json={"ackTimeoutMs": 0},
+                    timeout=30)
     assert got.status_code == 200, got.text
 
 
 def registered(tracker_url: str, topic: str, sub: str) -> bool:
-    name = TopicName.parse(topic)
-    return httpx.get(f"{tracker_url}/v1/topics/persistent/{name.tenant}/{name.namespace}/"
-                     f"{name.local}/subscriptions/{sub}", timeout=30).status_code == 200
+    return httpx.get(subscription_url(tracker_url, topic, sub), timeout=30).status_code == 200
+
+
+def namespace(http: httpx.Client, policy_url: str, unique: str) -> str:
+    """The topics' admin path of a new namespace `<unique>/ns`."""
+    assert http.put(f"{policy_url}/admin/v2/tenants/{unique}").status_code == 204
+    assert http.put(f"{policy_url}/admin/v2/namespaces/{unique}/ns").status_code == 204
+    return f"{policy_url}/admin/v2/persistent/{unique}/ns"
 
 
 def test_a_registered_subscription_refuses_the_delete_until_forced(
         policy, tracker, unique: str) -> None:  # type: ignore[no-untyped-def]
-    base = f"{policy.url}/admin/v2/persistent/{unique}/ns"
     with httpx.Client(timeout=30) as http:
-        assert http.put(f"{policy.url}/admin/v2/tenants/{unique}").status_code == 204
-        assert http.put(f"{policy.url}/admin/v2/namespaces/{unique}/ns").status_code == 204
+        base = namespace(http, policy.url, unique)
         assert http.put(f"{base}/x").status_code == 204
         topic = f"persistent://{unique}/ns/x"
         subscribe(tracker.url, topic, "s2")
@@ -66,10 +74,8 @@ def test_a_registered_subscription_refuses_the_delete_until_forced(
 
 def test_a_kafka_consumer_group_refuses_the_delete(policy, unique: str,  # type: ignore[no-untyped-def]
                                                    kafka_bootstrap: str) -> None:
-    base = f"{policy.url}/admin/v2/persistent/{unique}/ns"
     with httpx.Client(timeout=30) as http:
-        assert http.put(f"{policy.url}/admin/v2/tenants/{unique}").status_code == 204
-        assert http.put(f"{policy.url}/admin/v2/namespaces/{unique}/ns").status_code == 204
+        base = namespace(http, policy.url, unique)
         assert http.put(f"{base}/y").status_code == 204
         ready = TopicName.parse(f"persistent://{unique}/ns/y").kafka_topic
         # A plain Kafka consumer's group and an SDK consumer's (named for its subscription)
@@ -89,10 +95,8 @@ def test_a_kafka_consumer_group_refuses_the_delete(policy, unique: str,  # type:
 
 def test_a_partitioned_topic_with_a_subscription_on_a_partition(
         policy, tracker, unique: str) -> None:  # type: ignore[no-untyped-def]
-    base = f"{policy.url}/admin/v2/persistent/{unique}/ns"
     with httpx.Client(timeout=30) as http:
-        assert http.put(f"{policy.url}/admin/v2/tenants/{unique}").status_code == 204
-        assert http.put(f"{policy.url}/admin/v2/namespaces/{unique}/ns").status_code == 204
+        base = namespace(http, policy.url, unique)
         assert http.put(f"{base}/p/partitions", json=2).status_code == 204
         partition = f"persistent://{unique}/ns/p-partition-1"
         subscribe(tracker.url, partition, "s")
