@@ -429,3 +429,14 @@ spec:
         path: {{ include "dwell.sparkAuthKey" . }}
 {{- end }}
 {{- end -}}
+
+{{/* A generated Secret's value, kept by every upgrade: what the release's Secret `existing`
+     (from lookup) holds under `key`, else `new` (base64):
+     dwell.keptValue (dict "existing" $existing "key" "k" "new" (randAlphaNum 32 | b64enc)) */}}
+{{- define "dwell.keptValue" -}}
+{{- if and .existing (index .existing.data .key) -}}
+{{- index .existing.data .key -}}
+{{- else -}}
+{{- .new -}}
+{{- end -}}
+{{- end -}}
