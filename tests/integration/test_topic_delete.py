@@ -106,3 +106,23 @@ def test_a_partitioned_topic_with_a_subscription_on_a_partition(
         assert http.delete(f"{base}/p/partitions", params={"force": "true"}).status_code == 204
         assert not registered(tracker.url, partition, "s")
         assert f"persistent://{unique}/ns/p" not in http.get(f"{base}/partitioned").json()
+
+
+def test_a_forced_delete_with_the_tracker_down_keeps_the_topic(
+        services, policy, tracker, unique: str) -> None:  # type: ignore[no-untyped-def]
+    """The registered subscriptions go first: when the tracker cannot remove them the
+    answer is 503 and the topic stays, so that the same call made again completes."""
+    cut_off = services.start("policy", env={"DWELL_TRACKER_URL": "http://127.0.0.1:9"})
+    with httpx.Client(timeout=30) as http:
+        base = namespace(http, policy.url, unique)
+        assert http.put(f"{base}/z").status_code == 204
+        topic = f"persistent://{unique}/ns/z"
+        subscribe(tracker.url, topic, "s")
+        got = http.delete(f"{cut_off.url}/admin/v2/persistent/{unique}/ns/z",
+                          params={"force": "true"})
+        assert got.status_code == 503
+        assert "tracker unavailable" in got.json()["reason"]
+        assert topic in http.get(base).json()
+        assert registered(tracker.url, topic, "s")
+        assert http.delete(f"{base}/z", params={"force": "true"}).status_code == 204
+        assert not registered(tracker.url, topic, "s")
