@@ -413,6 +413,41 @@ def test_a_redelivery_behind_its_ack_is_dropped(e2e: Stack, unique: str) -> None
         c2.close()
 
 
+def test_a_consumer_of_one_partition_reads_that_partition_alone(e2e: Stack,
+                                                                 unique: str) -> None:
+    """A consumer of `x-partition-1` gets what was published to that partition, at once,
+    delayed and redelivered after a nack, and nothing of partition 0: both are Kafka
+    partitions of x's ready topic, and no Kafka topic of the partition's name is made."""
+    make_topic(e2e, unique)
+    x = TopicName.parse(f"persistent://{unique}/ns/x")
+    with httpx.Client(base_url=e2e.policy, timeout=10) as policy:
+        r = policy.put(f"/admin/v2/persistent/{unique}/ns/x/partitions", json=2)
+        assert r.status_code == 204, r.text
+    one, zero = str(x.partition(1)), str(x.partition(0))
+    c = consumer(e2e, one, "p1", negative_ack_redelivery_backoff=NACK)
+    try:
+        with Producer(zero, admission_url=e2e.admission) as p0, \
+                Producer(one, admission_url=e2e.admission) as p1:
+            p0.send(b"zero")
+            p0.send(b"zero-later", deliver_after=1500)
+            now = p1.send(b"now")
+            later = p1.send(b"later", deliver_after=1500)
+        got = {m.value: m for m in (receive_one(c, 30).msg, receive_one(c, 30).msg)}
+        assert set(got) == {b"now", b"later"}
+        assert got[b"now"].message_id == now and got[b"later"].message_id == later
+        assert {(m.topic, m.record_topic, m.partition) for m in got.values()} == \
+            {(one, x.kafka_topic, 1)}
+        c.acknowledge(got[b"later"])
+        c.negative_acknowledge(got[b"now"])
+        again = receive_one(c, (NACK.next(0) + REDELIVERY_MARGIN_MS) / 1000 + 10).msg
+        assert (again.value, again.message_id, again.redelivery_count) == (b"now", now, 1)
+        c.acknowledge(again)
+        assert c.receive(3.0) is None, "partition 0's messages reached partition 1's consumer"
+    finally:
+        c.close()
+    assert x.partition(1).kafka_topic not in kafka.topic_names(e2e.bootstrap)
+
+
 def test_ack_timeout_redeliveries_follow_pip130_schedule(runs) -> None:
     res = runs["ack_timeout"].result(timeout=150)
     copies = res["copies"]

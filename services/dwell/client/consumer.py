@@ -155,7 +155,10 @@ class Consumer:
         self._settings_json = self.settings.to_json(omit_unset=True)
         self._bootstrap = endpoints.kafka_bootstrap(bootstrap)
         self._tracker = endpoints.tracker_url(tracker_url)
-        self.ready_topic = self.topic.kafka_topic
+        # A partition `x-partition-N` is Kafka partition N of x's ready topic (where
+        # admission and the drain write its messages); -1: every partition.
+        self.partition = self.topic.partition_index
+        self.ready_topic = self.topic.partitioned_topic.kafka_topic
         self.retry_topic = retry_topic(self.topic, self.subscription)
         self.group_id = group_id(self.topic, self.subscription)
         # The JWT sent to the tracker as `Authorization: Bearer` when authentication is on.
@@ -167,7 +170,9 @@ class Consumer:
         self._register()
         # Both topics must exist before subscribing: a group on a missing topic only sees
         # it after the next metadata refresh (minutes), long after the first message.
-        for name in (self.ready_topic, self.retry_topic):
+        if self.partition >= 0:
+            self._check_partition()
+        for name in (self.ready_topic, self.retry_topic)[self.partition >= 0:]:
             try:
                 kafka.partitions(self._bootstrap, name)
             except kafka.KafkaUnavailable:
@@ -176,21 +181,45 @@ class Consumer:
         self._unwritten: list[_Event] = []  # dwell.acks events Kafka has not taken yet
         self._adopt_offsets()
         self._consumer = kafka.Consumer(
-            self._bootstrap, self.group_id, [self.ready_topic, self.retry_topic],
-            auto_offset_reset=initial_position,
+            self._bootstrap, self.group_id, auto_offset_reset=initial_position,
             **{"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10})
+        if self.partition < 0:
+            self._consumer.subscribe([self.ready_topic, self.retry_topic])
+        else:
+            # One partition is read alone, as a Pulsar subscription's default Exclusive
+            # consumer reads it: assigned, from the group's committed offsets.
+            self._consumer.assign([(t, p, kafka.OFFSET_STORED) for t, p in self._parts()])
         self._buffer: list[kafka.Record] = []
         self._offsets = _Offsets()
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._acked: OrderedDict[str, None] = OrderedDict()
         self._event_key = f"{self.topic}/{self.subscription}".encode()
 
+    def _check_partition(self) -> None:
+        """SubscribeError unless x of `x-partition-N` is a partitioned topic with a
+        partition N (Pulsar's wording)."""
+        owner = self.topic.partitioned_topic
+        count = kafka.partition_count(self._bootstrap, self.ready_topic)
+        if count == 0:
+            raise SubscribeError(f"Topic {self.topic} not found: {owner} is not a "
+                                 "partitioned topic")
+        if self.partition >= count:
+            raise SubscribeError(f"Illegal topic partition name {self.topic} with max "
+                                 f"allowed {count} partitions")
+
+    def _parts(self) -> list[tuple[str, int]]:
+        """The (Kafka topic, partition) pairs the subscription reads."""
+        ready = ([self.partition] if self.partition >= 0
+                 else kafka.partitions(self._bootstrap, self.ready_topic))
+        return ([(self.ready_topic, p) for p in ready]
+                + [(self.retry_topic, p)
+                   for p in kafka.partitions(self._bootstrap, self.retry_topic)])
+
     def _adopt_offsets(self) -> None:
         """Carry the committed offsets of the group named after the bare subscription (the
         SDK's group before it was unique per topic) over to `group_id`, when that group
         has committed none on these topics: an upgraded consumer goes on where it was."""
-        parts = [(t, p) for t in (self.ready_topic, self.retry_topic)
-                 for p in kafka.partitions(self._bootstrap, t)]
+        parts = self._parts()
         mine = kafka.Consumer(self._bootstrap, self.group_id)
         try:
             if any(o >= 0 for o in mine.committed(parts).values()):

@@ -144,10 +144,11 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
 
     def subscription_topics(name: str, sub: str) -> None:
         """The ready and retry topics a consumer subscribes to, made here because with
-        Kafka ACLs a user's principal may read them but not create them."""
+        Kafka ACLs a user's principal may read them but not create them. A partition
+        `x-partition-N` reads partition N of x's ready topic, which x's creation made."""
         t = TopicName.parse(name)
         wanted = [retry_topic(t, sub)]
-        if settings.allow_auto_topic_creation:
+        if settings.allow_auto_topic_creation and t.partition_index < 0:
             wanted.insert(0, t.kafka_topic)
         try:
             for kafka_topic in wanted:

@@ -2,7 +2,7 @@
 the consumer, admin helpers and offset scans. Everything else in dwell sees `Record`,
 futures and plain dicts, and imports them from here."""
 
-from confluent_kafka import OFFSET_BEGINNING, Message
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, Message
 
 from .admin import (
     DWELL_TOPIC_DEFAULTS,
@@ -40,6 +40,7 @@ __all__ = [
     "KEPT_TOPIC_CONFIG",
     "KEPT_TOPICS",
     "OFFSET_BEGINNING",
+    "OFFSET_STORED",
     "SCAN_CONFIG",
     "BulkProducer",
     "Columns",
