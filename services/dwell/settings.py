@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dwell import endpoints
+from dwell.core import topics as names
 from dwell.core.admit import DELAY_LIMIT_MS
 from dwell.core.policy import BrokerDefaults, BrokerLimits
 from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
@@ -64,6 +65,14 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
             "Codec of every record dwell writes (librdkafka's `compression.type`). `none` "
             "keeps the topics readable by any Kafka client with its defaults: a bare "
             "kafka-python reads only `none` and `gzip`."))
+    delayed_topic_partitions: int = Field(4, ge=1, le=10_000, description=(
+        "Partitions of `dwell.delayed`, the delay log, when dwell creates it: how many "
+        "tracker and restage readers can share it. An existing topic keeps its count: a "
+        "start that sets another logs a warning and changes nothing."))
+    acks_topic_partitions: int = Field(4, ge=1, le=10_000, description=(
+        "Partitions of `dwell.acks`, the consumers' delivered/ack/nack events, when dwell "
+        "creates it: the backoff job reads one Spark task per partition. An existing "
+        "topic keeps its count, as `DWELL_DELAYED_TOPIC_PARTITIONS`'s does."))
     cluster: str = Field("standalone", description=(
         "The one cluster dwell is (Pulsar's `clusterName`), the only one a tenant's "
         "`allowedClusters` may name."))
@@ -94,6 +103,11 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
             "delivery delay of <limit> milliseconds`), a longer fixed delay is a 400 (a "
             "larger max is stored, as Pulsar stores it). Lower it to bound the disk pending "
             "messages hold (`docs/architecture.md`, \"The longest delay\")."))
+
+    def dwell_topic_partitions(self) -> dict[str, int]:
+        """The partition counts of dwell's own topics that are settings, by topic."""
+        return {names.DELAYED: self.delayed_topic_partitions,
+                names.ACKS: self.acks_topic_partitions}
 
     authentication_enabled: bool = Field(False, description=(
         "Pulsar's `authenticationEnabled`: every call needs a token."))

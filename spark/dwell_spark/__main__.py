@@ -74,7 +74,8 @@ def main() -> int:
     settings = SparkSettings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    ensure_dwell_topics(settings.kafka_bootstrap, settings.kafka_replication_factor)
+    ensure_dwell_topics(settings.kafka_bootstrap, settings.kafka_replication_factor,
+                        settings.dwell_topic_partitions())
     spark = session(settings)
     log.info("spark session up: Spark %s, master %s", spark.version, settings.spark_master)
     r = redis_adapter.connect(settings.redis_url)

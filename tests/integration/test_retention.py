@@ -4,6 +4,7 @@ and on topics an operator made with a retention of their own."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -11,6 +12,7 @@ import pytest
 from confluent_kafka.admin import ConfigResource
 
 from dwell.adapters import kafka
+from dwell.core import topics as names
 from dwell.tracker.service import keep_logs
 from dwell.tracker.settings import TrackerSettings
 
@@ -73,6 +75,19 @@ def test_dwells_own_topics_are_created_kept(kafka_bootstrap: str) -> None:
     for t in kafka.KEPT_TOPICS:
         assert _kept(_config_when(kafka_bootstrap, t, _kept)), t
         assert kafka.DWELL_TOPIC_DEFAULTS[t][1] == kafka.KEPT_TOPIC_CONFIG
+
+
+def test_an_existing_dwell_topic_keeps_its_partition_count(
+        kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> None:
+    """DWELL_ACKS_TOPIC_PARTITIONS (and DWELL_DELAYED_TOPIC_PARTITIONS) apply when dwell
+    creates the topic; a start that sets another count for an existing one says so and
+    leaves it: more partitions would move a subscription's events to another one."""
+    has = kafka.partition_count(kafka_bootstrap, names.ACKS)
+    with caplog.at_level(logging.WARNING, logger="dwell.adapters.kafka"):
+        kafka.ensure_dwell_topics(kafka_bootstrap, partitions={names.ACKS: has + 2})
+    assert kafka.partition_count(kafka_bootstrap, names.ACKS) == has
+    assert (f"dwell.acks has {has} partitions, not the {has + 2} set: an existing topic "
+            "keeps its count") in caplog.text
 
 
 def test_the_tracker_makes_its_logs_with_hourly_segments(kafka_bootstrap: str,

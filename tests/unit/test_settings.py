@@ -53,3 +53,13 @@ def test_every_refusal_is_named_at_once_and_development_allows_all() -> None:
 def test_an_unknown_name_is_refused() -> None:
     with pytest.raises(ValidationError, match="DWELL_ALLOW_INSECURE names tls"):
         settings(tls_enabled=False, allow_insecure="tls")
+
+
+def test_the_partition_counts_of_dwells_topics_come_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DWELL_ACKS_TOPIC_PARTITIONS", "12")
+    monkeypatch.setenv("DWELL_DELAYED_TOPIC_PARTITIONS", "8")
+    assert CommonSettings().dwell_topic_partitions() == {"dwell.acks": 12, "dwell.delayed": 8}
+    monkeypatch.setenv("DWELL_ACKS_TOPIC_PARTITIONS", "0")
+    with pytest.raises(ValidationError, match="acks_topic_partitions"):
+        CommonSettings()

@@ -90,7 +90,7 @@ class Admission:
         while True:
             try:
                 kafka.ensure_dwell_topics(s.kafka_bootstrap, s.kafka_replication_factor,
-                                          {names.DELAYED: s.delayed_topic_partitions})
+                                          s.dwell_topic_partitions())
                 break
             except kafka.KafkaUnavailable as exc:
                 self.startup_error = str(exc)

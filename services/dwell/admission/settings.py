@@ -31,8 +31,6 @@ class AdmissionSettings(CommonSettings):
         "is created (`pulsar-admin topics create`)."))
     ready_topic_partitions: int = Field(4, ge=1, description=(
         "Partitions of the ready topics admission creates on first use."))
-    delayed_topic_partitions: int = Field(4, ge=1, description=(
-        "Partitions of `dwell.delayed` when admission creates it."))
 
     producer_linger_ms: int = Field(1, ge=0, description=(
         "The producer's batching linger. A publish waits for its acks, so every request "

@@ -166,14 +166,22 @@ DWELL_TOPIC_DEFAULTS: dict[str, tuple[int, dict[str, str]]] = {
 
 def ensure_dwell_topics(bootstrap: str, replication: int = 1,
                         partitions: Mapping[str, int] | None = None) -> None:
-    """Create dwell's own topics; an existing dwell.publish or dwell.acks without broker
-    timestamps is altered to have them, and the kept topics to keep their records."""
+    """Create dwell's own topics, with ``partitions`` where it names them; an existing
+    dwell.publish or dwell.acks without broker timestamps is altered to have them, and the
+    kept topics to keep their records. An existing topic keeps its partition count: one
+    other than ``partitions`` asks for is logged, not changed (more partitions move keys,
+    and with them the order of a subscription's events)."""
     for name, (default_parts, config) in DWELL_TOPIC_DEFAULTS.items():
         parts = (partitions or {}).get(name, default_parts)
         if not ensure_topic(bootstrap, name, parts, replication, config):
             enforced = {k: v for k, v in config.items() if k in BROKER_TIMESTAMPS}
             if enforced:
                 ensure_topic_config(bootstrap, name, enforced)
+            if partitions and name in partitions:
+                has = partition_count(bootstrap, name)
+                if has != parts:
+                    log.warning("%s has %d partitions, not the %d set: an existing topic "
+                                "keeps its count", name, has, parts)
     for name in KEPT_TOPICS:
         ensure_retention(bootstrap, name)
 
