@@ -182,6 +182,7 @@ _ERROR_DESCRIPTIONS: Final = {
     409: "It exists already, or is in use",
     412: "A name that is not valid, or a request Pulsar refuses as a failed precondition",
     413: "The body is bigger than the service's limit",
+    422: "Pulsar's answer for a partition count it cannot apply to the topic",
     431: "The request's headers are bigger than the service's limit",
     503: "Redis, Kafka or a service this one asks is unavailable; retry",
 }
@@ -207,9 +208,14 @@ BEARER: Final = {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
                                 "(DWELL_AUTHENTICATION_ENABLED)."}
 
 
+# How FastAPI describes the 422 it documents for a request that does not validate.
+FASTAPI_VALIDATION_ERROR: Final = "Validation Error"
+
+
 def _with_errors(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document as the service answers: FastAPI's 422 for a request that
-    does not validate is dwell's 400 (create_app's handler), a route with a guard
+    does not validate is dwell's 400 (create_app's handler; a route's own 422, Pulsar's
+    answer to a partition count, stays), a route with a guard
     (dwell.auth) takes a bearer token and may answer 401 and 403, and any route 503 when
     what it needs is down."""
     if app.openapi_schema:
@@ -227,8 +233,10 @@ def _with_errors(app: FastAPI) -> dict[str, Any]:
                 op["security"] = [{BEARER_SCHEME: []}]
                 answers.setdefault("401", _error_response(401))
                 answers.setdefault("403", _error_response(403))
-            if answers.pop("422", None) is not None:
+            if "422" in answers:  # FastAPI's, for a route with parameters, or a route's own
                 answers.setdefault("400", _error_response(400))
+                if answers["422"].get("description") == FASTAPI_VALIDATION_ERROR:
+                    del answers["422"]
             if "requestBody" in op:  # BodyLimit's
                 answers.setdefault("413", _error_response(413))
             answers.setdefault("503", _error_response(503))

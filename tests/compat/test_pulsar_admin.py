@@ -154,6 +154,21 @@ def scenario(t: str) -> list[Step]:
         Step(("topics", "list-partitioned-topics", ns),
              "GET /admin/v2/persistent/{tenant}/{namespace}/partitioned, "
              "GET /admin/v2/non-persistent/{tenant}/{namespace}/partitioned", out=f"{parts}\n"),
+        # Adding partitions (update-partitioned-topic); fewer is refused, as is a topic
+        # that is not partitioned.
+        Step(("topics", "update-partitioned-topic", parts, "-p", "2"),
+             "POST /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions",
+             rc=1, err="Desired partitions 2 can't be less than the current partitions 3."),
+        Step(("topics", "update-partitioned-topic", topic, "-p", "4"),
+             "POST /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions",
+             rc=1, err=f"Topic {topic} is not the partitioned topic."),
+        Step(("topics", "update-partitioned-topic", parts, "-p", "4"),
+             "POST /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions", out=""),
+        Step(("topics", "update-partitioned-topic", parts, "-p", "4", "-f"),
+             "POST /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions?force", out=""),
+        Step(("topics", "get-partitioned-topic-metadata", parts),
+             "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions",
+             out_has={"partitions": 4}),
         Step(("topics", "list", f"{t}/missing"), "GET /admin/v2/persistent/{tenant}/{namespace}",
              rc=1, err="Namespace does not exist"),
         Step(("topicPolicies", "set-delayed-delivery", f"{parts}-partition-0", "-e", "-t", "1s"),

@@ -70,6 +70,7 @@ NEEDS: dict[str, dict[tuple[str, str], str]] = {
         ("DELETE", "/admin/v2/persistent/{tenant}/{namespace}/{topic}"): "A",
         ("PUT", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"): "A",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"): "L",
+        ("POST", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"): "A",
         ("DELETE", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitions"): "A",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats"): "L",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/partitioned-stats"): "L",

@@ -53,9 +53,12 @@ class Publisher(Planner):
         # (`route`).
         self._ready_topics: set[str] = set()
         self._partitions: BoundedCache[TopicName, int] = BoundedCache()
+        # The partition count of a ready topic the producer's metadata was refreshed at.
+        self._known_counts: BoundedCache[str, int] = BoundedCache()
         self._labels: dict[str, tuple[Any, Any]] = {}
         self._counters: dict[tuple[str, str], Any] = {}
         self.deliveries = Deliveries(producer, settings.publish_timeout_ms / 1000 + 1.0)
+        self._producer = producer
 
     # -- topics
 
@@ -117,6 +120,11 @@ class Publisher(Planner):
         if index >= count:
             raise PublishError(404, f"Illegal topic partition name {topic} with max allowed "
                                     f"{count} partitions")
+        if index >= self._known_counts.get(owner.kafka_topic, 0):
+            # Added by `update-partitioned-topic` since the producer last looked: it
+            # would refuse the send until its next metadata refresh.
+            self._producer.learn(owner.kafka_topic)
+            self._known_counts.put(owner.kafka_topic, count)
         self._ready_topics.add(owner.kafka_topic)
         return self._partitions.put(topic, index)
 

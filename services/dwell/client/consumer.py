@@ -128,7 +128,7 @@ class Consumer:
     ``<ready topic>/<subscription>`` (``acme.orders.created/billing``), so that two
     tenants' (or two topics') subscriptions of one name never share a group. A group named
     after the bare subscription, as earlier SDKs used, hands its committed offsets over
-    once, when the new group has none (``_adopt_offsets``)."""
+    once, when the new group has none (``_start_offsets``)."""
 
     def __init__(self, topic: str, subscription: str, *, ack_timeout_ms: int = 0,
                  ack_timeout_redelivery_backoff: ExponentialRedeliveryBackoff | None = None,
@@ -179,9 +179,9 @@ class Consumer:
                 kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
         self._events = kafka.Producer(self._bootstrap, linger_ms=0)
         self._unwritten: list[_Event] = []  # dwell.acks events Kafka has not taken yet
-        self._adopt_offsets()
+        reset = "earliest" if self._start_offsets(initial_position) else initial_position
         self._consumer = kafka.Consumer(
-            self._bootstrap, self.group_id, auto_offset_reset=initial_position,
+            self._bootstrap, self.group_id, auto_offset_reset=reset,
             **{"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10})
         if self.partition < 0:
             self._consumer.subscribe([self.ready_topic, self.retry_topic])
@@ -215,15 +215,43 @@ class Consumer:
                 + [(self.retry_topic, p)
                    for p in kafka.partitions(self._bootstrap, self.retry_topic)])
 
-    def _adopt_offsets(self) -> None:
-        """Carry the committed offsets of the group named after the bare subscription (the
-        SDK's group before it was unique per topic) over to `group_id`, when that group
-        has committed none on these topics: an upgraded consumer goes on where it was."""
+    def _start_offsets(self, initial_position: str) -> bool:
+        """Give the group a committed offset on every partition it reads, unless it has
+        some already: those of the group named after the bare subscription (the SDK's
+        group before it was unique per topic), else, for ``latest``, the current ends.
+        Then a partition without one is a partition added since (`pulsar-admin topics
+        update-partitioned-topic`), and the consumer reads it from its start, as Pulsar
+        starts a subscription's new partitions at the earliest position: what is written
+        there before this consumer sees it is not skipped. False when the ends could not
+        be committed (another consumer of the new subscription is connected); the
+        consumer then starts where ``initial_position`` says on every partition."""
         parts = self._parts()
         mine = kafka.Consumer(self._bootstrap, self.group_id)
         try:
             if any(o >= 0 for o in mine.committed(parts).values()):
-                return
+                return True
+            if self._adopt_offsets(mine, parts) or initial_position == "earliest":
+                return True
+            wanted = set(parts)
+            ends = {(t, p): o for t in {t for t, _ in parts}
+                    for p, o in kafka.end_offsets(self._bootstrap, t).items()
+                    if (t, p) in wanted}
+            try:
+                mine.commit(ends)
+            except kafka.KafkaUnavailable as exc:
+                log.warning("subscription %s of %s: could not start it at the latest "
+                            "offsets (%s); partitions added later are read from their "
+                            "end", self.subscription, self.topic, exc)
+                return False
+            return True
+        finally:
+            mine.close()
+
+    def _adopt_offsets(self, mine: kafka.Consumer, parts: list[tuple[str, int]]) -> bool:
+        """Carry the committed offsets of the group named after the bare subscription over
+        to `group_id` (``mine``, which has none): an upgraded consumer goes on where it
+        was. Whether there were any."""
+        try:
             legacy = kafka.Consumer(self._bootstrap, self.subscription)
             try:
                 found = {tp: o for tp, o in legacy.committed(parts).items() if o >= 0}
@@ -235,8 +263,8 @@ class Consumer:
                          self.subscription, self.topic, self.subscription, self.group_id)
         except kafka.KafkaUnavailable as exc:  # the group starts at initial_position
             log.warning("could not look up group %r's offsets: %s", self.subscription, exc)
-        finally:
-            mine.close()
+            return False
+        return bool(found)
 
     # -- subscription registration (tracker)
     def _register(self) -> None:

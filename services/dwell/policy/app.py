@@ -422,6 +422,33 @@ def build_app(settings: PolicySettings) -> FastAPI:
 
     creating = limits.CreateLocks()
 
+    @app.post(topic_base + "/partitions", status_code=NO_CONTENT, tags=["topics"],
+              dependencies=[auth.require(Op.SET_TOPIC_POLICIES)],
+              responses=errors(409, 412, 422))
+    async def update_partitioned_topic(tenant: str, namespace: str, topic: str,
+                                       request: Request, force: bool = False,
+                                       updateLocalTopicOnly: bool = False) -> Response:
+        """Pulsar's `topics update-partitioned-topic`: grow a partitioned topic's ready
+        topic to N Kafka partitions (PersistentTopicsBase.internalUpdatePartitionedTopic).
+        `force` and `updateLocalTopicOnly` change nothing here: a partition is a Kafka
+        partition, so no stray partition topic can exist, and there is one cluster."""
+        name = topic_name(tenant, namespace, topic)
+        if name.partition_index >= 0:
+            raise ApiError(412, "Partitioned Topic Name should not contain '-partition-'")
+        total = await partitions_body(request, at_least=None)
+        async with creating(name.namespace_name):
+            count, partitioned = await catalog.layout(name)
+            if not partitioned:
+                raise ApiError(409, f"Topic {name} is not the partitioned topic.")
+            if total < count:
+                raise ApiError(422, f"Desired partitions {total} can't be less than the "
+                                    f"current partitions {count}.")
+            await limits.check_growth(store, catalog, settings.broker_limits(), name,
+                                      count, total)
+            if total > count:
+                await catalog.grow(name, count, total)
+        return Response(status_code=NO_CONTENT)
+
     async def create(name: TopicName, partitions: int, partitioned: bool = False) -> Response:
         """Create the topic's ready topic. Whether one Kafka partition is a partitioned
         topic's is in the topic's record, written first: a create cut short leaves a mark

@@ -70,6 +70,23 @@ async def check_create(store: PolicyStore, catalog: TopicCatalog, broker: Broker
         raise ApiError(412, TOPICS_OVER_MAX)
 
 
+async def check_growth(store: PolicyStore, catalog: TopicCatalog, broker: BrokerLimits,
+                       topic: TopicName, current: int, total: int) -> None:
+    """Refuse growing the partitioned `topic` from `current` to `total` partitions beyond
+    the quotas: Pulsar's 422 past `maxNumPartitionsPerPartitionedTopic`, and, as at
+    creation, the namespace's topic count for the partitions added (412). Pulsar does not
+    count them there; in dwell each one is a Kafka partition, which the quota bounds."""
+    if over_limit(broker.max_partitions_per_topic, 0, total):
+        raise ApiError(422, f"Desired partitions {total} can't be greater than the maximum "
+                            f"partitions per topic {broker.max_partitions_per_topic}.")
+    own = (await store.namespace_fields(topic.namespace_name)).get(MAX_TOPICS_FIELD)
+    limit = applied_limit(own, broker.max_topics_per_namespace)
+    if limit and over_limit(limit, len(await catalog.listing(topic.domain,
+                                                              topic.namespace_name)),
+                            total - current):
+        raise ApiError(412, TOPICS_OVER_MAX)
+
+
 def add_routes(app: FastAPI, store: PolicyStore, guard: Guard, commit: Commit,
                namespace_name: Callable[[str, str], str]) -> None:
     for path_name, field in NAMESPACE_LIMITS.items():

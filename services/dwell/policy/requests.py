@@ -67,8 +67,9 @@ def topic_not_found(topic: TopicName) -> str:
     return f"Topic {topic} not found"
 
 
-async def partitions_body(request: Request) -> int:
-    """The number of partitions: a JSON number, or Pulsar's PartitionedTopicMetadata."""
+async def partitions_body(request: Request, at_least: int | None = 1) -> int:
+    """The number of partitions: a JSON number, or Pulsar's PartitionedTopicMetadata;
+    406 below ``at_least`` (None: any integer)."""
     try:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError as exc:
@@ -77,7 +78,7 @@ async def partitions_body(request: Request) -> int:
         body = body.get("partitions")
     if not isinstance(body, int) or isinstance(body, bool):
         raise ApiError(400, "body: must be the number of partitions (an integer)")
-    if body <= 0:
+    if at_least is not None and body < at_least:
         raise ApiError(406, "Number of partitions should be more than 0")
     return body
 

@@ -82,6 +82,24 @@ class TopicCatalog:
         except kafka.KafkaUnavailable as exc:
             raise _unavailable(exc) from exc
 
+    async def grow(self, topic: TopicName, current: int, total: int) -> None:
+        """Grow the ready topic from `current` to `total` Kafka partitions, and start each
+        consumer group that reads it and has no member now at offset 0 of the new ones:
+        what is written there before a consumer of the group comes back is read, as
+        Pulsar copies a topic's subscriptions to its new partitions at the earliest
+        position. A group with members takes the new partitions when its consumers see
+        them; the SDK's read them from the start (dwell.client.consumer)."""
+        try:
+            await asyncio.to_thread(kafka.add_partitions, self.bootstrap, topic.kafka_topic,
+                                    total)
+            groups = await asyncio.to_thread(kafka.groups_reading, self.bootstrap,
+                                             topic.kafka_topic)
+            new = {(topic.kafka_topic, p): 0 for p in range(current, total)}
+            if groups and new:
+                await asyncio.to_thread(kafka.start_groups_at, self.bootstrap, groups, new)
+        except kafka.KafkaUnavailable as exc:
+            raise _unavailable(exc) from exc
+
     async def consumer_groups(self, topic: TopicName) -> set[str]:
         """The subscriptions of the Kafka consumer groups reading the topic's ready topic
         (an SDK consumer's group named for its subscription, a plain consumer's group

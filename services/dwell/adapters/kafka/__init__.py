@@ -10,6 +10,7 @@ from .admin import (
     KEPT_TOPIC_CONFIG,
     KEPT_TOPICS,
     LogStarts,
+    add_partitions,
     admin,
     delete_below,
     delete_topic,
@@ -26,6 +27,7 @@ from .admin import (
     retention_refusal,
     retention_risks,
     start_group_at_end,
+    start_groups_at,
     topic_names,
 )
 from .consumer import Columns, Consumer, next_offsets
@@ -55,6 +57,7 @@ __all__ = [
     "RetentionRefused",
     "TopicRefused",
     "TransactionalProducer",
+    "add_partitions",
     "admin",
     "delete_below",
     "delete_topic",
@@ -77,5 +80,6 @@ __all__ = [
     "retention_refusal",
     "retention_risks",
     "start_group_at_end",
+    "start_groups_at",
     "topic_names",
 ]

@@ -15,6 +15,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    NewPartitions,
     NewTopic,
     OffsetSpec,
 )
@@ -259,6 +260,58 @@ def delete_topic(bootstrap: str, name: str, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.05)
     raise KafkaUnavailable(f"topic {name} still listed {timeout}s after its deletion")
+
+
+def add_partitions(bootstrap: str, topic: str, total: int, timeout: float = 15.0) -> None:
+    """Grow ``topic`` to ``total`` partitions; returns once the cluster's metadata lists
+    them all. KafkaUnavailable when Kafka cannot answer or refuses (the topic is gone,
+    or already has that many)."""
+    client = admin(bootstrap)
+    futures = client.create_partitions([NewPartitions(topic, total)],
+                                       operation_timeout=timeout)
+    try:
+        futures[topic].result(timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot grow {topic} to {total} partitions: {exc}") from exc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        t = client.list_topics(topic, timeout=timeout).topics.get(topic)
+        if t is not None and t.error is None and len(t.partitions) >= total:
+            return
+        time.sleep(0.05)
+    raise KafkaUnavailable(f"{topic}'s {total} partitions not visible after {timeout}s")
+
+
+# What an offset commit from outside a group meets while the group has members.
+MEMBERS_PRESENT = frozenset({KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
+                             KafkaError.REBALANCE_IN_PROGRESS})
+
+
+def start_groups_at(bootstrap: str, groups: Iterable[str], offsets: Mapping[tuple[str, int], int],
+                    timeout: float = 15.0) -> set[str]:
+    """Commit ``offsets`` for each of ``groups`` that has no member now (Kafka takes an
+    offset commit from outside a group only while it is empty); the groups it was
+    committed for. KafkaUnavailable when Kafka cannot answer."""
+    client = admin(bootstrap)
+    parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+    futures = {g: client.alter_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(g, parts)], request_timeout=timeout)[g]
+        for g in groups}
+    done = set()
+    for group, future in futures.items():
+        try:
+            errors = [tp.error for tp in future.result(timeout).topic_partitions or []
+                      if tp.error is not None]
+        except KafkaException as exc:
+            errors = [exc.args[0]]
+        if not errors:
+            done.add(group)
+        elif all(e.code() in MEMBERS_PRESENT for e in errors):
+            log.info("group %s has members: its offsets on %s are left to its consumers",
+                     group, sorted({t for t, _ in offsets}))
+        else:
+            raise KafkaUnavailable(f"cannot commit offsets for group {group}: {errors[0]}")
+    return done
 
 
 def groups_reading(bootstrap: str, topic: str, timeout: float = 15.0) -> set[str]:

@@ -58,6 +58,15 @@ class Producer:
                                             daemon=True)
             self._poller.start()
 
+    def learn(self, topic: str, timeout: float = 10.0) -> None:
+        """Fetch ``topic``'s metadata now rather than at the next refresh: a send to a
+        partition added since this producer last looked fails at once otherwise
+        (`Local: Unknown partition`). KafkaUnavailable when Kafka does not answer."""
+        try:
+            self._p.list_topics(topic, timeout=timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"metadata of {topic}: {exc}") from exc
+
     def _poll_loop(self) -> None:
         while not self._closed.is_set():
             self._p.poll(0.05)
