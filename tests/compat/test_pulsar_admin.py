@@ -56,6 +56,32 @@ class Step:
         return "; ".join(problems) or None
 
 
+# What a Pulsar 4.0 broker with no backlog quota answers in a topic's stats.
+NO_QUOTA_STATS = {"backlogQuotaLimitSize": -1, "backlogQuotaLimitTime": -1}
+
+
+def fresh_namespace_policies(delayed: dict[str, object]) -> dict[str, object]:
+    """What pulsar-admin 4.0.8 prints for `namespaces policies` of a namespace made by
+    `namespaces create` on a standalone broker (cluster `standalone`, 4 bundles), with a
+    delayed-delivery policy set: Policies' non-null fields (Jackson's NON_NULL)."""
+    return {
+        "auth_policies": {"namespace_auth": {}, "destination_auth": {},
+                          "subscription_auth_roles": {}},
+        "replication_clusters": ["standalone"], "allowed_clusters": [],
+        "bundles": {"boundaries": ["0x00000000", "0x40000000", "0x80000000", "0xc0000000",
+                                   "0xffffffff"], "numBundles": 4},
+        "backlog_quota_map": {}, "clusterDispatchRate": {}, "topicDispatchRate": {},
+        "subscriptionDispatchRate": {}, "replicatorDispatchRate": {},
+        "clusterSubscribeRate": {}, "publishMaxMessageRate": {},
+        "latency_stats_sample_rate": {}, "deleted": False, "encryption_required": False,
+        "delayed_delivery_policies": delayed, "subscription_auth_mode": "None",
+        "offload_threshold": -1, "offload_threshold_in_seconds": -1,
+        "schema_compatibility_strategy": "UNDEFINED", "is_allow_auto_update_schema": True,
+        "schema_validation_enforced": False, "subscription_types_enabled": [],
+        "properties": {}, "migrated": False, "clusterThatCanDeleteNamespace": "standalone",
+    }
+
+
 def scenario(t: str) -> list[Step]:
     """One tenant's life through pulsar-admin, the error cases included. pulsar-admin 4.0
     reads a policy into its own DelayedDeliveryPolicies, which has no fixed delay (PIP-437
@@ -103,6 +129,16 @@ def scenario(t: str) -> list[Step]:
              out_json={"active": True, "tickTime": 2000, "maxDeliveryDelayInMillis": 10000}),
         Step(("namespaces", "get-delayed-delivery", f"{t}/missing"), f"GET {ns_dd}",
              rc=1, err="Namespace does not exist"),
+        Step(("namespaces", "set-delayed-delivery", f"{t}/missing", "-e"), f"POST {ns_dd}",
+             rc=1, err="Namespace policies does not exist"),
+        Step(("namespaces", "remove-delayed-delivery", f"{t}/missing"), f"DELETE {ns_dd}",
+             rc=1, err="Namespace policies does not exist"),
+        Step(("namespaces", "policies", ns), "GET /admin/v2/namespaces/{tenant}/{namespace}",
+             out_json=fresh_namespace_policies(
+                 {"tickTime": 2000, "active": True, "maxDeliveryDelayInMillis": 10000})),
+        Step(("namespaces", "policies", f"{t}/missing"),
+             "GET /admin/v2/namespaces/{tenant}/{namespace}",
+             rc=1, err="Namespace does not exist"),
         Step(("topicPolicies", "set-delayed-delivery", topic, "-e", "-t", "3s"),
              f"POST {topic_dd}", rc=1, err=f"Topic {topic} not found"),
         Step(("topics", "create", topic), "PUT /admin/v2/persistent/{tenant}/{namespace}/{topic}"),
@@ -132,7 +168,9 @@ def scenario(t: str) -> list[Step]:
              out_json={"active": True, "tickTime": 2000, "maxDeliveryDelayInMillis": 10000}),
         Step(("topics", "stats", topic),
              "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/stats",
-             out_has={"delayedMessageIndexSizeInBytes": 0, "subscriptions": {}}),
+             out_has={"delayedMessageIndexSizeInBytes": 0, "subscriptions": {},
+                      **NO_QUOTA_STATS, "oldestBacklogMessageAgeSeconds": -1,
+                      "deduplicationStatus": "Disabled"}),
         Step(("topics", "stats", f"persistent://{t}/ns/nope"),
              "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/stats",
              rc=1, err=f"Topic persistent://{t}/ns/nope not found"),
@@ -141,7 +179,9 @@ def scenario(t: str) -> list[Step]:
         Step(("topics", "partitioned-stats", parts),
              "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitioned-stats",
              out_has={"metadata": {"partitions": 3, "deleted": False}, "subscriptions": {},
-                      "partitions": {}}),
+                      "partitions": {}, **NO_QUOTA_STATS,
+                      # Pulsar's sum of the partitions keeps its own 0 over their -1.
+                      "oldestBacklogMessageAgeSeconds": 0}),
         Step(("topics", "partitioned-stats", topic),
              "GET /admin/v2/persistent/{tenant}/{namespace}/{topic}/partitioned-stats",
              rc=1, err=f"Partitioned Topic {topic} not found"),
@@ -290,6 +330,8 @@ def test_topic_stats_carry_the_delayed_index(pulsar_admin: PulsarAdmin, policy, 
     size = subs["s1"]["delayedMessageIndexSizeInBytes"]
     assert size > 0 and subs["s2"]["delayedMessageIndexSizeInBytes"] == size
     assert stats["delayedMessageIndexSizeInBytes"] == 2 * size
+    # The broker that owns the topic, as Pulsar names it (host:port): the policy service.
+    assert stats["ownerBroker"] == policy.url.removeprefix("http://")
 
 
 def test_a_topic_with_subscriptions_is_deleted_only_by_force(

@@ -138,3 +138,49 @@ def namespace_limit(value: object, name: str) -> int:
     if value > 2**31 - 1:
         raise ValueError(f"body: {name} must be at most {2**31 - 1} (a Java int)")
     return value
+
+
+# -- A namespace's Policies as Pulsar 4.0.8's `GET /admin/v2/namespaces/{t}/{ns}` answers
+# them (AdminResource.getNamespacePoliciesAsync; Jackson leaves nulls out).
+
+# Pulsar's defaultNumberOfNamespaceBundles. dwell has no bundles; it answers the ranges a
+# namespace created without a bundle count has (PoliciesUtil.getBundles).
+DEFAULT_BUNDLES: Final = 4
+_HASH_RANGE: Final = 1 << 32
+
+
+def bundles(count: int = DEFAULT_BUNDLES) -> dict[str, object]:
+    """Pulsar's BundlesData of `count` equal hash ranges."""
+    size = _HASH_RANGE // count
+    bounds = [0, *(size * (i + 1) for i in range(count - 1)), _HASH_RANGE - 1]
+    return {"boundaries": [f"0x{b:08x}" for b in bounds], "numBundles": count}
+
+
+def pulsar_policies(record: dict[str, object], delayed: dict[str, object] | None,
+                    cluster: str) -> dict[str, object]:
+    """The Policies JSON of a namespace whose record (its permissions and quotas, under
+    Pulsar's names) is `record` and whose own delayed-delivery policy is `delayed`: every
+    field Pulsar answers for a namespace created with `namespaces create`, the ones dwell
+    keeps in place of their defaults. `replication_clusters` is the one cluster, as
+    Pulsar defaults it to the local one (NamespacesBase.validatePoliciesAsync), and
+    `is_allow_auto_update_schema` the broker's default."""
+    policies: dict[str, object] = {
+        "auth_policies": {"namespace_auth": {}, "destination_auth": {},
+                          "subscription_auth_roles": {}},
+        "replication_clusters": [cluster], "allowed_clusters": [], "bundles": bundles(),
+        "backlog_quota_map": {}, "clusterDispatchRate": {}, "topicDispatchRate": {},
+        "subscriptionDispatchRate": {}, "replicatorDispatchRate": {},
+        "clusterSubscribeRate": {}, "publishMaxMessageRate": {},
+        "latency_stats_sample_rate": {}, "deleted": False, "encryption_required": False,
+        "subscription_auth_mode": "None", "offload_threshold": -1,
+        "offload_threshold_in_seconds": -1, "schema_compatibility_strategy": "UNDEFINED",
+        "is_allow_auto_update_schema": True, "schema_validation_enforced": False,
+        "subscription_types_enabled": [], "properties": {}, "migrated": False,
+        # A getter of 4.0.8's Policies: the one replication cluster.
+        "clusterThatCanDeleteNamespace": cluster,
+    }
+    policies.update({k: v for k, v in record.items()
+                     if k == "auth_policies" or k in NAMESPACE_LIMIT_FIELDS})
+    if delayed is not None:
+        policies["delayed_delivery_policies"] = delayed
+    return policies

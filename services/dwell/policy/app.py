@@ -15,7 +15,7 @@ Responses (the JSON shapes):
   `GET /admin/v2/tenants` → `["t1", ...]`; `GET /admin/v2/tenants/{t}` → TenantInfo
   `{"adminRoles": [...], "allowedClusters": [...]}`.
 - `GET /admin/v2/namespaces/{t}` → `["t/ns", ...]`;
-  `GET /admin/v2/namespaces/{t}/{ns}` → `{"delayed_delivery_policies": <policy or null>}`.
+  `GET /admin/v2/namespaces/{t}/{ns}` → Pulsar's Policies (dwell.core.policy.pulsar_policies).
 - `GET .../delayedDelivery` → the policy as set (only the fields that were set; unset
   fields inherit) or `null`; a topic has a local and a global (`isGlobal=true`) one. With
   `applied=true` → every field, resolved field by field: topic local → topic global →
@@ -42,7 +42,7 @@ from dwell.adapters import kafka
 from dwell.adapters.redis import connect_async
 from dwell.auth.guard import Guard
 from dwell.core.authz import Operation as Op
-from dwell.core.policy import DelayedDeliveryPolicies, resolve_policy
+from dwell.core.policy import DelayedDeliveryPolicies, pulsar_policies, resolve_policy
 from dwell.core.topics import (
     NON_PERSISTENT,
     PARTITION_SUFFIX,
@@ -296,9 +296,12 @@ def build_app(settings: PolicySettings) -> FastAPI:
              dependencies=[auth.require(Op.GET_NAMESPACE_POLICIES)],
              responses=errors(404, 412))
     async def get_namespace(tenant: str, namespace: str) -> Response:
-        ns_policy = await store.namespace_policy(namespace_name(tenant, namespace))
-        return _json({"delayed_delivery_policies": ns_policy.model_dump(exclude_none=True)
-                      if ns_policy is not None else None})
+        """Pulsar's Policies of the namespace (`pulsar-admin namespaces policies`)."""
+        ns = namespace_name(tenant, namespace)
+        record = await store.namespace_fields(ns)
+        ns_policy = await store.namespace_policy(ns)
+        return _json(pulsar_policies(record, ns_policy.model_dump(exclude_none=True)
+                                     if ns_policy is not None else None, settings.cluster))
 
     @app.delete("/admin/v2/namespaces/{tenant}/{namespace}", status_code=NO_CONTENT,
                 tags=["namespaces"],

@@ -5,7 +5,7 @@ tracker (`DWELL_TRACKER_URL`), which holds the index."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from fastapi import FastAPI, Request
@@ -23,12 +23,30 @@ def _json(value: Any) -> Response:
     return Response(orjson.dumps(value), media_type="application/json")
 
 
+# What Pulsar 4.0's PersistentTopic.asyncGetStats answers for these fields on a broker
+# with no backlog quota (backlogQuotaDefaultLimitBytes and backlogQuotaDefaultLimitSecond
+# -1), deduplication off and no backlog age known; `ownerBroker`, the broker's id
+# (host:port), is the address the request came to.
+NO_QUOTA: Final = -1
+NO_BACKLOG_AGE: Final = -1
+DEDUPLICATION_STATUS: Final = "Disabled"
+
+
+def broker_fields(request: Request) -> dict[str, Any]:
+    return {"backlogQuotaLimitSize": NO_QUOTA, "backlogQuotaLimitTime": NO_QUOTA,
+            "oldestBacklogMessageAgeSeconds": NO_BACKLOG_AGE,
+            "deduplicationStatus": DEDUPLICATION_STATUS, "ownerBroker": request.url.netloc}
+
+
 def add_routes(app: FastAPI, catalog: TopicCatalog, tracker: Tracker, guard: Guard,
                topic_name: Callable[[str, str, str], TopicName]) -> None:
     topic_base = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
     async def tracker_stats(name: TopicName, request: Request) -> dict[str, Any]:
-        return await tracker.stats(name, request.headers.get("authorization"))
+        """The topic's stats: the delayed-delivery fields from the tracker, and the
+        broker's (`broker_fields`)."""
+        return {**broker_fields(request),
+                **await tracker.stats(name, request.headers.get("authorization"))}
 
     @app.get(topic_base + "/stats", tags=["topics"],
              dependencies=[guard.require(Operation.GET_STATS)],
@@ -56,7 +74,12 @@ def add_routes(app: FastAPI, catalog: TopicCatalog, tracker: Tracker, guard: Gua
         count, partitioned = await catalog.layout(name)
         if name.partition_index >= 0 or not partitioned:
             raise ApiError(404, f"Partitioned Topic {name} not found")
-        stats = {**await tracker_stats(name, request),
+        # Pulsar sums the partitions' stats into a fresh object (TopicStatsImpl.add),
+        # which takes their quota limits, keeps the larger backlog age (its own 0 against
+        # the partitions' -1) and no broker or deduplication status.
+        own = await tracker.stats(name, request.headers.get("authorization"))
+        stats = {**own, "backlogQuotaLimitSize": NO_QUOTA, "backlogQuotaLimitTime": NO_QUOTA,
+                 "oldestBacklogMessageAgeSeconds": max(0, NO_BACKLOG_AGE),
                  "metadata": {"partitions": count, "deleted": False}, "partitions": {}}
         if perPartition:
             stats["partitions"] = {str(part): await tracker_stats(part, request) for part in

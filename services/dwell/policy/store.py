@@ -33,6 +33,9 @@ TENANT_MISSING_ON_LIST = "Tenant not found"  # list its namespaces
 TENANT_EXISTS = "Tenant already exist"
 TENANT_NOT_EMPTY = "The tenant still has active namespaces"
 NAMESPACE_MISSING = "Namespace does not exist"
+# Pulsar's text where it writes one field of a namespace's policies that is not there
+# (NamespacesBase.internalSetPolicies): setting or removing its delayed-delivery policy.
+NAMESPACE_POLICIES_MISSING = "Namespace policies does not exist"
 NAMESPACE_EXISTS = "Namespace already exists"
 NAMESPACE_NOT_EMPTY = "Cannot delete non empty namespace"
 
@@ -498,7 +501,7 @@ class PolicyStore:
                     keys.namespace_policy(ns), keys.POLICY_SCOPES],
             ["1", "0", "", scope, _tail(scope, policy=policy.model_dump(exclude_none=True)), ""])
         if v == PARENT_MISSING:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise ApiError(404, NAMESPACE_POLICIES_MISSING)
         return [(scope, int(v))]
 
     async def remove_namespace_policy(self, ns: str) -> list[Change]:
@@ -508,7 +511,7 @@ class PolicyStore:
                        keys.namespace_policy(ns), keys.namespace_policy(ns), keys.POLICY_SCOPES],
             ["1", scope, "0", "", ""])
         if v == PARENT_MISSING:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise ApiError(404, NAMESPACE_POLICIES_MISSING)
         return [(scope, int(v))] if v > 0 else []
 
     async def topic_policies(self, topic: TopicName

@@ -8,6 +8,8 @@ from dwell.core.policy import (
     BrokerDefaults,
     DelayedDeliveryPolicies,
     EffectivePolicy,
+    bundles,
+    pulsar_policies,
     resolve_policy,
 )
 from dwell.http import validation_reason
@@ -220,3 +222,25 @@ def test_quotas_zero_is_unlimited_and_a_namespace_value_wins() -> None:
     for bad in ("3", 3.0, True, None, [3], 2**31):
         with pytest.raises((TypeError, ValueError)):
             namespace_limit(bad, "maxSubscriptionsPerTopic")
+
+
+@pytest.mark.parametrize(("count", "boundaries"), [
+    (1, ["0x00000000", "0xffffffff"]),
+    (3, ["0x00000000", "0x55555555", "0xaaaaaaaa", "0xffffffff"]),
+    (4, ["0x00000000", "0x40000000", "0x80000000", "0xc0000000", "0xffffffff"]),
+])
+def test_bundles_are_pulsars_equal_hash_ranges(count: int, boundaries: list[str]) -> None:
+    assert bundles(count) == {"boundaries": boundaries, "numBundles": count}
+
+
+def test_a_namespaces_policies_carry_what_dwell_keeps_over_pulsars_defaults() -> None:
+    auth = {"namespace_auth": {"app": ["consume"]}, "destination_auth": {},
+            "subscription_auth_roles": {}}
+    got = pulsar_policies({"auth_policies": auth, "max_topics_per_namespace": 7,
+                           "unrelated": 1}, {"active": True}, "east")
+    assert (got["auth_policies"], got["max_topics_per_namespace"]) == (auth, 7)
+    assert got["delayed_delivery_policies"] == {"active": True}
+    assert got["replication_clusters"] == ["east"]
+    assert got["clusterThatCanDeleteNamespace"] == "east"
+    assert "unrelated" not in got and "max_subscriptions_per_topic" not in got
+    assert "delayed_delivery_policies" not in pulsar_policies({}, None, "east")
