@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -212,6 +213,21 @@ BEARER: Final = {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
 FASTAPI_VALIDATION_ERROR: Final = "Validation Error"
 
 
+def all_routes(app: FastAPI) -> list[BaseRoute]:
+    """Every route of the app, those of the routers it includes too (FastAPI keeps an
+    included router as one entry of `app.routes`)."""
+    out: list[BaseRoute] = []
+    pending = list(app.routes)
+    while pending:
+        route = pending.pop(0)
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            pending[:0] = included.routes
+        else:
+            out.append(route)
+    return out
+
+
 def _with_errors(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document as the service answers: FastAPI's 422 for a request that
     does not validate is dwell's 400 (create_app's handler; a route's own 422, Pulsar's
@@ -222,7 +238,7 @@ def _with_errors(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
-    guarded = {(method.lower(), route.path) for route in app.routes
+    guarded = {(method.lower(), route.path) for route in all_routes(app)
                if isinstance(route, APIRoute) and route.dependencies
                for method in route.methods}
     components = schema.setdefault("components", {}).setdefault("schemas", {})

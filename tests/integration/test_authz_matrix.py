@@ -26,6 +26,7 @@ from dwell.admission.app import build_app as admission_app
 from dwell.admission.settings import AdmissionSettings
 from dwell.auth.tokens import create_kafka_token, create_secret_key, create_token
 from dwell.client import Consumer, Producer, PublishError, SubscribeError
+from dwell.http import all_routes
 from dwell.policy.app import build_app as policy_app
 from dwell.policy.settings import PolicySettings
 from dwell.tracker.app import build_app as tracker_app
@@ -113,7 +114,7 @@ MEETS = {
 def routes(app: FastAPI) -> set[tuple[str, str]]:
     """(method, path) of every route that is not open."""
     out: set[tuple[str, str]] = set()
-    for route in app.routes:
+    for route in all_routes(app):
         assert isinstance(route, (APIRoute, Route)), route
         if route.path in OPEN:
             continue

@@ -171,6 +171,19 @@ class Guard:
         return Depends(guard)
 
 
+def requires(operation: Operation) -> DependsParam:
+    """`Guard.require` for routes declared on an `APIRouter`, before the app and its
+    guard exist: the guard is the app's `state.guard`."""
+
+    async def guard(request: Request) -> None:
+        params = request.path_params
+        await request.app.state.guard.check(request.headers.get("authorization"), operation,
+                                            params.get("tenant"), params.get("namespace"))
+
+    guard.operation = operation  # type: ignore[attr-defined]  # read by the authz matrix
+    return Depends(guard)
+
+
 def forbidden(role: str, operation: Operation, tenant: str | None,
               namespace: str | None) -> ApiError:
     where = (f" on {tenant}/{namespace}" if namespace else f" on tenant {tenant}"
