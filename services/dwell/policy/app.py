@@ -47,12 +47,15 @@ from dwell.policy.rebuild import StoreGuard
 from dwell.policy.routes import ROUTERS
 from dwell.policy.service import PolicyService
 from dwell.policy.settings import PolicySettings
-from dwell.policy.store import PolicyStore
+from dwell.policy.store import Exists, InUse, Missing, PolicyStore, Refused, TooLarge
 from dwell.policy.topics import TopicCatalog
 from dwell.policy.tracker import Tracker
 from dwell.security import http_verify
 
 log = logging.getLogger("dwell.policy.app")
+
+# The status each kind of the store's refusal is answered with, as Pulsar answers it.
+REFUSALS: dict[type[Refused], int] = {Missing: 404, Exists: 409, InUse: 409, TooLarge: 413}
 
 
 def build_app(settings: PolicySettings) -> FastAPI:
@@ -136,6 +139,10 @@ def build_app(settings: PolicySettings) -> FastAPI:
     # before it costs a store check.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
                        setting="max_request_bytes")
+
+    @app.exception_handler(Refused)
+    async def _refused(_: Request, exc: Refused) -> JSONResponse:
+        return error(REFUSALS[type(exc)], exc.reason)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)

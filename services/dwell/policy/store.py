@@ -23,7 +23,6 @@ from dwell.core import topics
 from dwell.core.authz import AuthAction, Grants, auth_policies, namespace_auth
 from dwell.core.policy import DelayedDeliveryPolicies
 from dwell.core.topics import TopicName
-from dwell.http import ApiError
 
 # Pulsar 4.0's texts (pulsar-broker's TenantsBase, NamespacesBase, AdminResource), which
 # pulsar-admin prints and its users grep for; Pulsar words one case differently per call.
@@ -38,6 +37,31 @@ NAMESPACE_MISSING = "Namespace does not exist"
 NAMESPACE_POLICIES_MISSING = "Namespace policies does not exist"
 NAMESPACE_EXISTS = "Namespace already exists"
 NAMESPACE_NOT_EMPTY = "Cannot delete non empty namespace"
+
+
+class Refused(Exception):
+    """What the store refuses, with Pulsar's text (`reason`). The HTTP layer answers each
+    kind with its status (dwell.policy.app.REFUSALS)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Missing(Refused):
+    """The tenant or namespace (or its policies) is not there."""
+
+
+class Exists(Refused):
+    """The tenant or namespace is there already."""
+
+
+class InUse(Refused):
+    """The tenant still has namespaces, or the namespace topics or policies."""
+
+
+class TooLarge(Refused):
+    """The record would be bigger than `dwell.policies` carries."""
 
 
 def tenant_missing_on_update(tenant: str) -> str:
@@ -259,14 +283,13 @@ class PolicyStore:
     async def _write(self, script: str, keys_: list[str], args: list[str | int]) -> Any:
         """Run a write script (put, remove, namespace_delete), whose last key is the epoch
         and last argument the floor; StoreBehind when it refused. A record too big for the
-        feed (max_record_bytes) is refused with 413 before the script runs: what is stored
+        feed (max_record_bytes) is refused (TooLarge) before the script runs: what is stored
         must fit on dwell.policies, or the feed could never carry it."""
         if script == "put" and self.max_record_bytes is not None:
             size = len(args[4].encode()) + _VERSION_HEAD if isinstance(args[4], str) else 0
             if size > self.max_record_bytes:
-                raise ApiError(413, f"{args[3]}: the record would be {size} bytes; the limit "
-                                    f"is {self.max_record_bytes} bytes "
-                                    "(max_policy_record_bytes)")
+                raise TooLarge(f"{args[3]}: the record would be {size} bytes; the limit is "
+                               f"{self.max_record_bytes} bytes (max_policy_record_bytes)")
         result = await self._run(script, [*keys_, keys.POLICY_EPOCH], [*args, self._floor()])
         if (result[0] if isinstance(result, list) else result) == STORE_BEHIND:
             raise StoreBehind(f"{script}: the policy store is behind {topics.POLICIES}")
@@ -323,7 +346,7 @@ class PolicyStore:
                     keys.POLICY_SCOPES],
             ["0", "1", name, scope, _tail(scope, tenant=info.model_dump()), ""])
         if v == EXISTS:
-            raise ApiError(409, TENANT_EXISTS)
+            raise Exists(TENANT_EXISTS)
         return [(scope, int(v))]
 
     async def update_tenant(self, name: str, info: TenantInfo) -> list[Change]:
@@ -334,13 +357,13 @@ class PolicyStore:
                     keys.POLICY_SCOPES],
             ["1", "0", name, scope, _tail(scope, tenant=info.model_dump()), ""])
         if v == PARENT_MISSING:
-            raise ApiError(404, tenant_missing_on_update(name))
+            raise Missing(tenant_missing_on_update(name))
         return [(scope, int(v))]
 
     async def get_tenant(self, name: str) -> TenantInfo:
         raw = await self.redis.get(keys.tenant(name))
         if raw is None:
-            raise ApiError(404, TENANT_MISSING)
+            raise Missing(TENANT_MISSING)
         return TenantInfo.model_validate(orjson.loads(raw)["tenant"])
 
     async def list_tenants(self) -> list[str]:
@@ -353,9 +376,9 @@ class PolicyStore:
                        keys.namespaces(name), keys.TENANTS, keys.POLICY_SCOPES],
             ["0", scope, "1", name, ""])
         if v == ABSENT:
-            raise ApiError(404, TENANT_MISSING_ON_DELETE)
+            raise Missing(TENANT_MISSING_ON_DELETE)
         if v == NOT_EMPTY:
-            raise ApiError(409, TENANT_NOT_EMPTY)
+            raise InUse(TENANT_NOT_EMPTY)
         return [(scope, int(v))]
 
     # -- namespaces (`ns` is `tenant/namespace`)
@@ -368,9 +391,9 @@ class PolicyStore:
                     keys.namespaces(tenant_name), keys.POLICY_SCOPES],
             ["1", "1", ns, scope, _tail(scope), ""])
         if v == PARENT_MISSING:
-            raise ApiError(404, TENANT_MISSING)
+            raise Missing(TENANT_MISSING)
         if v == EXISTS:
-            raise ApiError(409, NAMESPACE_EXISTS)
+            raise Exists(NAMESPACE_EXISTS)
         return [(scope, int(v))]
 
     async def list_namespaces(self, tenant_name: str) -> list[str]:
@@ -379,7 +402,7 @@ class PolicyStore:
             pipe.smembers(keys.namespaces(tenant_name))
             exists, members = await pipe.execute()
         if not exists:
-            raise ApiError(404, TENANT_MISSING_ON_LIST)
+            raise Missing(TENANT_MISSING_ON_LIST)
         return sorted(m.decode() for m in members)
 
     async def delete_namespace(self, ns: str) -> list[Change]:
@@ -390,10 +413,10 @@ class PolicyStore:
              keys.namespace_policy(ns), keys.namespaces(tenant_name), keys.POLICY_SCOPES],
             [namespace_scope(ns), namespace_policy_scope(ns), ns])
         if code == ABSENT:
-            raise ApiError(404, namespace_missing_on_delete(ns))
+            raise Missing(namespace_missing_on_delete(ns))
         if code == NOT_EMPTY:
             # dwell's namespace holds topics once a topic policy names them.
-            raise ApiError(409, NAMESPACE_NOT_EMPTY)
+            raise InUse(NAMESPACE_NOT_EMPTY)
         changes = [(namespace_policy_scope(ns), int(v_policy))] if v_policy else []
         return [*changes, (namespace_scope(ns), int(v_ns))]
 
@@ -412,10 +435,10 @@ class PolicyStore:
                          else None)
 
     async def permissions(self, ns: str) -> dict[str, list[str]]:
-        """The namespace's permissions, role -> actions; 404 when it does not exist."""
+        """The namespace's permissions, role -> actions; Missing when it does not exist."""
         raw = await self.redis.get(keys.namespace(ns))
         if raw is None:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise Missing(NAMESPACE_MISSING)
         return namespace_auth(orjson.loads(raw))
 
     async def set_permission(self, ns: str, role: str,
@@ -436,10 +459,10 @@ class PolicyStore:
         return await self._update_namespace(ns, change)
 
     async def namespace_fields(self, ns: str) -> dict[str, Any]:
-        """The namespace's record (its Pulsar Policies fields); 404 when it does not exist."""
+        """The namespace's record (its Pulsar Policies fields); Missing when it does not exist."""
         raw = await self.redis.get(keys.namespace(ns))
         if raw is None:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise Missing(NAMESPACE_MISSING)
         return dict(orjson.loads(raw))
 
     async def set_namespace_field(self, ns: str, name: str, value: Any) -> list[Change]:
@@ -466,7 +489,7 @@ class PolicyStore:
         while True:
             raw = await self.redis.get(record)
             if raw is None:
-                raise ApiError(404, NAMESPACE_MISSING)
+                raise Missing(NAMESPACE_MISSING)
             doc = orjson.loads(raw)
             fields = {k: v for k, v in doc.items() if k not in ("version", "scope")}
             if not change(fields):
@@ -478,19 +501,19 @@ class PolicyStore:
             if v != CHANGED:
                 break
         if v == PARENT_MISSING:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise Missing(NAMESPACE_MISSING)
         return [(scope, int(v))]
 
     # -- delayed-delivery policies
 
     async def namespace_policy(self, ns: str) -> DelayedDeliveryPolicies | None:
-        """The namespace's own policy; 404 when the namespace does not exist."""
+        """The namespace's own policy; Missing when the namespace does not exist."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.exists(keys.namespace(ns))
             pipe.get(keys.namespace_policy(ns))
             exists, ns_raw = await pipe.execute()
         if not exists:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise Missing(NAMESPACE_MISSING)
         return _policy(ns_raw)
 
     async def set_namespace_policy(self, ns: str, policy: DelayedDeliveryPolicies
@@ -501,7 +524,7 @@ class PolicyStore:
                     keys.namespace_policy(ns), keys.POLICY_SCOPES],
             ["1", "0", "", scope, _tail(scope, policy=policy.model_dump(exclude_none=True)), ""])
         if v == PARENT_MISSING:
-            raise ApiError(404, NAMESPACE_POLICIES_MISSING)
+            raise Missing(NAMESPACE_POLICIES_MISSING)
         return [(scope, int(v))]
 
     async def remove_namespace_policy(self, ns: str) -> list[Change]:
@@ -511,13 +534,13 @@ class PolicyStore:
                        keys.namespace_policy(ns), keys.namespace_policy(ns), keys.POLICY_SCOPES],
             ["1", scope, "0", "", ""])
         if v == PARENT_MISSING:
-            raise ApiError(404, NAMESPACE_POLICIES_MISSING)
+            raise Missing(NAMESPACE_POLICIES_MISSING)
         return [(scope, int(v))] if v > 0 else []
 
     async def topic_policies(self, topic: TopicName
                              ) -> tuple[DelayedDeliveryPolicies | None, TopicPolicies]:
         """The namespace's policy and the topic's local and global ones, read together;
-        404 when the namespace does not exist."""
+        Missing when the namespace does not exist."""
         ns = topic.namespace_name
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.exists(keys.namespace(ns))
@@ -525,7 +548,7 @@ class PolicyStore:
             pipe.get(keys.topic_policy(str(topic)))
             exists, ns_raw, topic_raw = await pipe.execute()
         if not exists:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise Missing(NAMESPACE_MISSING)
         return _policy(ns_raw), _topic_record(topic_raw)[1]
 
     async def set_topic_policy(self, topic: TopicName, policy: DelayedDeliveryPolicies | None,
@@ -579,7 +602,7 @@ class PolicyStore:
             if v != CHANGED:
                 break
         if v == PARENT_MISSING:
-            raise ApiError(404, NAMESPACE_MISSING)
+            raise Missing(NAMESPACE_MISSING)
         return [(scope, int(v))] if v > 0 else []
 
     async def remove_topic_policy(self, topic: TopicName, is_global: bool = False
