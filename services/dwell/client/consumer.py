@@ -167,11 +167,11 @@ class Consumer:
         self._kafka_tokens = KafkaTokens(
             endpoints.policy_url(policy_url),
             token) if token else None
+        if self.partition >= 0:
+            self._check_partition()  # before the subscription is registered
         self._register()
         # Both topics must exist before subscribing: a group on a missing topic only sees
         # it after the next metadata refresh (minutes), long after the first message.
-        if self.partition >= 0:
-            self._check_partition()
         for name in (self.ready_topic, self.retry_topic)[self.partition >= 0:]:
             try:
                 kafka.partitions(self._bootstrap, name)
@@ -179,7 +179,9 @@ class Consumer:
                 kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
         self._events = kafka.Producer(self._bootstrap, linger_ms=0)
         self._unwritten: list[_Event] = []  # dwell.acks events Kafka has not taken yet
-        reset = "earliest" if self._start_offsets(initial_position) else initial_position
+        parts = self._parts()
+        reset = ("earliest" if self._start_offsets(initial_position, parts)
+                 else initial_position)
         self._consumer = kafka.Consumer(
             self._bootstrap, self.group_id, auto_offset_reset=reset,
             **{"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10})
@@ -188,7 +190,7 @@ class Consumer:
         else:
             # One partition is read alone, as a Pulsar subscription's default Exclusive
             # consumer reads it: assigned, from the group's committed offsets.
-            self._consumer.assign([(t, p, kafka.OFFSET_STORED) for t, p in self._parts()])
+            self._consumer.assign([(t, p, kafka.OFFSET_STORED) for t, p in parts])
         self._buffer: list[kafka.Record] = []
         self._offsets = _Offsets()
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -215,7 +217,7 @@ class Consumer:
                 + [(self.retry_topic, p)
                    for p in kafka.partitions(self._bootstrap, self.retry_topic)])
 
-    def _start_offsets(self, initial_position: str) -> bool:
+    def _start_offsets(self, initial_position: str, parts: list[tuple[str, int]]) -> bool:
         """Give the group a committed offset on every partition it reads, unless it has
         some already: those of the group named after the bare subscription (the SDK's
         group before it was unique per topic), else, for ``latest``, the current ends.
@@ -224,8 +226,8 @@ class Consumer:
         starts a subscription's new partitions at the earliest position: what is written
         there before this consumer sees it is not skipped. False when the ends could not
         be committed (another consumer of the new subscription is connected); the
-        consumer then starts where ``initial_position`` says on every partition."""
-        parts = self._parts()
+        consumer then starts where ``initial_position`` says on every partition. ``parts``:
+        `_parts`."""
         mine = kafka.Consumer(self._bootstrap, self.group_id)
         try:
             if any(o >= 0 for o in mine.committed(parts).values()):

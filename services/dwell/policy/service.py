@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any
 
 import orjson
@@ -52,7 +53,7 @@ class PolicyService:
     # Topics of a namespace are counted and created under one of these (in this process).
     creating: CreateLocks = field(default_factory=CreateLocks)
 
-    @property
+    @cached_property
     def broker(self) -> BrokerDefaults:
         return self.settings.broker_defaults()
 
