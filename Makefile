@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint docs-settings chart bench clean
+.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint docs-settings chart bench bench-peers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -38,7 +38,7 @@ kube-down: ## stop exactly what `make kube-up` started
 
 .PHONY: dev-tools images images-test
 dev-tools: ## build skaffold and tilt (go, from their modules) into .dwell/cache/dev-tools
-	python3 scripts/devtools.py build
+	python3 scripts/devtools.py build skaffold tilt
 
 images: install ## build the two images with podman on a mmdebstrap base, save them to .dwell/images, run them
 	python3 scripts/images.py build
@@ -87,6 +87,11 @@ BENCHES := admission admission_ceiling tracker delivery backoff rebuild refile
 
 bench: install ## the benchmarks under bench/ (they start their own servers)
 	for b in $(BENCHES); do $(PY) bench/$$b.py || exit 1; done
+
+bench-peers: install ## a 1,000,000-message burst (delays 60-120 s) through dwell, then through kms, a Go Kafka scheduler (MESSAGES=2000000 for 2M)
+	python3 scripts/devtools.py build kms
+	$(DEVSTACK) --profile test up redis kafka
+	$(PY) bench/delivery.py --only 5,6 --burst-messages $(or $(MESSAGES),1000000)
 
 clean: down ## stop the stack and delete .dwell/ state (keeps downloaded jars)
 	rm -rf .dwell/dev .dwell/test

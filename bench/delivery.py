@@ -33,9 +33,16 @@ Kafka. Every measured part runs as its own process, so no two share a GIL:
    workload issue 30 compares against a Go Kafka scheduler. The tracker indexes and
    re-files it (`--restage-ahead-chunks` sets how many chunks a large round takes after
    the due one); measured: lateness of every message, delivered and lost, the drain lag.
+6. The same burst through kms (not in the default run; --only 6), the Go Kafka scheduler
+   github.com/etf1/kafka-message-scheduler v0.0.9 as its module ships (scripts/devtools.py
+   builds it): the same seeded workload written flat out to its schedules topic, each
+   record due at the whole second (`scheduler-epoch`) at or after its deliverAt, against
+   which its lateness is measured. With 5, dwell's tracker and Spark app are stopped
+   first, so the two never share the CPU; both print the rate Kafka acked the burst at.
 
     .venv/bin/python bench/delivery.py [--quick]
     .venv/bin/python bench/delivery.py --only 5 --burst-messages 1000000
+    .venv/bin/python bench/delivery.py --only 5,6 --burst-messages 1000000   # make bench-peers
 
 Writes bench/out/delivery-lateness.png and bench/out/backoff-schedule.png. Every process
 it starts is stopped on exit, failure or Ctrl-C (services run in their own process groups)."""
@@ -60,6 +67,7 @@ import redis as redislib
 from procs import BENCH_REDIS_DB, SPAWN, Procs, free_port, load_avg, now_ms, wait_healthy, wait_line
 
 import devstack
+import devtools
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
@@ -81,6 +89,18 @@ def delayed(topic: str, i: int, deliver_at: int) -> kafka.OutRecord:
              ("dwell-deliver-at", str(deliver_at).encode()),
              ("dwell-tick-time", str(TICK).encode()), ("dwell-key", f"k{i}".encode()),
              ("dwell-producer", b"bench")], None)
+
+
+def kms_schedule(schedules: str, target: str, i: int, deliver_at: int) -> kafka.OutRecord:
+    """A kms schedule of the same message: due at the whole second at or after
+    ``deliver_at`` (kms's `scheduler-epoch` is in seconds), which is what its lateness is
+    measured against (kms copies the other headers to the message it triggers)."""
+    epoch = -(-deliver_at // 1000)
+    key = f"k{i}".encode()
+    return (schedules, b"x" * 200, key,
+            [("scheduler-epoch", str(epoch).encode()),
+             ("scheduler-target-topic", target.encode()), ("scheduler-target-key", key),
+             ("dwell-deliver-at", str(epoch * 1000).encode())], None)
 
 
 def make_topics(bootstrap: str, n: int) -> list[str]:
@@ -167,13 +187,15 @@ def _quiet_sigint() -> None:
 
 def publisher(bootstrap: str, redis_url: str, kind: str, topics: list[str], rate: int,
               seconds: float, delay_ms: tuple[int, int], seed: int, zkey: str,
-              start: Any, done: Any, published: Any, due_by_end: Any) -> None:
+              start: Any, done: Any, published: Any, due_by_end: Any, acked_rate: Any) -> None:
     """``rate`` msg/s for ``seconds`` in 0.1 s steps, deliverAt = now + uniform(delay_ms),
-    seeded so dwell and the baseline get the same workload. kind "dwell": records to
-    dwell.delayed (the tracker indexes them); kind "baseline": ZADD member -> deliverAt."""
+    seeded so dwell and its peers get the same workload. kind "dwell": records to
+    dwell.delayed (the tracker indexes them); kind "kms": schedules to ``topics[0]`` for
+    ``topics[1]``; kind "baseline": ZADD member -> deliverAt. ``acked_rate``: messages
+    per second from the first send until Kafka acked the last."""
     _quiet_sigint()
     rnd = random.Random(seed)
-    p = kafka.Producer(bootstrap, linger_ms=5) if kind == "dwell" else None
+    p = kafka.Producer(bootstrap, linger_ms=5) if kind != "baseline" else None
     r = redis_adapter.connect(redis_url)
     start.wait()
     step, i, due = 0.1, 0, 0
@@ -186,7 +208,10 @@ def publisher(bootstrap: str, redis_url: str, kind: str, topics: list[str], rate
         time.sleep(max(0.0, t_start + k * step - time.monotonic()))
         now = now_ms()
         ats = [now + rnd.randint(*delay_ms) for _ in range(int(rate * step))]
-        if p is not None:
+        if kind == "kms":
+            futures.append(p.send_many([kms_schedule(topics[0], topics[1], i + j, at)
+                                        for j, at in enumerate(ats)]))
+        elif p is not None:
             futures.append(p.send_many([delayed(topics[(i + j) % len(topics)], i + j, at)
                                         for j, at in enumerate(ats)]))
         else:
@@ -198,6 +223,7 @@ def publisher(bootstrap: str, redis_url: str, kind: str, topics: list[str], rate
         for f in futures:
             f.result(30)
         p.close()
+    acked_rate.value = i / (time.monotonic() - t_start)
     due_by_end.value = due
     published.value = i
     done.set()
@@ -226,22 +252,25 @@ def reader(bootstrap: str, topics: list[str], assigned: Any, stop: Any, want: An
            out: Any) -> None:
     """Reads ``topics`` from their start; lateness = read time - dwell-deliver-at, one per
     Kafka key (a drain that re-emits a bucket sends a copy twice). Ends when ``stop`` is set
-    or ``want`` (> 0) records were read; sends the lateness list on ``out``."""
+    or ``want`` (> 0) records were read; sends the lateness list and the number of copies
+    read twice on ``out``."""
     _quiet_sigint()
     c = kafka.Consumer(bootstrap, f"bench-{uuid.uuid4().hex}", auto_offset_reset="earliest")
     c.subscribe(topics, on_assign=lambda *_: assigned.set())
     seen: set[bytes] = set()
     late: list[int] = []
+    dups = 0
     while not stop.is_set() and not (0 < want.value <= len(late)):
         recs = c.poll(5000, 0.2)
         t = now_ms()
         for rec in recs:
             if rec.key in seen:
+                dups += 1
                 continue
             seen.add(rec.key)
             late.append(t - int(rec.headers["dwell-deliver-at"]))
     c.close()
-    out.put(late)
+    out.put((late, dups))
 
 
 def drain_lag(metrics_url: str) -> int:
@@ -255,16 +284,20 @@ def drain_lag(metrics_url: str) -> int:
 def load(procs: Procs, st: devstack.Stack, redis_url: str, kind: str, read_topics: list[str],
          topics: list[str], rate: int, seconds: float, delay_ms: tuple[int, int], seed: int,
          zkey: str = "", wait_all: float = 30,
-         on_tick: Any = None) -> tuple[np.ndarray, int, int]:
+         on_tick: Any = None, acked: Any = None,
+         dups: Any = None) -> tuple[np.ndarray, int, int]:
     """One publisher process and one reader process; returns (lateness, published, due by
     the end). With ``wait_all`` > 0 the reader waits (up to that many seconds after the
-    publisher ends) for every message, else it reads for 3 s more."""
+    publisher ends) for every message, else it reads for 3 s more. ``acked``: a
+    ``SPAWN.Value("d")`` that gets the rate Kafka acked the messages at; ``dups``: a list
+    that gets the number of messages read more than once."""
     start, done, assigned, stop = SPAWN.Event(), SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
     published, due, want = SPAWN.Value("q", 0), SPAWN.Value("q", 0), SPAWN.Value("q", 0)
+    acked = acked if acked is not None else SPAWN.Value("d", 0.0)
     out = SPAWN.Queue()
     rd = procs.worker(reader, st.kafka_bootstrap, read_topics, assigned, stop, want, out)
     pub = procs.worker(publisher, st.kafka_bootstrap, redis_url, kind, topics, rate, seconds,
-                       delay_ms, seed, zkey, start, done, published, due)
+                       delay_ms, seed, zkey, start, done, published, due, acked)
     if not assigned.wait(30):
         raise RuntimeError("reader got no partitions in 30 s")
     time.sleep(1)  # the publisher process finishes importing meanwhile
@@ -290,7 +323,10 @@ def load(procs: Procs, st: devstack.Stack, redis_url: str, kind: str, read_topic
                 on_tick()
             time.sleep(0.5)
     stop.set()
-    late = np.asarray(out.get(timeout=30))
+    got, twice = out.get(timeout=30)
+    late = np.asarray(got)
+    if dups is not None:
+        dups.append(twice)
     rd.join(10)
     pub.join(10)
     return late, published.value, due.value
@@ -375,6 +411,9 @@ def main() -> None:
     ap.add_argument("--burst-messages", type=int, default=1_000_000)
     ap.add_argument("--restage-ahead-chunks", type=int, default=None,
                     help="the tracker's DWELL_RESTAGE_AHEAD_CHUNKS (default: the setting's)")
+    ap.add_argument("--kms-log-level", default="warn",
+                    help="kms's LOG_LEVEL in section 6 (its default, info, logs three lines "
+                    "per message)")
     ap.add_argument("--only", default="1,2,3,4",
                     help="sections to run, e.g. 3 or 1,4 (default: all)")
     ap.add_argument("--keep-logs", action="store_true",
@@ -416,31 +455,10 @@ def main() -> None:
             ok = True
             return
 
-        # The stack. The tracker's fresh group starts where the delay logs end now.
-        group = f"dwell-tracker-bench-{uuid.uuid4().hex[:8]}"
-        recovery.start_group_at_end(st.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
-        svc = st.service_env()
-        tracker = f"http://127.0.0.1:{free_port()}"
-        procs.start("tracker", ["-m", "dwell.tracker"], svc | {
-            "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,
-            "DWELL_HTTP_PORT": tracker.rsplit(":", 1)[1]} | (
-            {} if args.restage_ahead_chunks is None else
-            {"DWELL_RESTAGE_AHEAD_CHUNKS": str(args.restage_ahead_chunks)}))
-        metrics_port = free_port()
-        spark_log = procs.start("spark", ["-m", "dwell_spark"], svc | {
-            "DWELL_REDIS_URL": redis_url,
-            "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
-            "DWELL_SPARK_CHECKPOINT_DIR": str(tmp / "checkpoints"),
-            "DWELL_SPARK_METRICS_PORT": str(metrics_port),
-            "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
-            "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_BACKOFF_TRIGGER_MS": "250",
-            "DWELL_REDELIVERY_TICK_MS": "100", "DWELL_LOG_LEVEL": "info"}, cwd=ROOT / "spark")
-        t0 = time.monotonic()
-        wait_healthy(procs, tracker)
-        wait_line(procs, spark_log, "drain ready")
-        wait_line(procs, spark_log, "backoff ready")
-        print(f"\n   (tracker and Spark app up as processes in {time.monotonic() - t0:.0f} s)")
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        bursts: dict[str, dict[str, float]] = {}
+        if only & {2, 3, 4, 5}:
+            svc, tracker, metrics_url = start_dwell(procs, st, redis_url, tmp,
+                                                    args.restage_ahead_chunks)
 
         if 2 in only:
             section_uniform(procs, st, redis_url, metrics_url, args.uniform_seconds)
@@ -449,17 +467,21 @@ def main() -> None:
         if 4 in only:
             section_backoff_stack(procs, svc, tracker, st.kafka_bootstrap)
         if 5 in only:
-            section_burst(procs, st, redis_url, metrics_url, args.burst_messages)
+            bursts["dwell"] = section_burst(procs, st, redis_url, metrics_url,
+                                            args.burst_messages)
+        if 6 in only:
+            # dwell's processes end first: kms gets the machine to itself, as dwell had.
+            report_spark_log(tmp)
+            procs.stop_all()
+            procs = Procs(tmp)
+            bursts["kms"] = section_kms(procs, st, redis_url, args.burst_messages,
+                                        args.kms_log_level)
+        if len(bursts) == 2:
+            print_peers(bursts)
         ok = True
     finally:
-        spark_log = tmp / "spark.log"
-        if spark_log.exists():
-            # Read before the stop (which logs its own errors). Failed or lost rounds come
-            # back only after drain_lease_ms: a figure that far off is one of them.
-            bad = [ln for ln in spark_log.read_text(errors="replace").splitlines()
-                   if " ERROR " in ln or "round failed" in ln or "lost before" in ln]
-            print(f"\n   Spark app log during the run: {len(bad)} error/failed-round lines"
-                  + "".join(f"\n     {ln[:160]}" for ln in bad[:5]))
+        if 6 not in only or not ok:
+            report_spark_log(tmp)
         procs.stop_all()
         r.flushdb()
         print(f"\n   (bench took {time.monotonic() - t_bench:.0f} s)")
@@ -467,6 +489,50 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"   logs kept in {tmp}")
+
+
+def report_spark_log(tmp: Path) -> None:
+    """The Spark app's errors and failed rounds; read before its stop, which logs errors
+    of its own. Failed or lost rounds come back only after drain_lease_ms: a figure that
+    far off is one of them."""
+    spark_log = tmp / "spark.log"
+    if spark_log.exists():
+        bad = [ln for ln in spark_log.read_text(errors="replace").splitlines()
+               if " ERROR " in ln or "round failed" in ln or "lost before" in ln]
+        print(f"\n   Spark app log during the run: {len(bad)} error/failed-round lines"
+              + "".join(f"\n     {ln[:160]}" for ln in bad[:5]))
+
+
+def start_dwell(procs: Procs, st: devstack.Stack, redis_url: str, tmp: Path,
+                restage_ahead_chunks: int | None) -> tuple[dict[str, str], str, str]:
+    """dwell's tracker and Spark app as processes, on Redis ``redis_url``; returns the
+    services' environment, the tracker's URL and the Spark app's metrics URL."""
+    # The tracker's fresh group starts where the delay logs end now.
+    group = f"dwell-tracker-bench-{uuid.uuid4().hex[:8]}"
+    recovery.start_group_at_end(st.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
+    svc = st.service_env()
+    tracker = f"http://127.0.0.1:{free_port()}"
+    procs.start("tracker", ["-m", "dwell.tracker"], svc | {
+        "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,
+        "DWELL_HTTP_PORT": tracker.rsplit(":", 1)[1]} | (
+        {} if restage_ahead_chunks is None else
+        {"DWELL_RESTAGE_AHEAD_CHUNKS": str(restage_ahead_chunks)}))
+    metrics_port = free_port()
+    spark_log = procs.start("spark", ["-m", "dwell_spark"], svc | {
+        "DWELL_REDIS_URL": redis_url,
+        "DWELL_SPARK_JARS": ",".join(str(p) for p in devstack.spark_kafka_jars()),
+        "DWELL_SPARK_CHECKPOINT_DIR": str(tmp / "checkpoints"),
+        "DWELL_SPARK_METRICS_PORT": str(metrics_port),
+        "DWELL_ACKS_STARTING_OFFSETS": "latest", "PYSPARK_PYTHON": sys.executable,
+        "DWELL_DRAIN_TRIGGER_MS": "250", "DWELL_BACKOFF_TRIGGER_MS": "250",
+        "DWELL_REDELIVERY_TICK_MS": "100", "DWELL_LOG_LEVEL": "info"}, cwd=ROOT / "spark")
+    t0 = time.monotonic()
+    wait_healthy(procs, tracker)
+    wait_line(procs, spark_log, "drain ready")
+    wait_line(procs, spark_log, "backoff ready")
+    print(f"\n   (tracker and Spark app up as processes in {time.monotonic() - t0:.0f} s)")
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    return svc, tracker, metrics_url
 
 
 def section_uniform(procs: Procs, st: devstack.Stack, redis_url: str, metrics_url: str,
@@ -498,24 +564,110 @@ def section_uniform(procs: Procs, st: devstack.Stack, redis_url: str, metrics_ur
     print(f"  lateness of those: {pct(late)}  ({load_avg()})")
 
 
+BURST_SPREAD = (60_000, 120_000)  # deliverAt = publish time + uniform, ms
+
+
 def section_burst(procs: Procs, st: devstack.Stack, redis_url: str, metrics_url: str,
-                  messages: int) -> None:
-    spread = (60_000, 120_000)
+                  messages: int) -> dict[str, float]:
+    spread = BURST_SPREAD
     print(f"\n== 5. a burst of {messages:,} to one topic, published flat out, deliverAt = "
           f"publish time + {spread[0] // 1000}-{spread[1] // 1000} s", flush=True)
     topics = make_topics(st.kafka_bootstrap, 1)
     ready = [TopicName.parse(t).kafka_topic for t in topics]
     lag: list[int] = []
+    dups: list[int] = []
+    acked = SPAWN.Value("d", 0.0)
     t0 = time.monotonic()
     # Ten steps of a tenth each on a 0.1 s clock: each starts as soon as the last is sent.
     late, published, _ = load(procs, st, redis_url, "dwell", ready, topics, messages, 1.0,
                               spread, 5, wait_all=spread[1] / 1000 + 180,
-                              on_tick=lambda: lag.append(drain_lag(metrics_url)))
-    print(f"  published {published:,}; delivered {len(late):,}, lost {published - len(late):,} "
-          f"(read until all came or {spread[1] // 1000 + 180} s after the last was sent; "
+                              on_tick=lambda: lag.append(drain_lag(metrics_url)),
+                              acked=acked, dups=dups)
+    print(f"  published {published:,} (Kafka acked {acked.value:,.0f} msg/s); delivered "
+          f"{len(late):,}, lost {published - len(late):,}, read twice {dups[0]:,} "
+          "(read until all came or "
+          f"{spread[1] // 1000 + 180} s after the last was sent; "
           f"{time.monotonic() - t0:.0f} s in all)")
     print(f"  drain lag: max {max(lag)} ms, mean {np.mean(lag):.0f} ms over {len(lag)} samples")
     print(f"  lateness: {pct(late)}  ({load_avg()})", flush=True)
+    return burst_figures(late, published, acked.value, dups[0])
+
+
+def burst_figures(late: np.ndarray, published: int, acked_rate: float,
+                  dups: int) -> dict[str, float]:
+    return {"acked": acked_rate, "published": published, "delivered": len(late), "dups": dups,
+            "p50": float(np.percentile(late, 50)) if len(late) else float("nan"),
+            "p99": float(np.percentile(late, 99)) if len(late) else float("nan"),
+            "max": float(late.max()) if len(late) else float("nan")}
+
+
+def section_kms(procs: Procs, st: devstack.Stack, redis_url: str, messages: int,
+                log_level: str) -> dict[str, float]:
+    """The burst of section 5 (same seed) through kms: its schedules topic and the target
+    topic get 4 partitions, as dwell's delay log and ready topic have; kms runs with its
+    defaults but for ``log_level`` and the addresses of its HTTP and metrics servers (its
+    pprof server keeps :6060)."""
+    spread = BURST_SPREAD
+    kms = devtools.build(devtools.KMS)
+    print(f"\n== 6. the same burst of {messages:,} through kms ({devtools.KMS.module} "
+          f"{devtools.KMS.version}, LOG_LEVEL={log_level}), delivered at the whole second "
+          "at or after deliverAt", flush=True)
+    run = f"kms-{uuid.uuid4().hex[:8]}"
+    schedules, target, history, probe = (f"{run}-{x}" for x in
+                                         ("schedules", "target", "history", "probe"))
+    for t in (schedules, target, history, probe):
+        kafka.ensure_topic(st.kafka_bootstrap, t, 4)
+    procs.start("kms", [], {
+        "BOOTSTRAP_SERVERS": st.kafka_bootstrap, "GROUP_ID": f"{run}-scheduler",
+        "SCHEDULES_TOPICS": schedules, "HISTORY_TOPIC": history, "LOG_LEVEL": log_level,
+        "SERVER_ADDR": f"127.0.0.1:{free_port()}", "METRICS_ADDR": f"127.0.0.1:{free_port()}"},
+        program=str(kms))
+    t0 = time.monotonic()
+    kms_ready(procs, st.kafka_bootstrap, schedules, probe)
+    print(f"   (kms up, a schedule due in 2 s delivered, in {time.monotonic() - t0:.0f} s)")
+    acked = SPAWN.Value("d", 0.0)
+    dups: list[int] = []
+    t0 = time.monotonic()
+    late, published, _ = load(procs, st, redis_url, "kms", [target], [schedules, target],
+                              messages, 1.0, spread, 5, wait_all=spread[1] / 1000 + 180,
+                              acked=acked, dups=dups)
+    print(f"  published {published:,} (Kafka acked {acked.value:,.0f} msg/s); delivered "
+          f"{len(late):,}, lost {published - len(late):,}, read twice {dups[0]:,} "
+          f"({time.monotonic() - t0:.0f} s in all)")
+    print(f"  lateness: {pct(late)}  ({load_avg()})", flush=True)
+    print(f"  kms's peak RSS: {procs.peak_rss_mib('kms'):,.0f} MiB (it holds the day's "
+          "schedules in memory)", flush=True)
+    return burst_figures(late, published, acked.value, dups[0])
+
+
+def kms_ready(procs: Procs, bootstrap: str, schedules: str, probe: str) -> None:
+    """Returns once kms has delivered a schedule due 2 s from now to ``probe``."""
+    c = kafka.Consumer(bootstrap, f"bench-{uuid.uuid4().hex}", auto_offset_reset="earliest")
+    p = kafka.Producer(bootstrap)
+    try:
+        c.subscribe([probe])
+        p.send_many([kms_schedule(schedules, probe, -1, now_ms() + 2000)]).result(30)
+        deadline = time.monotonic() + 60
+        while not c.poll(100, 0.5):
+            procs.check()
+            if time.monotonic() > deadline:
+                raise RuntimeError("kms delivered no probe schedule in 60 s")
+    finally:
+        c.close()
+        p.close()
+
+
+def print_peers(bursts: dict[str, dict[str, float]]) -> None:
+    print("\n  side by side (same workload, one after the other):")
+    print(f"  {'':6} {'acked msg/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+          f"{'delivered':>10} {'lost':>6} {'twice':>6}")
+    for name, f in bursts.items():
+        print(f"  {name:6} {f['acked']:12,.0f} {f['p50']:8,.0f} {f['p99']:8,.0f} "
+              f"{f['max']:8,.0f} {f['delivered']:10,.0f} "
+              f"{f['published'] - f['delivered']:6,.0f} {f['dups']:6,.0f}")
+    d, k = bursts["dwell"]["p99"], bursts["kms"]["p99"]
+    print(f"  dwell / kms: lateness p99 {d / max(k, 1):.2f}x "
+          f"({'at or below' if d <= k else 'above'} kms's)", flush=True)
 
 
 def section_lateness(procs: Procs, st: devstack.Stack, redis_url: str, metrics_url: str,

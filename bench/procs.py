@@ -47,10 +47,11 @@ class Procs:
         self.workers: list[Any] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str],
-              cwd: Path | None = None) -> Path:
+              cwd: Path | None = None, program: str = sys.executable) -> Path:
+        """Runs ``program argv`` (Python by default), its output in ``<logs>/<name>.log``."""
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=dict(os.environ) | env,
+            proc = subprocess.Popen([program, *argv], cwd=cwd, env=dict(os.environ) | env,
                                     stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self.popen.append((name, proc, log))
@@ -67,6 +68,14 @@ class Procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited {proc.returncode}:\n"
                                    + log.read_text(errors="replace")[-3000:])
+
+    def peak_rss_mib(self, name: str) -> float:
+        """The peak resident memory of process ``name`` so far (Linux's VmHWM)."""
+        pid = next(p.pid for n, p, _ in self.popen if n == name)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError(f"no VmHWM for {name} (pid {pid})")
 
     def kill(self, name: str) -> None:
         """``kill -9`` of process ``name`` as a pod's end would be: SIGKILL to every process

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""The inner-loop tools, skaffold and tilt, built from their Go modules into
-`.dwell/cache/dev-tools/` (one folder per version), for `make dev-tools` and the test
-that checks the top-level `skaffold.yaml` and `Tiltfile`.
+"""Tools built from their Go modules into `.dwell/cache/dev-tools/` (one folder per
+version): the inner-loop tools, skaffold and tilt, for `make dev-tools` and the test that
+checks the top-level `skaffold.yaml` and `Tiltfile`; and kms, the Go Kafka scheduler
+(github.com/etf1/kafka-message-scheduler) that `bench/delivery.py --only 6` runs the
+burst through beside dwell.
 
-Both modules' go.mod files carry `replace` directives, which `go install mod@version`
-refuses. The build therefore runs inside the module's own source as the Go module
-proxy serves it (`go mod download`), where its go.mod, replaces and go.sum apply as
-they do upstream. Standard library only, like devstack.py.
+skaffold's and tilt's go.mod files carry `replace` directives, which
+`go install mod@version` refuses, and the proxy lists no versions of kms, which
+`go install` asks for. The build therefore runs inside the module's own source as the Go
+module proxy serves it (`go mod download`), where its go.mod, replaces and go.sum apply
+as they do upstream. Standard library only, like devstack.py.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ SKAFFOLD = Tool(
     "-s -w -X github.com/GoogleContainerTools/skaffold/v2/pkg/skaffold/version.version=v2.16.1")
 TILT = Tool("tilt", "github.com/tilt-dev/tilt", "v0.33.21", "./cmd/tilt",
             "-s -w -X main.version=0.33.21", cgo=True)
-TOOLS = {t.name: t for t in (SKAFFOLD, TILT)}
+# confluent-kafka-go links its bundled librdkafka through cgo.
+KMS = Tool("kms", "github.com/etf1/kafka-message-scheduler", "v0.0.9", "./cmd/kafka",
+           "-s -w -X main.version=v0.0.9", cgo=True)
+TOOLS = {t.name: t for t in (SKAFFOLD, TILT, KMS)}
 
 
 def say(msg: str) -> None:
