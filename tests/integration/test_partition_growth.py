@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import make_namespace, ok
 from dwell.adapters import kafka
 from dwell.client import Consumer, Producer
+from dwell.core import topics as names
 from dwell.core.topics import TopicName
 
 pytestmark = pytest.mark.integration
@@ -142,3 +145,46 @@ def test_an_sdk_consumer_reads_what_the_new_partitions_got_before_it_saw_them(
         assert got == [b"on-3"], got
     finally:
         c.close()
+
+
+def failed_ingress_batches(admission: httpx.Client) -> float:
+    return sum(s.value for f in text_string_to_metric_families(ok(admission.get("/metrics")).text)
+               if f.name == "dwell_admission_ingress_batches_failed" for s in f.samples
+               if s.name.endswith("_total"))
+
+
+def test_the_kafka_ingress_writes_to_a_new_partition_at_once(
+        policy: httpx.Client, admission: httpx.Client, unique: str,
+        kafka_bootstrap: str) -> None:
+    """The ingress's transactional producer has written to x's 2 partitions; after the
+    growth, a request for `x-partition-3` on `dwell.publish` is written there in its first
+    transaction (the publisher makes the new partition known to the producer that writes,
+    not only to its own), where it used to fail, be aborted and read again until the
+    producer's next metadata refresh."""
+    from test_admission import read_results, wait_ingress
+
+    make_namespace(policy, unique)
+    x = partitioned(policy, unique, "ing", 2)
+    wait_ingress(admission)
+    name = f"ingress-{unique}"
+    p = kafka.Producer(kafka_bootstrap)
+
+    def publish(topic: TopicName, seq: int) -> dict[str, Any]:
+        ends = kafka.end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
+        p.send(names.PUBLISH, orjson.dumps({
+            "topic": str(topic), "producerName": name,
+            "messages": [{"payload": "x", "sequenceId": seq}]}), str(topic)).result(15)
+        got = read_results(kafka_bootstrap, ends, name, 1)
+        assert len(got) == 1, got
+        return got[0]
+
+    try:
+        for i in (0, 1):
+            assert publish(x.partition(i), i)["errorCode"] == 0
+        assert grow(policy, unique, "ing", 4).status_code == 204
+        failed = failed_ingress_batches(admission)
+        got = publish(x.partition(3), 3)
+        assert got["errorCode"] == 0 and got["messageId"].startswith(f"{x.kafka_topic}:3:"), got
+        assert failed_ingress_batches(admission) == failed
+    finally:
+        p.close()

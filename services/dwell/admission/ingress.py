@@ -198,6 +198,7 @@ class Ingress:
                     self.error = None
                 except kafka.KafkaUnavailable as exc:
                     self.error = str(exc)
+                    metrics.INGRESS_BATCHES_FAILED.inc()
                     log.warning("ingress batch failed, re-reading it: %s", exc)
                     # A topic it wrote to may have been deleted since it was made.
                     self.publisher.forget_routes()
@@ -251,7 +252,7 @@ class Ingress:
                 version = pub.cache.version
                 plan = catch_up.replan(pub.plan(topic, req), req, version)
                 if plan.results:
-                    pub.route(topic)
+                    pub.route(topic, producer)
                 futures.append(pub.send(plan, producer))
                 planned.append((r, plan, req.producerName, [], request_id,
                                 [m.sequenceId for m in req.messages]))

@@ -38,6 +38,11 @@ INVALID_RECORDS = Counter(
     "kind (dwell.core.invalid.KINDS).",
     ["source", "kind"],
 )
+INGRESS_BATCHES_FAILED = Counter(
+    "dwell_admission_ingress_batches_failed",
+    "Batches of dwell.publish whose transaction was aborted and the batch read again "
+    "(Kafka did not take its records, results or offsets).",
+)
 POLICY_VERSION_APPLIED = Gauge(
     "dwell_policy_version_applied",
     "Highest dwell.policies version this admission replica has applied.",

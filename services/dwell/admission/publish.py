@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Final
@@ -53,8 +54,10 @@ class Publisher(Planner):
         # (`route`).
         self._ready_topics: set[str] = set()
         self._partitions: BoundedCache[TopicName, int] = BoundedCache()
-        # The partition count of a ready topic the producer's metadata was refreshed at.
-        self._known_counts: BoundedCache[str, int] = BoundedCache()
+        # Per producer that writes (this one, the Kafka ingress's transactional one): the
+        # partitions of each ready topic its metadata is known to hold.
+        self._known_counts: weakref.WeakKeyDictionary[
+            kafka.Producer, BoundedCache[str, int]] = weakref.WeakKeyDictionary()
         self._labels: dict[str, tuple[Any, Any]] = {}
         self._counters: dict[tuple[str, str], Any] = {}
         self.deliveries = Deliveries(producer, settings.publish_timeout_ms / 1000 + 1.0)
@@ -77,15 +80,20 @@ class Publisher(Planner):
         return got
 
     def route_known(self, topic: TopicName) -> bool:
-        """Whether `route` can answer without asking Kafka."""
+        """Whether `route` can answer without asking Kafka, for this publisher's producer."""
         if topic.partition_index < 0:
             return topic.kafka_topic in self._ready_topics
-        return topic in self._partitions
+        known = self._known_counts.get(self._producer)
+        return (topic in self._partitions and known is not None
+                and topic.partition_index < known.get(topic.partitioned_topic.kafka_topic, 0))
 
-    def route(self, topic: TopicName) -> int:
+    def route(self, topic: TopicName, writer: kafka.Producer | None = None) -> int:
         """The Kafka partition of the ready topic (`Plan.partitions`) that the topic's
         immediate messages go to, -1 for the partitioner's choice; blocking admin calls,
-        once per topic and process. The ready topic must exist: it is created on first
+        once per topic and process. ``writer`` is the producer that will write them (this
+        publisher's own by default): a partition added since it last looked (by
+        `update-partitioned-topic`) is made known to it first, as it would refuse the
+        send until its next metadata refresh. The ready topic must exist: it is created on first
         use when `allow_auto_topic_creation` (Pulsar's `allowAutoTopicCreation`), else
         the publish is refused with 404 `Topic persistent://t/ns/x not found`. A partition
         `x-partition-N` is Kafka partition N of x's ready topic: 404 when x is not a
@@ -104,10 +112,15 @@ class Publisher(Planner):
                 self._ensure_exists(topic, topic)
                 self._ready_topics.add(topic.kafka_topic)
             return -1
-        got = self._partitions.get(topic)
-        if got is not None:
-            return got
         owner = topic.partitioned_topic
+        got = self._partitions.get(topic)
+        if got is None:
+            got = self._route_partition(topic, owner)
+        self._make_known(writer or self._producer, owner.kafka_topic, got)
+        return got
+
+    def _route_partition(self, topic: TopicName, owner: TopicName) -> int:
+        index = topic.partition_index
         count = kafka.partition_count(self.settings.kafka_bootstrap, owner.kafka_topic)
         if count == 0:
             self._ensure_exists(owner, topic)
@@ -120,13 +133,13 @@ class Publisher(Planner):
         if index >= count:
             raise PublishError(404, f"Illegal topic partition name {topic} with max allowed "
                                     f"{count} partitions")
-        if index >= self._known_counts.get(owner.kafka_topic, 0):
-            # Added by `update-partitioned-topic` since the producer last looked: it
-            # would refuse the send until its next metadata refresh.
-            self._producer.learn(owner.kafka_topic)
-            self._known_counts.put(owner.kafka_topic, count)
         self._ready_topics.add(owner.kafka_topic)
         return self._partitions.put(topic, index)
+
+    def _make_known(self, writer: kafka.Producer, kafka_topic: str, index: int) -> None:
+        known = self._known_counts.setdefault(writer, BoundedCache())
+        if index >= known.get(kafka_topic, 0):
+            known.put(kafka_topic, max(index + 1, writer.learn(kafka_topic)))
 
     def forget_route(self, topic: TopicName) -> None:
         """Ask Kafka again at `topic`'s next `route`: a write to it failed, and its ready

@@ -58,14 +58,17 @@ class Producer:
                                             daemon=True)
             self._poller.start()
 
-    def learn(self, topic: str, timeout: float = 10.0) -> None:
+    def learn(self, topic: str, timeout: float = 10.0) -> int:
         """Fetch ``topic``'s metadata now rather than at the next refresh: a send to a
         partition added since this producer last looked fails at once otherwise
-        (`Local: Unknown partition`). KafkaUnavailable when Kafka does not answer."""
+        (`Local: Unknown partition`). Returns the partitions it now knows of;
+        KafkaUnavailable when Kafka does not answer."""
         try:
-            self._p.list_topics(topic, timeout=timeout)
+            meta = self._p.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
             raise KafkaUnavailable(f"metadata of {topic}: {exc}") from exc
+        got = meta.topics.get(topic)
+        return len(got.partitions) if got is not None and got.error is None else 0
 
     def _poll_loop(self) -> None:
         while not self._closed.is_set():
