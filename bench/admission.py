@@ -35,7 +35,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from dwell.auth.tokens import create_secret_key, create_token
 from dwell.core import topics as names
 from dwell.core.admit import admit
 from dwell.core.policy import EffectivePolicy
+from testkit import free_port
 
 try:  # the client side of (b) on the same event loop as the server's
     from uvloop import run as run_async
@@ -86,12 +86,6 @@ RAW_MESSAGES = int(os.environ.get("BENCH_RAW_MESSAGES", "100000"))
 MANY_CLIENTS = int(os.environ.get("BENCH_HTTP_MANY_CLIENTS", "64"))
 ADMIT_CALLS = int(os.environ.get("BENCH_ADMIT_CALLS", "1000000"))
 TARGETS = {"admit_per_s": 500_000, "http_msgs_per_s": 20_000, "ratio_http_to_raw": 0.7}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_service(name: str, env: dict[str, str], log: Path,

@@ -8,7 +8,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,14 @@ import devstack
 from dwell.adapters import kafka
 from dwell.core import topics as names
 
+# Re-exported: the benches take them from procs.
+from testkit import free_port as free_port
+from testkit import now_ms as now_ms
+
 # The benches' Redis database on the test profile (flushed by them; the shared policy
 # service keeps the profile's own database).
 BENCH_REDIS_DB = 9
 SPAWN = mp.get_context("spawn")  # no fork after librdkafka started its threads
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Procs:

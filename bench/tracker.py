@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,18 +32,13 @@ from dwell.index import buckets, subscriptions
 from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.ingest import HEADERS
 from dwell.tracker.ingest_loop import IngestLoop
+from testkit import free_port
 
 OUT = Path(__file__).parent / "out"
 PARTITIONS = 4
 TICK = 1000
 BATCH = 50_000
 T0 = 1_900_000_000_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:

@@ -30,12 +30,11 @@ import devstack
 from dwell.adapters import kafka
 from dwell.core.topics import TopicName
 
+# Re-exported: the fault suite and the soak take it from workload.
+from testkit import now_ms as now_ms
+
 SDK_READER = Path(__file__).resolve().parent / "sdk_reader.py"
 TICK_MS = 1000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ---------------------------------------------------------------- the stack

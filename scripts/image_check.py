@@ -16,9 +16,8 @@ import re
 import time
 import tomllib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import httpx
 
@@ -28,28 +27,17 @@ from dwell.adapters.kafka import ensure_dwell_topics
 from dwell.client import Consumer
 from dwell.core import topics as names
 from dwell.tracker import recovery
+from testkit import wait_for
 
 # The services' ports in these checks: the test profile's, 300 up, so that a test
 # suite's own services on that profile can run at the same time.
 PORT_SHIFT = 300
 REDIS_DB = 9
 DELAY_MS = 3000
-T = TypeVar("T")
 
 
 def say(msg: str) -> None:
     print(f"dwell: {msg}", flush=True)
-
-
-def wait_for(pred: Callable[[], T | None], timeout: float, what: str,
-              interval: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @dataclass
@@ -141,7 +129,7 @@ def delayed_publish(ports: dict[str, int], bootstrap: str) -> int:
                 {"payload": "x", "deliverAfterMs": 120000}]})
             return r.status_code == 200 and \
                 r.json()["messagePublishResults"][0].get("errorCode") == 2
-        wait_for(refused, 30, "the namespace's policy at admission")
+        wait_for(refused, 30, "the namespace's policy at admission", interval=0.2)
         payload = f"delayed-{uuid.uuid4().hex[:6]}"
         topic = f"persistent://{tenant}/ns/orders"
         with Consumer(topic, "images-check", bootstrap=bootstrap, tracker_url=base["tracker"],

@@ -17,16 +17,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
 import devstack
 
+# Re-exported: tests take them from conftest.
+from testkit import free_port as free_port
+from testkit import now_ms as now_ms
+from testkit import wait_for as wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 
-T = TypeVar("T")
 
 # Tests under these folders run against the real servers: they carry the `integration`
 # marker, so `pytest -m "not integration"` is the loop that needs no server.
@@ -64,24 +68,6 @@ def redis_url(stack: devstack.Stack) -> str:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(stack: devstack.Stack) -> str:
     return stack.kafka_bootstrap
-
-
-def wait_for(pred: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``pred`` (at least once) until it returns something truthy (returned), or fail
-    after ``timeout`` seconds naming ``what``. Tests import it (`from conftest import wait_for`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def now_ms() -> int:
-    """The wall clock in epoch milliseconds, as dwell's due times are written."""
-    return time.time_ns() // 1_000_000
 
 
 def read_until(bootstrap: str, topic: str, starts: dict[int, int], done: Callable[[list], bool],
@@ -126,12 +112,6 @@ def read_answers(sock: socket.socket, n: int,
 def unique() -> str:
     """A short unique name, so tests never see each other's tenants and topics."""
     return "t" + uuid.uuid4().hex[:10]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def redis_db_url(stack: devstack.Stack, db: int) -> str:
