@@ -4,6 +4,7 @@ policy change reaches it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -15,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import make_namespace, now_ms, ok, read_until, wait_for
 from dwell.adapters import kafka
-from dwell.client import Consumer, Producer
+from dwell.client import AsyncProducer, Consumer, Producer
 from dwell.core import topics as names
 
 pytestmark = pytest.mark.integration
@@ -342,6 +343,48 @@ def test_the_sdk_sends_a_delivered_event_only_to_start_an_ack_timeout(
     kinds = [(e["event"], e["messageId"]) for e in mine if e["messageId"] == mid]
     assert kinds == ([("ack", mid)] if ack_timeout_ms == 0
                      else [("delivered", mid), ("ack", mid)]), kinds
+
+
+def test_the_async_sdk_publishes_many_sends_from_one_loop(
+        policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
+        unique: str) -> None:
+    """200 sends of one AsyncProducer in flight at once from one event loop, every third
+    delayed: 200 distinct ids, and each id names the record written, with the message's
+    payload, key and the sequence id it was sent with (ids taken in the order of the
+    sends)."""
+    make_namespace(policy, unique, ns_policy={"active": True})
+    topic = f"persistent://{unique}/ns/async"
+    wait_until_known(policy, admission, topic, {"payload": "probe"})
+    ready = names.TopicName.parse(topic).kafka_topic
+    starts = {t: kafka.end_offsets(kafka_bootstrap, t) for t in (ready, names.DELAYED)}
+    producer_name = f"async-{unique}"
+    n = 200
+
+    async def run() -> list[str]:
+        async with AsyncProducer(topic, producer_name=producer_name,
+                                 admission_url=str(admission.base_url)) as p:
+            return await asyncio.gather(*(
+                p.send(f"m{i}".encode(), key=f"k{i}",
+                       deliver_after=60_000 if i % 3 == 0 else None) for i in range(n)))
+
+    ids = asyncio.run(run())
+    assert len(set(ids)) == n
+    for i, mid in enumerate(ids):
+        assert mid.startswith(f"{names.DELAYED if i % 3 == 0 else ready}:"), (i, mid)
+    written = {f"{r.topic}:{r.partition}:{r.offset}": r
+               for t, ends in starts.items()
+               for r in kafka.read_from(kafka_bootstrap, t, ends)}
+    for i, mid in enumerate(ids):
+        rec = written.get(mid)
+        assert rec is not None, f"{mid} not readable"
+        assert rec.value == f"m{i}".encode()
+        assert rec.header("dwell-producer") == producer_name
+        assert rec.header("dwell-sequence-id") == str(i)
+        if i % 3 == 0:
+            assert rec.key == topic.encode() and rec.header("dwell-key") == f"k{i}"
+            assert rec.header("dwell-deliver-at") is not None
+        else:
+            assert rec.key == f"k{i}".encode() and rec.header("dwell-deliver-at") is None
 
 
 def test_a_topic_whose_kafka_name_collides_is_refused_with_409(

@@ -1,5 +1,7 @@
-"""The SDK's Producer: publishes through the admission service's Pulsar REST endpoint and
-turns each publish result (Pulsar's `ProducerAck`) into a message id or a typed error."""
+"""The SDK's producers: publish through the admission service's Pulsar REST endpoint and
+turn each publish result (Pulsar's `ProducerAck`) into a message id or a typed error.
+`Producer` blocks; `AsyncProducer` is its asyncio twin, for an event loop (a FastAPI
+handler, say) that must not wait on a publish."""
 
 from __future__ import annotations
 
@@ -39,7 +41,91 @@ def _millis(value: datetime | int) -> int:
     return int(value)
 
 
-class Producer:
+def _publish_path(topic: TopicName) -> str:
+    """The topic's path under admission's Pulsar REST producer API."""
+    return f"/topics/{topic.domain}/{topic.tenant}/{topic.namespace}/{topic.local}"
+
+
+def _auth_headers(token: str | None) -> dict[str, str] | None:
+    """`token`: the JWT sent as `Authorization: Bearer` when authentication is on."""
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
+def _request_body(producer_name: str, sequence_id: int, payload: bytes | str, *,
+                  key: str | None = None, properties: Mapping[str, str] | None = None,
+                  deliver_at: datetime | int | None = None,
+                  deliver_after: timedelta | int | None = None,
+                  event_time: datetime | int | None = None) -> dict[str, Any]:
+    """A publish request of one message, in Pulsar's REST fields; refuses both delays
+    (ValueError) before anything is sent."""
+    if deliver_at is not None and deliver_after is not None:
+        raise ValueError("give deliver_at or deliver_after, not both")
+    msg: dict[str, Any] = {"sequenceId": sequence_id}
+    if isinstance(payload, bytes):
+        msg["payload"] = base64.b64encode(payload).decode()
+        msg["payloadEncoding"] = "base64"
+    else:
+        msg["payload"] = payload
+    if key is not None:
+        msg["key"] = key
+    if properties:
+        msg["properties"] = dict(properties)
+    if deliver_at is not None:
+        msg["deliverAt"] = _millis(deliver_at)
+    if deliver_after is not None:
+        msg["deliverAfterMs"] = (int(deliver_after.total_seconds() * 1000)
+                                 if isinstance(deliver_after, timedelta)
+                                 else int(deliver_after))
+    if event_time is not None:
+        msg["eventTime"] = _millis(event_time)
+    return {"producerName": producer_name, "messages": [msg]}
+
+
+def _message_id(resp: httpx.Response) -> str:
+    """The id of the one message published by the request ``resp`` answers; PublishError
+    for an HTTP error, NotAllowedError for errorCode 2, PublishError for another code."""
+    if resp.status_code != 200:
+        try:
+            reason = resp.json().get("reason", resp.text)
+        except ValueError:
+            reason = resp.text
+        raise PublishError(f"HTTP {resp.status_code}: {reason}")
+    result = resp.json()["messagePublishResults"][0]
+    code = result.get("errorCode", 0)
+    if code == 0:
+        return str(result["messageId"])
+    text = str(result.get("errorMsg", ""))
+    if code == NOT_ALLOWED:
+        raise NotAllowedError(text, code)
+    raise PublishError(text, code)
+
+
+def _unreachable(exc: httpx.HTTPError) -> PublishError:
+    return PublishError(f"admission unreachable: {exc}")
+
+
+class _Publisher:
+    """What both producers share: the topic, the producer name, admission's address and
+    the sequence ids."""
+
+    def __init__(self, topic: str, producer_name: str | None, admission_url: str | None,
+                 token: str | None) -> None:
+        self.topic = TopicName.parse(topic)
+        self.producer_name = producer_name or f"dwell-sdk-{os.getpid()}"
+        self._base = endpoints.admission_url(admission_url).rstrip("/")
+        self._path = _publish_path(self.topic)
+        self._headers = _auth_headers(token)
+        self._sequence = 0
+
+    def _next_body(self, payload: bytes | str, **fields: Any) -> dict[str, Any]:
+        """The request of the next message; its sequence id is taken before any wait, so
+        concurrent sends get distinct ids that increase in the order they were made."""
+        body = _request_body(self.producer_name, self._sequence, payload, **fields)
+        self._sequence += 1
+        return body
+
+
+class Producer(_Publisher):
     """Publishes to one topic.
 
     ``Producer("persistent://t/ns/x").send(b"hi", deliver_after=5000)`` returns the id.
@@ -49,16 +135,9 @@ class Producer:
                  admission_url: str | None = None, timeout_s: float = 15.0,
                  transport: httpx.BaseTransport | None = None,
                  token: str | None = None) -> None:
-        self.topic = TopicName.parse(topic)
-        self.producer_name = producer_name or f"dwell-sdk-{os.getpid()}"
-        base = endpoints.admission_url(admission_url)
-        t = self.topic
-        self._path = f"/topics/{t.domain}/{t.tenant}/{t.namespace}/{t.local}"
-        # `token`: the JWT sent as `Authorization: Bearer` when authentication is on.
-        self._http = httpx.Client(base_url=base.rstrip("/"), timeout=timeout_s,
-                                  transport=transport, verify=http_verify(),
-                                  headers={"Authorization": f"Bearer {token}"} if token else None)
-        self._sequence = 0
+        super().__init__(topic, producer_name, admission_url, token)
+        self._http = httpx.Client(base_url=self._base, timeout=timeout_s, transport=transport,
+                                  verify=http_verify(), headers=self._headers)
 
     def send(self, payload: bytes | str, *, key: str | None = None,
              properties: Mapping[str, str] | None = None,
@@ -71,46 +150,13 @@ class Producer:
         a delay (timedelta or ms). Raises NotAllowedError for errorCode 2, PublishError
         for any other failure.
         """
-        if deliver_at is not None and deliver_after is not None:
-            raise ValueError("give deliver_at or deliver_after, not both")
-        msg: dict[str, Any] = {"sequenceId": self._sequence}
-        if isinstance(payload, bytes):
-            msg["payload"] = base64.b64encode(payload).decode()
-            msg["payloadEncoding"] = "base64"
-        else:
-            msg["payload"] = payload
-        if key is not None:
-            msg["key"] = key
-        if properties:
-            msg["properties"] = dict(properties)
-        if deliver_at is not None:
-            msg["deliverAt"] = _millis(deliver_at)
-        if deliver_after is not None:
-            msg["deliverAfterMs"] = (int(deliver_after.total_seconds() * 1000)
-                                     if isinstance(deliver_after, timedelta)
-                                     else int(deliver_after))
-        if event_time is not None:
-            msg["eventTime"] = _millis(event_time)
-        self._sequence += 1
-        body = {"producerName": self.producer_name, "messages": [msg]}
+        body = self._next_body(payload, key=key, properties=properties, deliver_at=deliver_at,
+                               deliver_after=deliver_after, event_time=event_time)
         try:
             resp = self._http.post(self._path, json=body)
         except httpx.HTTPError as exc:
-            raise PublishError(f"admission unreachable: {exc}") from exc
-        if resp.status_code != 200:
-            try:
-                reason = resp.json().get("reason", resp.text)
-            except ValueError:
-                reason = resp.text
-            raise PublishError(f"HTTP {resp.status_code}: {reason}")
-        result = resp.json()["messagePublishResults"][0]
-        code = result.get("errorCode", 0)
-        if code == 0:
-            return str(result["messageId"])
-        text = str(result.get("errorMsg", ""))
-        if code == NOT_ALLOWED:
-            raise NotAllowedError(text, code)
-        raise PublishError(text, code)
+            raise _unreachable(exc) from exc
+        return _message_id(resp)
 
     def close(self) -> None:
         self._http.close()
@@ -120,3 +166,44 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncProducer(_Publisher):
+    """Publishes to one topic from an event loop, with Producer's arguments, results and
+    errors; many ``send`` calls may be in flight at once.
+
+    ``await AsyncProducer("persistent://t/ns/x").send(b"hi", deliver_after=5000)``
+    returns the id.
+    """
+
+    def __init__(self, topic: str, *, producer_name: str | None = None,
+                 admission_url: str | None = None, timeout_s: float = 15.0,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 token: str | None = None) -> None:
+        super().__init__(topic, producer_name, admission_url, token)
+        self._http = httpx.AsyncClient(base_url=self._base, timeout=timeout_s,
+                                       transport=transport, verify=http_verify(),
+                                       headers=self._headers)
+
+    async def send(self, payload: bytes | str, *, key: str | None = None,
+                   properties: Mapping[str, str] | None = None,
+                   deliver_at: datetime | int | None = None,
+                   deliver_after: timedelta | int | None = None,
+                   event_time: datetime | int | None = None) -> str:
+        """Publish one message and return its message id (as ``Producer.send``)."""
+        body = self._next_body(payload, key=key, properties=properties, deliver_at=deliver_at,
+                               deliver_after=deliver_after, event_time=event_time)
+        try:
+            resp = await self._http.post(self._path, json=body)
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+        return _message_id(resp)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

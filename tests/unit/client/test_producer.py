@@ -1,8 +1,10 @@
-"""The SDK Producer's request shape and how it maps publish results to ids and errors
-(the admission service is replaced by an httpx transport that answers like it)."""
+"""The SDK producers' request shape and how they map publish results to ids and errors
+(the admission service is replaced by an httpx transport that answers like it); the
+asyncio producer's cases are the sync one's, run with ``asyncio.run``."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from datetime import UTC, datetime, timedelta
@@ -11,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dwell.client import NotAllowedError, Producer, PublishError
+from dwell.client import AsyncProducer, NotAllowedError, Producer, PublishError
 
 TOPIC = "persistent://acme/orders/new"
 
@@ -97,3 +99,164 @@ def test_other_error_codes_and_http_errors_are_publish_errors() -> None:
 def test_bad_topic_name_is_refused() -> None:
     with pytest.raises(ValueError, match="persistent://"):
         Producer("orders")
+
+
+def test_unreachable_admission_is_a_publish_error() -> None:
+    def refuse(req: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=req)
+
+    p = Producer(TOPIC, admission_url="http://adm", transport=httpx.MockTransport(refuse))
+    with pytest.raises(PublishError, match="admission unreachable: connection refused") as exc:
+        p.send(b"x")
+    assert exc.value.error_code is None
+
+
+# ---------------------------------------------------------------- AsyncProducer
+
+
+def async_producer(answer: Any, status: int = 200) -> tuple[AsyncProducer, list[dict[str, Any]]]:
+    seen: list[dict[str, Any]] = []
+
+    async def handle(req: httpx.Request) -> httpx.Response:
+        assert req.url.path == "/topics/persistent/acme/orders/new"
+        seen.append(json.loads(req.content))
+        return httpx.Response(status, json=answer)
+
+    return AsyncProducer(TOPIC, producer_name="p1", admission_url="http://adm",
+                         transport=httpx.MockTransport(handle)), seen
+
+
+def test_async_returns_the_message_id_and_sends_pulsar_fields() -> None:
+    async def run() -> tuple[str, list[dict[str, Any]]]:
+        p, seen = async_producer(ok())
+        async with p:
+            return await p.send(b"\x00hi", key="k", properties={"a": "1"},
+                                deliver_after=timedelta(seconds=5)), seen
+
+    mid, seen = asyncio.run(run())
+    assert mid == "dwell.delayed:1:7"
+    assert seen[0]["producerName"] == "p1"
+    msg = seen[0]["messages"][0]
+    assert base64.b64decode(msg["payload"]) == b"\x00hi"
+    assert msg["payloadEncoding"] == "base64"
+    assert (msg["key"], msg["properties"], msg["deliverAfterMs"]) == ("k", {"a": "1"}, 5000)
+    assert "deliverAt" not in msg
+
+
+def test_async_deliver_at_and_event_time_and_sequence_ids() -> None:
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+
+    async def run() -> list[dict[str, Any]]:
+        p, seen = async_producer(ok())
+        async with p:
+            await p.send("plain", deliver_at=when, event_time=when)
+            await p.send("plain", deliver_at=1_900_000_000_000)
+        return seen
+
+    seen = asyncio.run(run())
+    first = seen[0]["messages"][0]
+    assert first["deliverAt"] == first["eventTime"] == int(when.timestamp() * 1000)
+    assert seen[1]["messages"][0]["deliverAt"] == 1_900_000_000_000
+    assert first["payload"] == "plain" and "payloadEncoding" not in first
+    assert [b["messages"][0]["sequenceId"] for b in seen] == [0, 1]
+
+
+def test_async_both_delays_refused_before_sending() -> None:
+    async def run() -> list[dict[str, Any]]:
+        p, seen = async_producer(ok())
+        async with p:
+            with pytest.raises(ValueError, match="not both"):
+                await p.send(b"x", deliver_at=1, deliver_after=1)
+            # The refused message took no sequence id.
+            await p.send(b"y")
+        return seen
+
+    seen = asyncio.run(run())
+    assert [b["messages"][0]["sequenceId"] for b in seen] == [0]
+
+
+def test_async_error_code_2_is_not_allowed_with_server_text() -> None:
+    text = ("org.apache.pulsar.broker.service.BrokerServiceException$NotAllowedException: "
+            "Exceeds max allowed delivery delay of 5000 milliseconds")
+
+    async def run() -> None:
+        p, _ = async_producer(failed(2, text))
+        async with p:
+            with pytest.raises(NotAllowedError) as exc:
+                await p.send(b"x", deliver_after=60000)
+        assert str(exc.value) == text and exc.value.error_code == 2
+
+    asyncio.run(run())
+
+
+def test_async_other_error_codes_http_errors_and_unreachable_are_publish_errors() -> None:
+    def refuse(req: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=req)
+
+    async def run() -> None:
+        p, _ = async_producer(failed(1, "boom"))
+        async with p:
+            with pytest.raises(PublishError) as exc:
+                await p.send(b"x")
+        assert not isinstance(exc.value, NotAllowedError) and exc.value.error_code == 1
+        assert str(exc.value) == "boom"
+        p, _ = async_producer({"reason": "Namespace acme/orders does not exist"}, status=404)
+        async with p:
+            with pytest.raises(PublishError,
+                               match="404: Namespace acme/orders does not exist"):
+                await p.send(b"x")
+        async with AsyncProducer(TOPIC, admission_url="http://adm",
+                                 transport=httpx.MockTransport(refuse)) as p:
+            with pytest.raises(PublishError,
+                               match="admission unreachable: connection refused") as exc:
+                await p.send(b"x")
+        assert exc.value.error_code is None
+
+    asyncio.run(run())
+
+
+def test_async_bad_topic_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="persistent://"):
+        AsyncProducer("orders")
+
+
+def test_concurrent_async_sends_take_increasing_ids_and_leave_the_loop_free() -> None:
+    """100 sends from one loop: admission answers each after a pause, and all 100 wait
+    for it at once (none waits for another), while a task on the same loop keeps running.
+    Send i carries sequence id i: ids are taken in the order the sends were made."""
+    in_flight = most = 0
+    seqs: list[int] = []
+
+    async def handle(req: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most
+        seq = json.loads(req.content)["messages"][0]["sequenceId"]
+        seqs.append(seq)
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return httpx.Response(200, json=ok(f"dwell.delayed:0:{seq}"))
+
+    async def run() -> tuple[list[str], int]:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def heartbeat() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        beat = asyncio.create_task(heartbeat())
+        async with AsyncProducer(TOPIC, admission_url="http://adm",
+                                 transport=httpx.MockTransport(handle)) as p:
+            ids = await asyncio.gather(*(p.send(f"m{i}") for i in range(100)))
+        done.set()
+        await beat
+        return ids, ticks
+
+    ids, ticks = asyncio.run(run())
+    assert ids == [f"dwell.delayed:0:{i}" for i in range(100)]
+    assert sorted(seqs) == list(range(100))
+    assert most == 100
+    assert ticks > 1  # the heartbeat ran while the sends waited
