@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -106,7 +107,8 @@ def _unreachable(exc: httpx.HTTPError) -> PublishError:
 
 class _Publisher:
     """What both producers share: the topic, the producer name, admission's address and
-    the sequence ids."""
+    the sequence ids (taken under a lock: a Producer may be shared by threads, as a
+    Pulsar producer may)."""
 
     def __init__(self, topic: str, producer_name: str | None, admission_url: str | None,
                  token: str | None) -> None:
@@ -116,12 +118,14 @@ class _Publisher:
         self._path = _publish_path(self.topic)
         self._headers = _auth_headers(token)
         self._sequence = 0
+        self._sequence_lock = threading.Lock()
 
     def _next_body(self, payload: bytes | str, **fields: Any) -> dict[str, Any]:
         """The request of the next message; its sequence id is taken before any wait, so
         concurrent sends get distinct ids that increase in the order they were made."""
-        body = _request_body(self.producer_name, self._sequence, payload, **fields)
-        self._sequence += 1
+        with self._sequence_lock:
+            body = _request_body(self.producer_name, self._sequence, payload, **fields)
+            self._sequence += 1
         return body
 
 

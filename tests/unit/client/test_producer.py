@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -124,6 +126,39 @@ def async_producer(answer: Any, status: int = 200) -> tuple[AsyncProducer, list[
 
     return AsyncProducer(TOPIC, producer_name="p1", admission_url="http://adm",
                          transport=httpx.MockTransport(handle)), seen
+
+
+def test_threads_sharing_a_producer_get_distinct_sequence_ids() -> None:
+    """One Producer used by 8 threads at once: every request carries its own sequence
+    id, 0 to n-1, as one Pulsar producer shared by threads numbers its messages."""
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def handle(req: httpx.Request) -> httpx.Response:
+        with lock:
+            seen.append(json.loads(req.content)["messages"][0]["sequenceId"])
+        return httpx.Response(200, json=ok())
+
+    p = Producer(TOPIC, producer_name="p1", admission_url="http://adm",
+                 transport=httpx.MockTransport(handle))
+    start = threading.Barrier(8)
+
+    def send_many() -> None:
+        start.wait()
+        for _ in range(200):
+            p.send(b"x")
+
+    threads = [threading.Thread(target=send_many) for _ in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often enough to race for the id
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert sorted(seen) == list(range(1600))
 
 
 def test_async_returns_the_message_id_and_sends_pulsar_fields() -> None:
