@@ -83,7 +83,7 @@ chart: install chart-tools ## the chart's checks: values schema, helm lint/templ
 
 # bench/workload.py and bench/sdk_reader.py are the fault suite's and the soak's parts;
 # the soak runs on its own (make soak).
-BENCHES := admission admission_ceiling tracker delivery backoff rebuild refile sdk_producer
+BENCHES := admission admission_ceiling tracker delivery backoff rebuild refile sdk_producer sdk_consumer
 
 bench: install ## the benchmarks under bench/ (they start their own servers)
 	for b in $(BENCHES); do $(PY) bench/$$b.py || exit 1; done

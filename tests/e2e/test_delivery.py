@@ -413,6 +413,38 @@ def test_a_redelivery_behind_its_ack_is_dropped(e2e: Stack, unique: str) -> None
         c2.close()
 
 
+def test_grouped_acknowledgements_redeliver_only_what_was_not_acked(e2e: Stack,
+                                                                     unique: str) -> None:
+    """A consumer with ``ack_group_time_ms`` (its events sent without waiting, offsets
+    committed every 100 ms): of 300 messages received with an ack timeout, the one it did
+    not ack is redelivered and none of the 299 it acked comes back; after ``close`` a
+    consumer of the subscription starts after all of them."""
+    topic = make_topic(e2e, unique)
+    warm_redelivery_path(e2e)
+    c = consumer(e2e, topic, "grouped", ack_timeout_ms=ACK_TIMEOUT_MS,
+                 ack_timeout_redelivery_backoff=PIP130, ack_group_time_ms=100)
+    try:
+        with Producer(topic, admission_url=e2e.admission) as prod:
+            sent = {prod.send(f"m{i}".encode()) for i in range(300)}
+        got = [receive_one(c, 30).msg for _ in range(300)]
+        assert {m.message_id for m in got} == sent
+        kept = got[150]
+        for m in got:
+            if m is not kept:
+                c.acknowledge(m)
+        again = receive_one(c, 30).msg
+        assert (again.message_id, again.redelivery_count) == (kept.message_id, 1)
+        c.acknowledge(again)
+        assert c.receive(ACK_TIMEOUT_MS / 1000 + REDELIVERY_MARGIN_MS / 1000) is None
+    finally:
+        c.close()
+    c2 = consumer(e2e, topic, "grouped", ack_timeout_ms=ACK_TIMEOUT_MS)
+    try:
+        assert c2.receive(3.0) is None
+    finally:
+        c2.close()
+
+
 def test_a_consumer_of_one_partition_reads_that_partition_alone(e2e: Stack,
                                                                  unique: str) -> None:
     """A consumer of `x-partition-1` gets what was published to that partition, at once,

@@ -9,6 +9,14 @@ subscription registered at the tracker. The consumer commits a Kafka offset only
 that record is settled (acked, or its delivered/nack event is durable on ``dwell.acks``
 and the backoff job owns its redelivery), so a crash re-reads rather than loses.
 
+By default an acknowledgement (or a delivery with an ack timeout) returns once its event
+is on ``dwell.acks`` and its offset committed, so a crash right after it reads nothing
+again. With ``ack_group_time_ms`` > 0 (Pulsar's ``acknowledgementsGroupTime``) events are
+sent without waiting: each is kept, in order, until Kafka has taken it, its offset is
+settled then, and settled offsets are committed at most that often and on ``close``; a
+crash may then read up to that much again, as a Pulsar consumer's grouped
+acknowledgements lost in a crash redeliver.
+
 While Kafka is away, nothing raises into the application (a Pulsar consumer's acks wait
 for its broker too): an event not written within ``EVENT_WAIT_S`` stays queued, in
 order, and is sent again until Kafka takes it; its record's offset is settled then. The
@@ -26,12 +34,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import httpx
 
@@ -53,7 +61,8 @@ log = logging.getLogger("dwell.client.consumer")
 # acknowledged messageIds.
 SEEN_LIMIT = 100_000
 # How long an acknowledgement (or a delivery with an ack timeout) waits for its dwell.acks
-# event while Kafka takes events; past it the event is queued (see the module's text).
+# event while Kafka takes events, and `close` for the queued ones; past it the event is
+# queued (see the module's text).
 EVENT_WAIT_S = 30.0
 HEADER_PREFIX = "dwell-"
 
@@ -122,7 +131,9 @@ class _Offsets:
 
 class Consumer:
     """``Consumer("persistent://t/ns/x", "sub", ack_timeout_ms=10000)``; then ``receive``,
-    ``acknowledge`` and ``negative_acknowledge`` as in Pulsar.
+    ``acknowledge`` and ``negative_acknowledge`` as in Pulsar. ``ack_group_time_ms`` > 0
+    sends their events without waiting and commits offsets at most that often (see the
+    module's text): many thousand messages a second instead of one round trip each.
 
     The subscription reads as the Kafka consumer group ``group_id``:
     ``<ready topic>/<subscription>`` (``acme.orders.created/billing``), so that two
@@ -137,7 +148,7 @@ class Consumer:
                  initial_position: str = "latest",
                  bootstrap: str | None = None, tracker_url: str | None = None,
                  ready_topic_partitions: int = 4, token: str | None = None,
-                 policy_url: str | None = None) -> None:
+                 policy_url: str | None = None, ack_group_time_ms: int = 0) -> None:
         self.topic = TopicName.parse(topic)
         self.subscription = validate_subscription(subscription)
         self.ack_timeout_ms = validate_ack_timeout_ms(ack_timeout_ms)
@@ -145,6 +156,11 @@ class Consumer:
             raise ValueError("initial_position must be 'latest' or 'earliest'")
         if max_redeliver_count is not None and max_redeliver_count < 1:
             raise ValueError("max_redeliver_count must be >= 1")
+        if ack_group_time_ms < 0:
+            raise ValueError("ack_group_time_ms must be >= 0")
+        # 0: each acknowledgement waits for its event and commits; else events are sent
+        # without waiting and settled offsets committed at most this often.
+        self._group_s = ack_group_time_ms / 1000
         self.ack_timeout_backoff = ack_timeout_redelivery_backoff
         self.nack_backoff = negative_ack_redelivery_backoff
         self.max_redeliver_count = max_redeliver_count
@@ -178,7 +194,12 @@ class Consumer:
             except kafka.KafkaUnavailable:
                 kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
         self._events = kafka.Producer(self._bootstrap, linger_ms=0)
-        self._unwritten: list[_Event] = []  # dwell.acks events Kafka has not taken yet
+        # dwell.acks events Kafka has not taken yet, oldest first; how many of them wait to
+        # be sent (no Kafka token yet, or refused and to be sent again in their order).
+        self._unwritten: deque[_Event] = deque()
+        self._unsent = 0
+        self._committed_at = 0.0
+        self._to_commit = False
         parts = self._parts()
         reset = ("earliest" if self._start_offsets(initial_position, parts)
                  else initial_position)
@@ -300,6 +321,7 @@ class Consumer:
                 return None
             if self._unwritten:
                 self._write_events(0)
+            self._commit()
             self._buffer = self._consumer.poll(500, min(left, 1.0))
 
     def _accept(self, rec: kafka.Record) -> Message | None:
@@ -340,62 +362,107 @@ class Consumer:
         self._emit("nack", msg)
 
     def _settle(self, msg: Message) -> None:
+        """``msg``'s record is the application's or the backoff job's now: its offset may
+        be committed."""
         self._offsets.settle((msg.record_topic, msg.partition), msg.offset)
+        self._to_commit = True
+
+    def _commit(self, now: bool = False) -> None:
+        """Commit the settled offsets, at most every ``ack_group_time_ms`` unless ``now``."""
+        if not self._to_commit or (
+                not now and time.monotonic() - self._committed_at < self._group_s):
+            return
+        self._committed_at = time.monotonic()
         try:
             self._consumer.commit(self._offsets.committable())
+            self._to_commit = False
         except kafka.KafkaUnavailable as exc:
-            # The message is settled all the same (its event is written): the next commit
-            # carries its offset. Until one succeeds, a restart or a rebalance reads it
-            # again, and a copy is what an ack lost in a Pulsar broker's outage gives too.
-            log.warning("offsets not committed (the next acknowledgement commits them): %s",
-                        exc)
+            # The messages are settled all the same (their events are written): the next
+            # commit carries their offsets. Until one succeeds, a restart or a rebalance
+            # reads them again, and a copy is what an ack lost in a Pulsar broker's outage
+            # gives too.
+            log.warning("offsets not committed (the next commit carries them): %s", exc)
 
     def _emit(self, event: str, msg: Message) -> None:
-        """Write ``event`` of ``msg`` to dwell.acks, then settle its offset: offsets are
-        committed on the strength of the event. Behind events Kafka has not taken yet, it
-        joins their queue without waiting."""
+        """Send ``event`` of ``msg`` to dwell.acks; its offset is settled once Kafka has
+        taken it (offsets are committed on the strength of the event). Without grouping
+        it waits for that, unless older events are queued (Kafka away): then it joins
+        their queue without waiting."""
         # Settings ride along so the backoff job needs no lookup per event
         # (ARCHITECTURE.md's dwell.acks row); the tracker's registration is the record.
         body = {"event": event, "topic": str(self.topic), "subscription": self.subscription,
                 "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
                 "ts": int(time.time() * 1000), **self._settings_json}
-        self._unwritten.append(_Event(msg, json.dumps(body).encode()))
-        self._write_events(EVENT_WAIT_S if len(self._unwritten) == 1 else 0)
+        ev = _Event(msg, json.dumps(body).encode())
+        # Sent now unless an older event waits to be sent (again): events go in order.
+        # Kafka refuses a partition's events in the order they were sent, so one it
+        # refused is the oldest still queued.
+        head = self._unwritten[0] if self._unwritten else None
+        waiting = self._unsent or (head is not None and head.sent is not None
+                                   and head.sent.done() and head.sent.exception() is not None)
+        headers = None if waiting else self._event_headers()
+        self._unwritten.append(ev)
+        if headers is None:
+            self._unsent += 1
+        else:
+            ev.sent = self._send(ev.body, headers)
+        self._write_events(EVENT_WAIT_S if self._group_s == 0 and len(self._unwritten) == 1
+                           else 0)
+
+    def _send(self, body: bytes, headers: dict[str, str]) -> Future[tuple[int, int]]:
+        return self._events.send(names.ACKS, body, key=self._event_key,
+                                 headers=headers or None)
 
     def _write_events(self, wait_s: float) -> None:
-        """Settle the queued events Kafka has taken, oldest first; send (again) the ones
-        not in flight, in their order; wait up to ``wait_s`` for the oldest."""
+        """Settle the events Kafka has taken, oldest first, and commit (`_commit`); send
+        the ones not sent yet and send again, in their order, the ones Kafka refused; wait
+        up to ``wait_s`` for the oldest."""
         deadline = time.monotonic() + wait_s
-        while self._unwritten:
-            headers = self._event_headers()
-            if headers is None:
-                if wait_s > 0:
-                    log.warning("%d dwell.acks events not written yet (no Kafka token); "
-                                "kept, their offsets wait for them", len(self._unwritten))
-                return
-            for ev in self._unwritten:
-                if ev.sent is None or (ev.sent.done() and ev.sent.exception() is not None):
-                    ev.sent = self._events.send(names.ACKS, ev.body, key=self._event_key,
-                                                headers=headers or None)
-            first = self._unwritten[0]
-            sent = cast("Future[tuple[int, int]]", first.sent)  # sent just above
-            try:
-                sent.result(max(0.0, deadline - time.monotonic()))
-            except FutureTimeout:
-                if wait_s > 0:
-                    log.warning("%d dwell.acks events not written yet (Kafka away?); kept, "
-                                "their offsets wait for them", len(self._unwritten))
-                return
-            except kafka.KafkaUnavailable as exc:
-                if time.monotonic() >= deadline:
+        try:
+            while self._unwritten:
+                first = self._unwritten[0]
+                sent = first.sent
+                if sent is not None and sent.done() and sent.exception() is None:
+                    self._unwritten.popleft()
+                    self._settle(first.msg)
+                    continue
+                if sent is None or sent.done():  # not sent, or refused: send again
+                    if not self._send_again():
+                        if wait_s > 0:
+                            log.warning("%d dwell.acks events not written yet (no Kafka "
+                                        "token); kept, their offsets wait for them",
+                                        len(self._unwritten))
+                        return
+                    sent = first.sent
+                assert sent is not None  # sent by _send_again
+                try:
+                    sent.result(max(0.0, deadline - time.monotonic()))
+                except FutureTimeout:
                     if wait_s > 0:
-                        log.warning("dwell.acks event not written (%s); sent again later",
-                                    exc)
+                        log.warning("%d dwell.acks events not written yet (Kafka away?); "
+                                    "kept, their offsets wait for them", len(self._unwritten))
                     return
-                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-                continue
-            self._unwritten.pop(0)
-            self._settle(first.msg)
+                except kafka.KafkaUnavailable as exc:
+                    if time.monotonic() >= deadline:
+                        if wait_s > 0:
+                            log.warning("dwell.acks event not written (%s); sent again "
+                                        "later", exc)
+                        return
+                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        finally:
+            self._commit()
+
+    def _send_again(self) -> bool:
+        """Send, in their order, every queued event not sent yet or refused by Kafka;
+        False when there is no Kafka token to send them with."""
+        headers = self._event_headers()
+        if headers is None:
+            return False
+        for ev in self._unwritten:
+            if ev.sent is None or (ev.sent.done() and ev.sent.exception() is not None):
+                ev.sent = self._send(ev.body, headers)
+        self._unsent = 0
+        return True
 
     def _event_headers(self) -> dict[str, str] | None:
         """The headers of events sent now; None when they need a Kafka token and there is
@@ -413,6 +480,7 @@ class Consumer:
             if self._unwritten:
                 # A last chance for the queued events: what stays unwritten is read again.
                 self._write_events(EVENT_WAIT_S)
+            self._commit(now=True)
             self._consumer.close()
         finally:
             self._events.close()

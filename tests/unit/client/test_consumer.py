@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 
 import pytest
@@ -81,13 +81,41 @@ def test_a_commit_refused_while_kafka_is_away_is_carried_by_the_next(
     c = Consumer.__new__(Consumer)
     c._offsets = _Offsets()
     c._consumer = commits = _Commits(failures=1)  # type: ignore[assignment]
+    c._committed_at, c._to_commit, c._group_s = 0.0, False, 0.0
     for off in (10, 11):
         c._offsets.received(TP, off)
     c._settle(_message(10))
+    c._commit(now=True)
     assert commits.committed == []
     assert "offsets not committed" in caplog.text
     c._settle(_message(11))
+    c._commit(now=True)
     assert commits.committed == [{TP: 12}]
+
+
+def test_grouped_offsets_are_committed_at_most_every_group_time() -> None:
+    """With ``ack_group_time_ms`` (Pulsar's acknowledgementsGroupTime): one commit for
+    what was settled within the group time, the next after it; ``now`` (close) commits
+    at once, and nothing settled commits nothing."""
+    c = Consumer.__new__(Consumer)
+    c._offsets = _Offsets()
+    c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
+    c._committed_at, c._to_commit, c._group_s = 0.0, False, 0.2
+    for off in (10, 11, 12):
+        c._offsets.received(TP, off)
+    c._settle(_message(10))
+    c._commit()
+    c._settle(_message(11))
+    c._commit()
+    assert commits.committed == [{TP: 11}]
+    time.sleep(0.25)
+    c._commit()
+    assert commits.committed == [{TP: 11}, {TP: 12}]
+    c._commit(now=True)
+    assert len(commits.committed) == 2
+    c._settle(_message(12))
+    c._commit(now=True)
+    assert commits.committed[-1] == {TP: 13}
 
 
 class _Events:
@@ -120,7 +148,9 @@ def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, 
     c._offsets = _Offsets()
     c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
     c._events = events = _Events()  # type: ignore[assignment]
-    c._unwritten = []
+    c._unwritten = deque()
+    c._unsent = 0
+    c._committed_at, c._to_commit, c._group_s = 0.0, False, 0.0
     c._acked = OrderedDict()
     for off in (10, 11, 12):
         c._offsets.received(TP, off)
@@ -150,18 +180,45 @@ def test_acks_while_kafka_is_away_wait_once_then_queue_in_order(
     events.sent[2][1].set_result((0, 3))
     c._write_events(0)
     assert commits.committed[-1] == {TP: 13}
-    assert c._unwritten == []
+    assert not c._unwritten
+
+
+def test_grouped_acks_are_sent_without_waiting_and_settled_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``ack_group_time_ms``, an ack's event is sent and not waited for, whether or
+    not Kafka answers: nothing is committed until Kafka takes the events, and then the
+    offsets are settled in order."""
+    c, events, commits = _away_consumer(monkeypatch)
+    c._group_s = 1e-6
+    started = time.monotonic()
+    c.acknowledge(_message(10))
+    c.negative_acknowledge(_message(11))
+    c.acknowledge(_message(12))
+    assert time.monotonic() - started < 0.1
+    assert commits.committed == []
+    assert events.kinds() == [("ack", "m10"), ("nack", "m11"), ("ack", "m12")]
+    # Kafka takes the first two only: the third's offset still waits.
+    events.sent[0][1].set_result((0, 1))
+    events.sent[1][1].set_result((0, 2))
+    c._write_events(0)
+    assert commits.committed[-1] == {TP: 12}
+    events.sent[2][1].set_result((0, 3))
+    c._write_events(0)
+    assert commits.committed[-1] == {TP: 13}
+    assert not c._unwritten
 
 
 def test_events_kafka_refused_are_sent_again_in_their_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events Kafka refused (its message timeout passed while it was away) are sent again
+    in their order, before any later one: an event made meanwhile waits behind them."""
     c, events, commits = _away_consumer(monkeypatch)
     c.acknowledge(_message(10))
     c.acknowledge(_message(11))
     for _, fut in events.sent:  # librdkafka's message timeout passed: both refused
         fut.set_exception(KafkaUnavailable("dwell.acks: Local: Message timed out"))
-    c._write_events(0)
-    assert events.kinds()[2:] == [("ack", "m10"), ("ack", "m11")]  # again, in order
+    c.acknowledge(_message(12))  # behind the refused ones: sent after them
+    assert events.kinds()[2:] == [("ack", "m10"), ("ack", "m11"), ("ack", "m12")]
     first_ts = events.sent[0][0]["ts"]
     assert events.sent[2][0]["ts"] == first_ts  # the event's own time, not the resend's
     assert commits.committed == []
@@ -169,6 +226,9 @@ def test_events_kafka_refused_are_sent_again_in_their_order(
     events.sent[3][1].set_result((0, 6))
     c._write_events(0)
     assert commits.committed[-1] == {TP: 12}
+    events.sent[4][1].set_result((0, 7))
+    c._write_events(0)
+    assert commits.committed[-1] == {TP: 13}
 
 
 class _Tokens:
@@ -191,6 +251,7 @@ def test_events_wait_for_a_kafka_token_as_for_kafka(monkeypatch: pytest.MonkeyPa
     c.acknowledge(_message(10))
     c.acknowledge(_message(11))
     assert events.sent == [] and commits.committed == [] and len(c._unwritten) == 2
+    assert c._unsent == 2
     tokens.token = "kafka.jwt"
     c._write_events(0)
     assert events.kinds() == [("ack", "m10"), ("ack", "m11")]
