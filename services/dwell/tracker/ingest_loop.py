@@ -162,7 +162,8 @@ class IngestLoop:
         if not offsets:
             return
         try:
-            self.consumer.commit(offsets)
+            # Not waited for: the loop must go on polling whatever the coordinator does.
+            self.consumer.commit_in_background(offsets)
         except KafkaUnavailable as exc:
             # Harmless: a later commit covers these offsets, a replay re-adds a set.
             log.warning("offset commit failed: %s", exc)

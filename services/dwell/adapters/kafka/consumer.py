@@ -195,6 +195,19 @@ class Consumer:
                     raise KafkaUnavailable(str(exc)) from exc
             time.sleep(0.2)
 
+    def commit_in_background(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Commit `next offset to read` per (topic, partition) without waiting for it, for
+        a caller whose later commits cover a failed one. A synchronous commit can wait
+        without end: after a broker restart, librdkafka may keep the request queued for a
+        coordinator it never reconnects to."""
+        if not offsets:
+            return
+        try:
+            self._c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                           asynchronous=True)
+        except KafkaException as exc:
+            raise KafkaUnavailable(str(exc)) from exc
+
     def group_metadata(self) -> object:
         """The group's metadata, for a transaction that commits this consumer's offsets
         (`TransactionalProducer.commit`)."""
