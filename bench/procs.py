@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,21 @@ class Procs:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@contextlib.contextmanager
+def test_servers(stack: devstack.Stack) -> Iterator[None]:
+    """The test profile's Redis and Kafka for a bench: started empty unless they run, and
+    stopped (their data discarded) after it, unless DWELL_TEST_KEEP_SERVERS=1: others may
+    be using servers a run had to start."""
+    started = [name for name in ("redis", "kafka") if stack.start_empty(name) is not None]
+    try:
+        yield
+    finally:
+        if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
+            stack.down(started)
+            for name in started:
+                stack.discard(name)
 
 
 def session_members(sid: int) -> list[int]:

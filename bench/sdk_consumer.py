@@ -20,7 +20,6 @@ the subscriptions register.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from procs import Procs, free_port, load_avg, wait_healthy
+from procs import Procs, free_port, load_avg, test_servers, wait_healthy
 
 import devstack
 from dwell.adapters import kafka
@@ -74,7 +73,11 @@ def main() -> int:
     ap.add_argument("--strict-messages", type=int, default=2_000)
     args = ap.parse_args()
     st = devstack.Stack("test")
-    started = [name for name in ("redis", "kafka") if st.start_empty(name) is not None]
+    with test_servers(st):
+        return run(st, args.messages, min(args.strict_messages, args.messages))
+
+
+def run(st: devstack.Stack, n: int, strict_n: int) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dwell-bench-"))
     procs = Procs(tmp)
     kafka.ensure_dwell_topics(st.kafka_bootstrap)
@@ -90,9 +93,8 @@ def main() -> int:
         kafka.ensure_topic(st.kafka_bootstrap, ready, 4)
         p = kafka.Producer(st.kafka_bootstrap, linger_ms=5)
         p.send_many([(ready, b"x" * 200, f"k{i}".encode(), [], None)
-                     for i in range(args.messages)]).result(60)
+                     for i in range(n)]).result(60)
         p.close()
-        n, strict_n = args.messages, min(args.strict_messages, args.messages)
         print(f"{n:,} records of 200 B in a ready topic of 4 partitions; {load_avg()}",
               flush=True)
         base = plain(st.kafka_bootstrap, ready, n)
@@ -112,11 +114,6 @@ def main() -> int:
         return 0
     finally:
         procs.stop_all()
-        # Others may be using servers this run had to start: keep them when asked to.
-        if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
-            st.down(started)
-            for name in started:
-                st.discard(name)
         if ok:
             shutil.rmtree(tmp, ignore_errors=True)
         else:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import Procs, free_port, load_avg, wait_healthy
+from procs import Procs, free_port, load_avg, test_servers, wait_healthy
 
 import devstack
 from dwell.adapters import kafka
@@ -187,34 +186,29 @@ def main() -> None:
     n, k = args.messages, args.concurrency
 
     stack = devstack.Stack("test")
-    started = [name for name in ("redis", "kafka") if stack.start_empty(name) is not None]
     logs = stack.state / "bench-logs" / "sdk_producer"
     logs.mkdir(parents=True, exist_ok=True)
     procs = Procs(logs)
-    try:
-        kafka.ensure_dwell_topics(stack.kafka_bootstrap)
-        env = stack.service_env() | {"DWELL_LOG_LEVEL": "warning"}
-        policy_url = start(procs, "policy", env)
-        admission_url = start(procs, "admission", env)
-        topic = prepare(policy_url, admission_url)
-        print(f"{n:,} messages per part, {len(PAYLOAD)} B, every other delayed 1 h; "
-              f"{load_avg()}", flush=True)
-        print("(a) sync Producer, 1 thread ...", flush=True)
-        sync = bench_sync(topic, admission_url, n)
-        print(f"(b) AsyncProducer, 1 event loop, {k} sends in flight ...", flush=True)
-        asynchronous = bench_async(topic, admission_url, n, k)
-        threads = None
-        if not args.no_threads:
-            print(f"(c) sync Producer, {k} threads ...", flush=True)
-            threads = bench_threads(topic, admission_url, n, k)
-        procs.check()
-    finally:
-        procs.stop_all()
-        # Others may be using servers this run had to start: keep them when asked to.
-        if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
-            stack.down(started)
-            for name in started:
-                stack.discard(name)
+    with test_servers(stack):
+        try:
+            kafka.ensure_dwell_topics(stack.kafka_bootstrap)
+            env = stack.service_env() | {"DWELL_LOG_LEVEL": "warning"}
+            policy_url = start(procs, "policy", env)
+            admission_url = start(procs, "admission", env)
+            topic = prepare(policy_url, admission_url)
+            print(f"{n:,} messages per part, {len(PAYLOAD)} B, every other delayed 1 h; "
+                  f"{load_avg()}", flush=True)
+            print("(a) sync Producer, 1 thread ...", flush=True)
+            sync = bench_sync(topic, admission_url, n)
+            print(f"(b) AsyncProducer, 1 event loop, {k} sends in flight ...", flush=True)
+            asynchronous = bench_async(topic, admission_url, n, k)
+            threads = None
+            if not args.no_threads:
+                print(f"(c) sync Producer, {k} threads ...", flush=True)
+                threads = bench_threads(topic, admission_url, n, k)
+            procs.check()
+        finally:
+            procs.stop_all()
 
     result: dict[str, Any] = {
         "messages": n, "concurrency": k, "payload_bytes": len(PAYLOAD),

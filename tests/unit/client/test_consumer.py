@@ -157,44 +157,22 @@ def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, 
     return c, events, commits
 
 
-def test_acks_while_kafka_is_away_wait_once_then_queue_in_order(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """An ack whose event Kafka does not take does not raise: it waits EVENT_WAIT_S once,
-    the acks after it queue without waiting, and nothing is committed until Kafka takes
-    the events; then the offsets are settled in order."""
+@pytest.mark.parametrize("group_s", [0.0, 1e-6], ids=["each-ack-waits", "grouped"])
+def test_acks_while_kafka_is_away_queue_in_order_and_settle_as_it_takes_them(
+        monkeypatch: pytest.MonkeyPatch, group_s: float) -> None:
+    """An ack whose event Kafka does not take does not raise: by default it waits
+    EVENT_WAIT_S once, with ``ack_group_time_ms`` not at all; the acks after it queue
+    without waiting, and nothing is committed until Kafka takes the events; then the
+    offsets are settled in order."""
     c, events, commits = _away_consumer(monkeypatch)
+    c._group_s = group_s
     started = time.monotonic()
-    c.acknowledge(_message(10))  # waits, then queues
+    c.acknowledge(_message(10))  # by default: waits, then queues
     waited = time.monotonic() - started
     started = time.monotonic()
     c.negative_acknowledge(_message(11))
     c.acknowledge(_message(12))
-    assert waited >= 0.2 and time.monotonic() - started < 0.1
-    assert commits.committed == []
-    assert events.kinds() == [("ack", "m10"), ("nack", "m11"), ("ack", "m12")]
-    # Kafka takes the first two only: the third's offset still waits.
-    events.sent[0][1].set_result((0, 1))
-    events.sent[1][1].set_result((0, 2))
-    c._write_events(0)
-    assert commits.committed[-1] == {TP: 12}
-    events.sent[2][1].set_result((0, 3))
-    c._write_events(0)
-    assert commits.committed[-1] == {TP: 13}
-    assert not c._unwritten
-
-
-def test_grouped_acks_are_sent_without_waiting_and_settled_in_order(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``ack_group_time_ms``, an ack's event is sent and not waited for, whether or
-    not Kafka answers: nothing is committed until Kafka takes the events, and then the
-    offsets are settled in order."""
-    c, events, commits = _away_consumer(monkeypatch)
-    c._group_s = 1e-6
-    started = time.monotonic()
-    c.acknowledge(_message(10))
-    c.negative_acknowledge(_message(11))
-    c.acknowledge(_message(12))
-    assert time.monotonic() - started < 0.1
+    assert (waited >= 0.2) is (group_s == 0) and time.monotonic() - started < 0.1
     assert commits.committed == []
     assert events.kinds() == [("ack", "m10"), ("nack", "m11"), ("ack", "m12")]
     # Kafka takes the first two only: the third's offset still waits.
