@@ -74,7 +74,7 @@ class RssWatch:
 
 
 @pytest.fixture(scope="module")
-def admission_svc(services: Any) -> Iterator[Service]:
+def admission_svc(services: Any, kafka_bootstrap: str) -> Iterator[Service]:
     """An admission whose ingress has a group of its own starting at the end of
     dwell.publish."""
     svc = services.start("admission", env={
@@ -82,6 +82,25 @@ def admission_svc(services: Any) -> Iterator[Service]:
         "DWELL_INGRESS_OFFSET_RESET": "latest"})
     wait_for(lambda: httpx.get(f"{svc.url}/readyz").json().get("ingressAssigned"), 30,
              "the ingress to get partitions")
+    # Assigned is not yet positioned: a group starting at `latest` takes the end it finds
+    # at its first fetch, which may come after a record the test writes. A probe's
+    # result shows the ingress reads.
+    bootstrap = kafka_bootstrap
+    p = kafka.Producer(bootstrap, linger_ms=0)
+    try:
+        def probe_answered() -> bool:
+            results_from = kafka.end_offsets(bootstrap, names.PUBLISH_RESULTS)
+            partition, offset = p.send(names.PUBLISH, orjson.dumps({
+                "topic": "persistent://hostile/ns/probe",
+                "messages": [{"payload": "p"}]})).result(15)
+            probe = f"{names.PUBLISH}:{partition}:{offset}"
+            return any(orjson.loads(r.value).get("requestId") == probe for r in read_until(
+                bootstrap, names.PUBLISH_RESULTS, results_from,
+                lambda rs: any(orjson.loads(r.value).get("requestId") == probe for r in rs),
+                timeout=10))
+        wait_for(probe_answered, 60, "the ingress to answer a probe")
+    finally:
+        p.close()
     yield svc
     svc.stop()
 
