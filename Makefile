@@ -70,8 +70,8 @@ soak: install ## 10 min at 2,000 msg/s, a process killed every minute, a Redis F
 	$(PY) bench/soak.py
 
 lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, helm lint on the chart
-	$(PY) -m ruff check services spark tests bench scripts
-	$(PY) -m mypy --strict services/dwell/core
+	$(PY) -m ruff check services client spark tests bench scripts
+	$(PY) -m mypy --strict services/dwell/core client/src/dwell/core
 	.dwell/cache/bin/helm lint charts/dwell --strict
 
 docs-settings: install ## rewrite README.md's configuration tables from the settings classes

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = ("services", "spark", "native/src")
+CODE = ("services", "client/src", "spark", "native/src")
 # A quoted header name: "dwell-deliver-at" or 'dwell-deliver-at' (not the process names).
 HEADER = re.compile(r"""["'](dwell-(?:deliver-at|tick-time|key|message-id|origin|topic|"""
                     r"""publish-time|producer|sequence-id|redelivery-count|subscription|"""

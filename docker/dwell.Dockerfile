@@ -18,12 +18,14 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
 WORKDIR /src
-# Only what `pip install .` reads: the metadata (README.md is its long description) and
-# the one package under services/. Tests, docs, charts and Spark stay out of this image.
-COPY pyproject.toml README.md ./
+# Only what `pip install` reads: the metadata (README.md is its long description), the
+# exact versions (constraints.txt), and the two trees of the `dwell` package: client/
+# (the dwell-client distribution) and services/. Tests, docs, charts and Spark stay out.
+COPY pyproject.toml README.md constraints.txt ./
+COPY client ./client
 COPY services ./services
 # Not editable and no extras: the services need neither pyspark nor the dev tools.
-RUN /opt/venv/bin/pip install --no-cache-dir .
+RUN /opt/venv/bin/pip install --no-cache-dir -c constraints.txt ./client .
 
 # The same base and python3 as the builder, so the venv's interpreter link stays valid.
 FROM ${BASE_IMAGE}

@@ -33,13 +33,14 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
+COPY client ./client
 COPY services ./services
 # The spark extra pins pyspark (pyspark==4.2.0, equal to spark/pom.xml's spark.version):
 # the pip distribution is a whole Spark runtime (bin/, jars/ with spark-kubernetes), so
 # the image needs no separate Spark download. dwell_spark itself is not a distribution:
 # it is copied below and found through PYTHONPATH.
-RUN /opt/venv/bin/pip install --no-cache-dir '.[spark]'
+RUN /opt/venv/bin/pip install --no-cache-dir -c constraints.txt ./client '.[spark]'
 
 FROM ${BASE_IMAGE}
 

@@ -49,8 +49,11 @@ def _dev_paths() -> None:
 
 
 def install_python(extras: str = "dev,spark") -> None:
-    """Create .venv and install dwell with its extras, once per pyproject change."""
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
+    """Create .venv and install dwell-client (client/) and dwell with its extras, both
+    editable, at constraints.txt's versions, once per change of the three files."""
+    inputs = ("pyproject.toml", "client/pyproject.toml", "constraints.txt")
+    digest = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in inputs)
+                            + extras.encode()).hexdigest()
     stamp = VENV / ".dwell-installed"
     if VENV_PY.exists() and _stamp_ok(stamp, digest):
         _dev_paths()
@@ -59,9 +62,11 @@ def install_python(extras: str = "dev,spark") -> None:
     if not VENV_PY.exists():
         say("creating .venv")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    say(f"pip install -e '.[{extras}]' (first run downloads ~600 MB)")
+    say(f"pip install -c constraints.txt -e client -e '.[{extras}]' "
+        "(first run downloads ~600 MB)")
     subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                    "-e", f".[{extras}]"], check=True, cwd=ROOT)
+                    "-c", "constraints.txt", "-e", "./client", "-e", f".[{extras}]"],
+                   check=True, cwd=ROOT)
     _dev_paths()
     stamp.write_text(digest)
     say(f"python packages ready in {time.monotonic() - t0:.0f}s")

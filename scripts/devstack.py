@@ -341,7 +341,7 @@ def _ensure_dwell_topics(stack: Stack) -> None:
     env = dict(os.environ) | stack.service_env()
     if stack.secure:
         env |= secure_stack.broker_env(stack.pki)
-    if VENV_PY.exists() and (ROOT / "services" / "dwell" / "adapters" / "kafka").is_dir():
+    if VENV_PY.exists() and (ROOT / "client" / "src" / "dwell" / "adapters" / "kafka").is_dir():
         subprocess.run([str(VENV_PY), "-c", code, stack.kafka_bootstrap], check=True, env=env)
 
 

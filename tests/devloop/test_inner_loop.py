@@ -73,9 +73,9 @@ def test_skaffold_diagnose(skaffold: str, tool_env: dict[str, str]) -> None:
     assert arts["localhost/dwell-spark"]["docker"]["dockerfile"] == "docker/spark.Dockerfile"
     for art in arts.values():
         assert art["docker"]["buildArgs"]["BASE_IMAGE"]
-    [rule] = arts["localhost/dwell"]["sync"]["manual"]
-    assert (rule["src"], rule["dest"], rule["strip"]) == (
-        "services/dwell/**/*.py", SITE, "services/dwell/")
+    rules = [(r["src"], r["dest"], r["strip"]) for r in arts["localhost/dwell"]["sync"]["manual"]]
+    assert rules == [(f"{tree}/**/*.py", SITE, f"{tree}/")
+                     for tree in ("services/dwell", "client/src/dwell")]
     forwards = {f["resourceName"]: (f["port"], f["localPort"]) for f in config["portForward"]}
     assert forwards == {name: (port, port) for name, port in PORTS.items()}
 
@@ -122,8 +122,10 @@ def test_tiltfile_builds_both_images_and_live_updates_the_services(
         spec = image["LiveUpdateSpec"]
         # A changed source is synced into the image's venv (the pod restarts the service
         # under watchfiles); a dependency change rebuilds the image instead.
-        assert spec["syncs"] == [{"localPath": "services/dwell", "containerPath": SITE}]
-        assert set(spec["stopPaths"]) == {"pyproject.toml"}
+        assert spec["syncs"] == [{"localPath": tree, "containerPath": SITE}
+                                 for tree in ("services/dwell", "client/src/dwell")]
+        assert set(spec["stopPaths"]) == {"pyproject.toml", "client/pyproject.toml",
+                                          "constraints.txt"}
         assert "watchfiles" in tiltfile[f"dwell-{svc}"]["DeployTarget"]["yaml"]
     [spark] = tiltfile["dwell-spark"]["ImageTargets"]
     assert spark["selector"] == "localhost/dwell-spark"

@@ -42,8 +42,8 @@ def second_spellings(source: str) -> list[str]:
 
 
 def test_no_second_spelling_of_a_port_or_local_address() -> None:
-    own = ROOT / "services" / "dwell" / "endpoints.py"
-    files = [p for d in ("services/dwell", "spark/dwell_spark")
+    own = ROOT / "client" / "src" / "dwell" / "endpoints.py"
+    files = [p for d in ("services/dwell", "client/src/dwell", "spark/dwell_spark")
              for p in sorted((ROOT / d).rglob("*.py")) if p != own]
     assert len(files) > 50
     found = {str(p.relative_to(ROOT)): hits for p in files

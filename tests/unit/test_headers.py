@@ -27,6 +27,7 @@ def test_names_are_distinct_and_dwell_prefixed() -> None:
 def test_no_module_but_headers_spells_a_header_name() -> None:
     spelled = {}
     for path in [*ROOT.joinpath("services", "dwell").rglob("*.py"),
+                 *ROOT.joinpath("client", "src", "dwell").rglob("*.py"),
                  *ROOT.joinpath("spark", "dwell_spark").rglob("*.py")]:
         if path.name == "headers.py":
             continue

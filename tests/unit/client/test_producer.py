@@ -9,7 +9,7 @@ import base64
 import json
 import sys
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
@@ -60,7 +60,7 @@ def test_returns_the_message_id_and_sends_pulsar_fields() -> None:
 
 def test_deliver_at_accepts_datetime_and_millis_and_text_stays_text() -> None:
     p, seen = producer(ok())
-    when = datetime(2030, 1, 1, tzinfo=UTC)
+    when = datetime(2030, 1, 1, tzinfo=timezone.utc)
     p.send("plain", deliver_at=when)
     p.send("plain", deliver_at=1_900_000_000_000)
     assert seen[0]["messages"][0]["deliverAt"] == int(when.timestamp() * 1000)
@@ -179,7 +179,7 @@ def test_async_returns_the_message_id_and_sends_pulsar_fields() -> None:
 
 
 def test_async_deliver_at_and_event_time_and_sequence_ids() -> None:
-    when = datetime(2030, 1, 1, tzinfo=UTC)
+    when = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
     async def run() -> list[dict[str, Any]]:
         p, seen = async_producer(ok())

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka import Producer as _Producer
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .consumer import Consumer
 
 # A delivery callback, as librdkafka calls it.
-OnDelivery = Callable[[KafkaError | None, Message], None]
+OnDelivery = Callable[[Optional[KafkaError], Message], None]
 
 
 class Producer:

@@ -233,7 +233,7 @@ def _check_kafka_length(kafka: str, what: str) -> str:
     return kafka
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TopicName:
     """A validated Pulsar topic name; constructing one directly validates it too."""
 

@@ -31,7 +31,7 @@ RETRIABLE_COMMIT = frozenset({KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                               KafkaError.REQUEST_TIMED_OUT})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Columns:
     """A polled batch column-wise (`Consumer.poll_columns`): entry i of every list belongs
     to the i-th record; `headers[j]` holds the value of the j-th requested header name
@@ -144,7 +144,7 @@ class Consumer:
             for err in errors:
                 if err is not None:
                     self._raise_unless_ignorable(err)
-            msgs = [m for m, e in zip(msgs, errors, strict=True) if e is None]
+            msgs = [m for m, e in zip(msgs, errors) if e is None]
         n = len(msgs)
         cols: list[list[bytes | None]] = [[None] * n for _ in names]
         slot = {name: cols[j] for j, name in enumerate(names)}.get

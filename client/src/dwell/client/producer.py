@@ -133,6 +133,15 @@ class Producer(_Publisher):
     """Publishes to one topic.
 
     ``Producer("persistent://t/ns/x").send(b"hi", deliver_after=5000)`` returns the id.
+
+    ``topic`` is a Pulsar topic name (``persistent://tenant/namespace/topic``); a name dwell
+    cannot accept raises ``InvalidTopicName`` (a ValueError). ``producer_name`` is sent
+    with each message (default ``dwell-sdk-<pid>``). ``admission_url`` is the admission
+    service's address, else DWELL_ADMISSION_URL, else ``http://127.0.0.1:8082``.
+    ``timeout_s`` bounds each request. ``token`` is the JWT sent as
+    ``Authorization: Bearer`` when authentication is on. ``transport`` replaces httpx's
+    network transport (an ``httpx.MockTransport`` in tests). One producer may be shared
+    by threads.
     """
 
     def __init__(self, topic: str, *, producer_name: str | None = None,
@@ -150,9 +159,13 @@ class Producer(_Publisher):
              event_time: datetime | int | None = None) -> str:
         """Publish one message and return its message id.
 
-        ``deliver_at`` is an absolute time (datetime or ms since epoch); ``deliver_after``
-        a delay (timedelta or ms). Raises NotAllowedError for errorCode 2, PublishError
-        for any other failure.
+        ``payload`` is bytes, or a str sent as text. ``key`` is the message's key and
+        ``properties`` its Pulsar properties (record headers to a Kafka reader).
+        ``deliver_at`` is an absolute time (datetime or ms since epoch; a naive datetime
+        is local time); ``deliver_after`` a delay (timedelta or ms); giving both raises
+        ValueError before anything is sent. ``event_time`` (datetime or ms since epoch)
+        is the application's own time, kept in the ``dwell-event-time`` header. Raises
+        NotAllowedError for errorCode 2, PublishError for any other failure.
         """
         body = self._next_body(payload, key=key, properties=properties, deliver_at=deliver_at,
                                deliver_after=deliver_after, event_time=event_time)
@@ -163,6 +176,7 @@ class Producer(_Publisher):
         return _message_id(resp)
 
     def close(self) -> None:
+        """Close the producer's HTTP connections."""
         self._http.close()
 
     def __enter__(self) -> Producer:
@@ -177,7 +191,7 @@ class AsyncProducer(_Publisher):
     errors; many ``send`` calls may be in flight at once.
 
     ``await AsyncProducer("persistent://t/ns/x").send(b"hi", deliver_after=5000)``
-    returns the id.
+    returns the id. ``transport`` is an ``httpx.AsyncBaseTransport``.
     """
 
     def __init__(self, topic: str, *, producer_name: str | None = None,
@@ -204,6 +218,7 @@ class AsyncProducer(_Publisher):
         return _message_id(resp)
 
     async def close(self) -> None:
+        """Close the producer's HTTP connections."""
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncProducer:

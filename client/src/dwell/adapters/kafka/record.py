@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Optional, Union
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
-Headers = Mapping[str, bytes | str]
+Headers = Mapping[str, Union[bytes, str]]
 # (topic, value, key, encoded headers, timestamp ms) for Producer.send_many
-OutRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None, int | None]
+OutRecord = tuple[str, Optional[bytes], Optional[bytes], Optional[list[tuple[str, bytes]]],
+                  Optional[int]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Record:
     topic: str
     partition: int

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -21,7 +21,7 @@ from dwell.core.durations import parse_duration_ms
 tokens = typer.Typer(no_args_is_help=True,
                      help="Make keys and tokens for token authentication (pulsar tokens).")
 
-AlgorithmOpt = Annotated[str | None, typer.Option(
+AlgorithmOpt = Annotated[Optional[str], typer.Option(
     "--signature-algorithm", "-a", help="HS256/HS384/HS512 for a secret key; RS256/RS384/"
                                         "RS512 or ES256/ES384/ES512 for a key pair.")]
 
@@ -45,7 +45,7 @@ def write_key_file(path: Path, data: bytes) -> None:
 @tokens.command("create-secret-key", help="Create a new secret key.")
 def create_secret_key_cmd(
     algorithm: AlgorithmOpt = None,
-    output: Annotated[Path | None, typer.Option(
+    output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write the secret key to a file instead of stdout.")] = None,
     b64: Annotated[bool, typer.Option("--base64", "-b",
                                       help="Encode the key in base64.")] = False,
@@ -83,13 +83,13 @@ def create_key_pair_cmd(
 def create_cmd(
     subject: Annotated[str, typer.Option(
         "--subject", "-s", help="The 'subject' or 'principal' (the role) of the token.")],
-    expiry_time: Annotated[str | None, typer.Option(
+    expiry_time: Annotated[Optional[str], typer.Option(
         "--expiry-time", "-e", help="Relative expiry time for the token (eg: 1h, 3d, 10y). "
                                     "(m=minutes) Default: no expiration")] = None,
-    secret_key: Annotated[str | None, typer.Option(
+    secret_key: Annotated[Optional[str], typer.Option(
         "--secret-key", "-sk", help="The secret key for signing the token: data:, file:, "
                                     "or base64.")] = None,
-    private_key: Annotated[str | None, typer.Option(
+    private_key: Annotated[Optional[str], typer.Option(
         "--private-key", "-pk", help="The private key for signing the token: data:, file:, "
                                      "or base64.")] = None,
     algorithm: AlgorithmOpt = None,

@@ -80,25 +80,35 @@ def _remember(seen: OrderedDict[_K, None], key: _K) -> None:
         seen.popitem(last=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Message:
     """One received message; pass it back to acknowledge / negative_acknowledge."""
 
     value: bytes | None
+    """The payload."""
     key: str | None
+    """The message's key, if it has one."""
     properties: dict[str, str]
+    """The message's properties (its record headers but dwell's own ``dwell-*``)."""
     message_id: str
+    """The id the producer's ``send`` returned; every redelivery carries it too."""
     redelivery_count: int
+    """0 on the first delivery, then the number of redeliveries."""
     deliver_at: int | None
-    publish_time: int | None  # when admission received it (Pulsar's publishTime)
-    event_time: int | None  # the producer's eventTime, when it set one
+    """When the message was due (ms since the epoch), for a delayed message."""
+    publish_time: int | None
+    """When admission received it (ms since the epoch; Pulsar's publishTime)."""
+    event_time: int | None
+    """The producer's ``event_time`` (ms since the epoch), when it set one."""
     topic: str
+    """The Pulsar topic it was read from."""
     # Where this copy was read from, for the consumer's offset bookkeeping.
     record_topic: str = field(repr=False)
     partition: int = field(repr=False)
     offset: int = field(repr=False)
 
     def data(self) -> bytes | None:
+        """The payload (Pulsar's ``getData``)."""
         return self.value
 
 
@@ -139,7 +149,24 @@ class Consumer:
     ``<ready topic>/<subscription>`` (``acme.orders.created/billing``), so that two
     tenants' (or two topics') subscriptions of one name never share a group. A group named
     after the bare subscription, as earlier SDKs used, hands its committed offsets over
-    once, when the new group has none (``_start_offsets``)."""
+    once, when the new group has none (``_start_offsets``).
+
+    ``topic`` is a Pulsar topic name (a partition ``x-partition-N`` is read alone) and
+    ``subscription`` the subscription's name. ``ack_timeout_ms`` (0: off, else at least
+    1000) redelivers a message not acknowledged that long after it was received, plus
+    the delay of ``ack_timeout_redelivery_backoff`` when one is given.
+    ``negative_ack_redelivery_backoff`` times the redelivery of a negatively acknowledged
+    message (60 s without one). After ``max_redeliver_count`` redeliveries (None: no
+    limit) a message goes to the subscription's dead letter topic,
+    ``<ready topic>-<subscription>-DLQ``, instead. ``initial_position`` (``latest`` or
+    ``earliest``) is where a new subscription starts. ``bootstrap``, ``tracker_url`` and
+    ``policy_url`` default to DWELL_KAFKA_BOOTSTRAP, DWELL_TRACKER_URL and
+    DWELL_POLICY_URL, else the local addresses. ``ready_topic_partitions`` is the
+    partition count of the ready and retry topics when the consumer creates them.
+    ``token`` is the JWT sent to the tracker and exchanged for Kafka tokens.
+
+    The constructor raises ValueError for a setting out of range and SubscribeError when
+    the tracker refuses the subscription's settings or cannot be reached."""
 
     def __init__(self, topic: str, subscription: str, *, ack_timeout_ms: int = 0,
                  ack_timeout_redelivery_backoff: ExponentialRedeliveryBackoff | None = None,
@@ -355,10 +382,16 @@ class Consumer:
 
     # -- acknowledging
     def acknowledge(self, msg: Message) -> None:
+        """Acknowledge ``msg``: it is not redelivered. Without ``ack_group_time_ms`` this
+        returns once the ack is on ``dwell.acks`` and the offset committed (or queued while
+        Kafka is away: see the module's text)."""
         _remember(self._acked, msg.message_id)
         self._emit("ack", msg)
 
     def negative_acknowledge(self, msg: Message) -> None:
+        """Ask for ``msg`` again: it is redelivered after the delay of
+        ``negative_ack_redelivery_backoff`` (60 s without one), or goes to the dead letter
+        topic once it has had ``max_redeliver_count`` redeliveries."""
         self._emit("nack", msg)
 
     def _settle(self, msg: Message) -> None:
@@ -476,6 +509,8 @@ class Consumer:
         return {} if tokens.disabled else None
 
     def close(self) -> None:
+        """Write the queued events (waiting up to EVENT_WAIT_S for them), commit the
+        settled offsets and leave the consumer group."""
         try:
             if self._unwritten:
                 # A last chance for the queued events: what stays unwritten is read again.
@@ -492,7 +527,7 @@ class Consumer:
         self.close()
 
 
-@dataclass(slots=True)
+@dataclass
 class _Event:
     """A dwell.acks event of ``msg`` (its JSON ``body``), and its write once sent."""
 

@@ -27,9 +27,13 @@ _JSON_FIELDS: Final = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ExponentialRedeliveryBackoff:
-    """Pulsar's MultiplierRedeliveryBackoff: ``min * multiplier^count``, capped at ``max``."""
+    """Pulsar's MultiplierRedeliveryBackoff: ``min * multiplier^count``, capped at ``max``.
+
+    Delays are in milliseconds. A value out of range (a negative minimum, a maximum below
+    the minimum or above 100 years, a multiplier not above 1 or above 1000) raises
+    ValueError."""
 
     min_delay_ms: int = 10000
     max_delay_ms: int = 600000
@@ -52,6 +56,7 @@ class ExponentialRedeliveryBackoff:
 
     @staticmethod
     def builder() -> ExponentialRedeliveryBackoffBuilder:
+        """A builder starting from the defaults: 10 s, 10 min, multiplier 2."""
         return ExponentialRedeliveryBackoffBuilder()
 
     def next(self, redelivery_count: int) -> int:
@@ -91,7 +96,7 @@ class ExponentialRedeliveryBackoff:
             if isinstance(value, bool):
                 raise ValueError(f"backoff: {key} must be a number, got a boolean")
             if key == "multiplier":
-                if not isinstance(value, int | float):
+                if not isinstance(value, (int, float)):
                     raise ValueError(f"backoff: {key} must be a number")
                 value = float(value)
             elif not isinstance(value, int):
@@ -112,18 +117,22 @@ class ExponentialRedeliveryBackoffBuilder:
         self._multiplier = 2.0
 
     def min_delay_ms(self, value: int) -> ExponentialRedeliveryBackoffBuilder:
+        """The delay before the first redelivery (ms)."""
         self._min = value
         return self
 
     def max_delay_ms(self, value: int) -> ExponentialRedeliveryBackoffBuilder:
+        """The longest delay (ms)."""
         self._max = value
         return self
 
     def multiplier(self, value: float) -> ExponentialRedeliveryBackoffBuilder:
+        """The factor from one delay to the next."""
         self._multiplier = float(value)
         return self
 
     def build(self) -> ExponentialRedeliveryBackoff:
+        """The backoff; ValueError for a value out of range."""
         return ExponentialRedeliveryBackoff(self._min, self._max, self._multiplier)
 
 

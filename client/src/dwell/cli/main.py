@@ -7,12 +7,13 @@ import functools
 import json
 import ssl
 from collections.abc import Callable
-from enum import StrEnum
-from typing import Annotated, Any, ParamSpec, TypeVar
+from enum import Enum
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typing_extensions import ParamSpec
 
 from dwell import endpoints
 from dwell.cli.client import AdminError, PolicyClient, path
@@ -28,7 +29,7 @@ from dwell.core.durations import format_duration_ms
 from dwell.security import TlsSettings, http_verify
 
 
-class Output(StrEnum):
+class Output(str, Enum):
     table = "table"
     json = "json"
 
@@ -107,7 +108,7 @@ def main(
     output: Annotated[Output, typer.Option(
         "--output", "-o", help="table: for people; json: the service's JSON on stdout, "
                                "for scripts.")] = Output.table,
-    auth_params: Annotated[str | None, typer.Option(
+    auth_params: Annotated[Optional[str], typer.Option(
         "--auth-params", envvar="DWELL_AUTH_PARAMS",
         help="The token to authenticate with, as pulsar-admin's authParams: token:<jwt> "
              "or file:<path of a file holding it>.")] = None,
@@ -327,14 +328,14 @@ _SET_HELP = (
 EnableOpt = Annotated[bool, typer.Option("--enable", "-e", help="Turn delayed delivery on.")]
 DisableOpt = Annotated[bool, typer.Option(
     "--disable", "-d", help="Turn delayed delivery off: messages are delivered at once.")]
-TimeOpt = Annotated[str | None, typer.Option(
+TimeOpt = Annotated[Optional[str], typer.Option(
     "--time", "-t", help="Tick time: the bucket width of the delayed-message index "
                          "(pulsar-admin default 1s; left out here, it inherits).")]
-MaxOpt = Annotated[str | None, typer.Option(
+MaxOpt = Annotated[Optional[str], typer.Option(
     "--maxDelay", "-md", help="Max delay a producer may ask for; longer is rejected "
                               "(pulsar-admin default 0 = no limit; left out here, it "
                               "inherits).")]
-FixedOpt = Annotated[str | None, typer.Option(
+FixedOpt = Annotated[Optional[str], typer.Option(
     "--fixed-delay", "-fd", help="Fixed delay forced on every message, overriding the "
                                  "producer's (PIP-437); left out, it inherits.")]
 

@@ -40,7 +40,7 @@ def _backoff(name: str, raw: Any) -> ExponentialRedeliveryBackoff | None:
         raise ValueError(f"{name}: {msg}") from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SubscriptionSettings:
     """``{"ackTimeoutMs", "ackTimeoutRedeliveryBackoff", "negativeAckRedeliveryBackoff",
     "maxRedeliverCount"}``; 0 switches the ack timeout off, None leaves a backoff or the

@@ -1,1 +1,0 @@
-"""dwell: Apache Pulsar's delayed-delivery model for Kafka users."""
