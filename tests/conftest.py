@@ -84,6 +84,33 @@ def read_until(bootstrap: str, topic: str, starts: dict[int, int], done: Callabl
         time.sleep(0.3)
 
 
+def read_results(bootstrap: str, ends: dict[int, int], producer_name: str,
+                 want: int, timeout: float = 30) -> list[dict[str, Any]]:
+    """The results on `dwell.publish.results` after `ends` keyed by `producer_name`, until
+    `want` of them came (or `timeout` s passed)."""
+    import orjson
+
+    from dwell.adapters import kafka
+    from dwell.core import topics as names
+
+    got: list[dict[str, Any]] = []
+    c = kafka.Consumer(bootstrap, f"test-{uuid.uuid4().hex}")
+    c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += [orjson.loads(r.value) for r in c.poll(500, 0.5)
+                if r.key == producer_name.encode()]
+    c.close()
+    return got
+
+
+def wait_ingress(admission_url: str) -> None:
+    """Until admission's Kafka ingress has its partitions (its /readyz says so)."""
+    url = admission_url.rstrip("/")
+    wait_for(lambda: httpx.get(f"{url}/readyz").json().get("ingressAssigned"), 30,
+             "the ingress consumer to get partitions")
+
+
 def read_answers(sock: socket.socket, n: int,
                  timeout: float = 5.0) -> list[tuple[int, dict[str, str], bytes]]:
     """n HTTP/1.1 answers off a raw socket, each with a content-length (tests that speak

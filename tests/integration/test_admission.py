@@ -14,7 +14,15 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import make_namespace, now_ms, ok, read_until, wait_for
+from conftest import (
+    make_namespace,
+    now_ms,
+    ok,
+    read_results,
+    read_until,
+    wait_for,
+    wait_ingress,
+)
 from dwell.adapters import kafka
 from dwell.client import AsyncProducer, Consumer, Producer
 from dwell.core import topics as names
@@ -275,21 +283,6 @@ def test_pulsar_rest_bodies_are_read_as_pulsar_reads_them(
     assert bad.status_code == 400 and bad.json()["reason"].startswith("messages[0].eventTime")
 
 
-def read_results(bootstrap: str, ends: dict[int, int], producer_name: str,
-                 want: int, timeout: float = 30) -> list[dict[str, Any]]:
-    """The results on `dwell.publish.results` after `ends` keyed by `producer_name`, until
-    `want` of them came (or `timeout` s passed)."""
-    got: list[dict[str, Any]] = []
-    c = kafka.Consumer(bootstrap, f"test-{uuid.uuid4().hex}")
-    c.assign([(names.PUBLISH_RESULTS, part, off) for part, off in ends.items()])
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
-        got += [orjson.loads(r.value) for r in c.poll(500, 0.5)
-                if r.key == producer_name.encode()]
-    c.close()
-    return got
-
-
 def test_the_sdk_round_trip_keeps_event_time_apart_from_publish_time(
         services: Any, policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
         unique: str) -> None:
@@ -406,7 +399,7 @@ def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
         assert f"{unique}.ns_a.b" in reason and "collides" in reason, reason
     ok(publish(admission, first, {"payload": "still fine"}))
 
-    wait_ingress(admission)
+    wait_ingress(str(admission.base_url))
     producer_name = f"prod-{unique}"
     ends = kafka.end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
     p = kafka.Producer(kafka_bootstrap)
@@ -428,13 +421,6 @@ def via_first(got: dict[tuple[str, int | None], dict[str, Any]]) -> str:
     return max(set(ids), key=ids.count)
 
 
-def wait_ingress(admission: httpx.Client) -> None:
-    deadline = time.monotonic() + 30
-    while not admission.get("/readyz").json().get("ingressAssigned"):
-        assert time.monotonic() < deadline, "ingress consumer never got partitions"
-        time.sleep(0.1)
-
-
 def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
                                                       admission: httpx.Client,
                                                       kafka_bootstrap: str,
@@ -442,7 +428,7 @@ def test_kafka_ingress_gives_the_same_results_as_http(policy: httpx.Client,
     make_namespace(policy, unique, ns_policy={"active": True, "maxDeliveryDelayInMillis": 5000})
     topic = f"persistent://{unique}/ns/kin"
     wait_until_known(policy, admission, topic, {"payload": "probe"})
-    wait_ingress(admission)
+    wait_ingress(str(admission.base_url))
     t = now_ms()
     messages = [{"payload": "a", "eventTime": t, "deliverAfterMs": 5001, "sequenceId": 1},
                 {"payload": "b", "eventTime": t, "deliverAt": t + 4000, "sequenceId": 2},
@@ -532,7 +518,7 @@ def test_a_deleted_topic_is_made_again_by_a_later_publish(policy: httpx.Client,
     topic = f"persistent://{unique}/ns/gone"
     ready = f"{unique}.ns.gone"
     wait_until_known(policy, admission, topic, {"payload": "probe"})
-    wait_ingress(admission)
+    wait_ingress(str(admission.base_url))
 
     def delete() -> None:
         # An auto-created ready topic has ready_topic_partitions partitions: a

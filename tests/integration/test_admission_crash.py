@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 import devstack
-from conftest import private_stack
+from conftest import private_stack, wait_ingress
 from dwell.adapters import kafka
 from dwell.core import topics as names
 
@@ -56,13 +56,6 @@ def wait_known(client: httpx.Client, path: str) -> None:
     while client.post(path, json={"messages": [{"payload": "probe"}]}).status_code == 404:
         assert time.monotonic() < deadline, "admission never learnt the namespace"
         time.sleep(0.05)
-
-
-def wait_ingress(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while not httpx.get(url + "/readyz").json().get("ingressAssigned"):
-        assert time.monotonic() < deadline, "ingress consumer never got partitions"
-        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------- kill -9 mid-ingress

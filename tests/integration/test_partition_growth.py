@@ -18,7 +18,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import make_namespace, ok
+from conftest import make_namespace, ok, read_results, wait_ingress
 from dwell.adapters import kafka
 from dwell.client import Consumer, Producer
 from dwell.core import topics as names
@@ -161,11 +161,10 @@ def test_the_kafka_ingress_writes_to_a_new_partition_at_once(
     transaction (the publisher makes the new partition known to the producer that writes,
     not only to its own), where it used to fail, be aborted and read again until the
     producer's next metadata refresh."""
-    from test_admission import read_results, wait_ingress
 
     make_namespace(policy, unique)
     x = partitioned(policy, unique, "ing", 2)
-    wait_ingress(admission)
+    wait_ingress(str(admission.base_url))
     name = f"ingress-{unique}"
     p = kafka.Producer(kafka_bootstrap)
 
