@@ -23,7 +23,11 @@ NOT_ALLOWED = 2
 
 
 class PublishError(Exception):
-    """A publish that failed: the admission service refused or could not be reached."""
+    """A publish that failed: the admission service refused or could not be reached.
+
+    ``error_code`` is the publish result's errorCode when admission refused the message,
+    None when the request failed as a whole; ``str(exc)`` is then ``HTTP <status>:
+    <reason>`` or ``admission unreachable: <cause>``."""
 
     def __init__(self, message: str, error_code: int | None = None) -> None:
         super().__init__(message)
