@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,16 +176,22 @@ class Consumer:
 
     def commit(self, offsets: Mapping[tuple[str, int], int],
                timeout: float = COMMIT_RETRY_S) -> None:
-        """Commit `next offset to read` per (topic, partition), synchronously. A retriable
-        refusal (the group coordinator still loading its offsets after a broker start, or
-        moving) is tried again for up to ``timeout`` seconds."""
+        """Commit `next offset to read` per (topic, partition), synchronously, within
+        ``timeout`` seconds: a retriable refusal (the group coordinator still loading its
+        offsets after a broker start, or moving) is tried again until then, and a commit
+        still unanswered then raises KafkaUnavailable (librdkafka can keep a synchronous
+        commit queued without end for a coordinator it never reconnects to; that one is
+        left to finish on a daemon thread)."""
         if not offsets:
             return
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self._c.commit(offsets=tps, asynchronous=False)
+                if not run_within(lambda: self._c.commit(offsets=tps, asynchronous=False),
+                                  max(0.0, deadline - time.monotonic()), "kafka-commit"):
+                    raise KafkaUnavailable(
+                        f"an offset commit was not answered within {timeout:.0f} s")
                 return
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
@@ -236,29 +242,38 @@ class Consumer:
         close_within(self._c, timeout_s)
 
 
-def close_within(client: _Consumer, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-    """Close a librdkafka consumer, waiting at most ``timeout_s``: librdkafka's close can
-    wait without end for a group coordinator it keeps looking for. A close that takes
-    longer is left to finish on a daemon thread (its client stays allocated until then),
-    and logged; an error it raises in time is raised here."""
+def run_within(call: Callable[[], object], timeout_s: float, name: str) -> bool:
+    """Run ``call`` on a daemon thread named ``name`` and wait at most ``timeout_s``: True
+    once it returned (an error it raised is raised here), False while it still runs (it
+    is left to finish in the background). For librdkafka calls that can wait without
+    end on a group coordinator."""
     done = threading.Event()
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            client.close()
+            call()
         except BaseException as exc:  # handed to the caller below
             failure.append(exc)
         finally:
             done.set()
 
-    threading.Thread(target=run, name="kafka-consumer-close", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()
     if not done.wait(timeout_s):
-        log.warning("closing a Kafka consumer took over %.0f s (its group coordinator out of "
-                    "reach?); left to finish in the background", timeout_s)
-        return
+        return False
     if failure:
         raise failure[0]
+    return True
+
+
+def close_within(client: _Consumer, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Close a librdkafka consumer, waiting at most ``timeout_s``: librdkafka's close can
+    wait without end for a group coordinator it keeps looking for. A close that takes
+    longer is left to finish on a daemon thread (its client stays allocated until then),
+    and logged; an error it raises in time is raised here."""
+    if not run_within(client.close, timeout_s, "kafka-consumer-close"):
+        log.warning("closing a Kafka consumer took over %.0f s (its group coordinator out of "
+                    "reach?); left to finish in the background", timeout_s)
 
 
 def next_offsets(records: Iterable[Record]) -> dict[tuple[str, int], int]:
