@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint docs-settings chart bench bench-peers clean
+.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint docs-settings docs chart bench bench-peers client-matrix dist clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -60,6 +60,14 @@ test: install chart-tools ## every test suite but tests/images, against real Red
 test-unit: install ## the unit tests only (no servers)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+client-matrix: install ## dwell-client on Python 3.9-3.13 (scripts/client_matrix.py): a fresh venv each, its unit tests, an end to end on the test stack, its install's size
+	$(PY) -m pytest tests/e2e/test_client_matrix.py -s $(PYTEST_ARGS)
+
+dist: install ## the wheels and sdists of dwell-client (client/) and dwell (the root) in dist/
+	rm -rf dist
+	$(PY) -m build --outdir dist client
+	$(PY) -m build --outdir dist .
+
 faults: install ## the fault suite at full size (200 msg/s, delays 0-60 s, 2M same-tick burst)
 	DWELL_FAULTS_FULL=1 $(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
@@ -76,6 +84,9 @@ lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, he
 
 docs-settings: install ## rewrite README.md's configuration tables from the settings classes
 	$(PY) scripts/settings_table.py
+
+docs: install ## the SDK's documentation site (mkdocs.yml, docs/client) into site/; any warning fails it
+	$(PY) -m mkdocs build --strict
 
 chart: install chart-tools ## the chart's checks: values schema, helm lint/template, Kubernetes schemas, rules
 	$(PY) scripts/chart_schema.py --check
