@@ -380,6 +380,7 @@ def test_the_async_sdk_publishes_many_sends_from_one_loop(
             assert rec.key == f"k{i}".encode() and rec.header("dwell-deliver-at") is None
 
 
+
 def test_a_topic_whose_kafka_name_collides_is_refused_with_409(
         policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
         unique: str) -> None:

@@ -106,7 +106,8 @@ def _message_id(resp: httpx.Response) -> str:
 
 
 def _unreachable(exc: httpx.HTTPError) -> PublishError:
-    return PublishError(f"admission unreachable: {exc}")
+    # A timeout's text can be empty: its kind says what happened.
+    return PublishError(f"admission unreachable: {str(exc) or type(exc).__name__}")
 
 
 class _Publisher:
@@ -133,6 +134,13 @@ class _Publisher:
         return body
 
 
+def _timeout(timeout_s: float) -> httpx.Timeout:
+    """Each request's connect, write and read within ``timeout_s``; no limit on waiting for
+    a pooled connection, which only the requests before it hold (each of them bounded):
+    a burst of sends larger than the pool queues instead of failing."""
+    return httpx.Timeout(timeout_s, pool=None)
+
+
 class Producer(_Publisher):
     """Publishes to one topic.
 
@@ -142,8 +150,9 @@ class Producer(_Publisher):
     cannot accept raises ``InvalidTopicName`` (a ValueError). ``producer_name`` is sent
     with each message (default ``dwell-sdk-<pid>``). ``admission_url`` is the admission
     service's address, else DWELL_ADMISSION_URL, else ``http://127.0.0.1:8082``.
-    ``timeout_s`` bounds each request. ``token`` is the JWT sent as
-    ``Authorization: Bearer`` when authentication is on. ``transport`` replaces httpx's
+    ``timeout_s`` bounds each request once it has a connection (of httpx's 100; a send
+    beyond them waits for one, as long as the sends before it take). ``token`` is the
+    JWT sent as ``Authorization: Bearer`` when authentication is on. ``transport`` replaces httpx's
     network transport (an ``httpx.MockTransport`` in tests). One producer may be shared
     by threads.
     """
@@ -153,8 +162,9 @@ class Producer(_Publisher):
                  transport: httpx.BaseTransport | None = None,
                  token: str | None = None) -> None:
         super().__init__(topic, producer_name, admission_url, token)
-        self._http = httpx.Client(base_url=self._base, timeout=timeout_s, transport=transport,
-                                  verify=http_verify(), headers=self._headers)
+        self._http = httpx.Client(base_url=self._base, timeout=_timeout(timeout_s),
+                                  transport=transport, verify=http_verify(),
+                                  headers=self._headers)
 
     def send(self, payload: bytes | str, *, key: str | None = None,
              properties: Mapping[str, str] | None = None,
@@ -203,7 +213,7 @@ class AsyncProducer(_Publisher):
                  transport: httpx.AsyncBaseTransport | None = None,
                  token: str | None = None) -> None:
         super().__init__(topic, producer_name, admission_url, token)
-        self._http = httpx.AsyncClient(base_url=self._base, timeout=timeout_s,
+        self._http = httpx.AsyncClient(base_url=self._base, timeout=_timeout(timeout_s),
                                        transport=transport, verify=http_verify(),
                                        headers=self._headers)
 
