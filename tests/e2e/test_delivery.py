@@ -556,3 +556,66 @@ def test_plain_kafka_consumer_gets_registered_settings(runs) -> None:
     print(f"plain Kafka consumer: redelivery {res['gap']} ms after delivery (want {want})")
     assert want <= res["gap"] <= want + redelivery_margin_ms(want)
     assert res["after_ack"] == [], "redelivered after the ack"
+
+
+GROUPED_CONSUMER = """
+import sys, time
+from dwell.client import Consumer
+topic, sub, bootstrap, tracker = sys.argv[1:5]
+c = Consumer(topic, sub, bootstrap=bootstrap, tracker_url=tracker,
+             initial_position="earliest", ack_group_time_ms=100)
+print("ready", flush=True)
+while True:
+    m = c.receive(1.0)
+    if m is not None:
+        c.acknowledge(m)
+        print(m.message_id, flush=True)
+        time.sleep(0.005)
+"""
+
+
+def test_a_grouped_consumer_killed_mid_stream_loses_nothing(e2e: Stack, unique: str) -> None:
+    """A consumer with ``ack_group_time_ms=100`` in its own process, killed with SIGKILL
+    while it acknowledges a stream of 600 messages: a consumer of the subscription then
+    receives every message the first did not acknowledge, none is lost, and of those it
+    did acknowledge only the last ones come back (offsets are committed in order, every
+    100 ms)."""
+    topic = make_topic(e2e, unique)
+    with Producer(topic, admission_url=e2e.admission) as prod:
+        sent = [prod.send(f"m{i}".encode()) for i in range(600)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GROUPED_CONSUMER, topic, "killed", e2e.bootstrap, e2e.tracker],
+        stdout=subprocess.PIPE, text=True)
+    acked: list[str] = []
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        while len(acked) < 250:
+            line = proc.stdout.readline()
+            assert line, f"the consumer ended after {len(acked)} acknowledgements"
+            acked.append(line.strip())
+    finally:
+        proc.kill()
+        proc.wait(10)
+    # What it printed before the kill: acknowledged (an id is printed after its ack).
+    acked += [ln.strip() for ln in proc.stdout.read().splitlines() if ln.strip()]
+    c = consumer(e2e, topic, "killed")
+    try:
+        # The group gives it the partitions once the killed member's session (6 s) ends.
+        first = receive_one(c, 30).msg
+        c.acknowledge(first)
+        again = [first.message_id]
+        while (m := c.receive(5.0)) is not None:
+            again.append(m.message_id)
+            c.acknowledge(m)
+    finally:
+        c.close()
+    lost = set(sent) - set(acked) - set(again)
+    read_twice = [mid for mid in acked if mid in set(again)]
+    print(f"acknowledged before the kill {len(acked)}, received after {len(again)}, "
+          f"of them acknowledged before {len(read_twice)}, lost {len(lost)}")
+    assert not lost
+    assert set(acked) | set(again) == set(sent)
+    # Only a tail of the acknowledged ones comes back: the ones after the last commit.
+    assert read_twice == acked[len(acked) - len(read_twice):]
+    assert len(read_twice) < 100
