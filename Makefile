@@ -77,9 +77,10 @@ fuzz: install ## schemathesis on the OpenAPI specs and the hostile-input fuzz, >
 soak: install ## 10 min at 2,000 msg/s, a process killed every minute, a Redis FLUSHALL half-way
 	$(PY) bench/soak.py
 
-lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core, helm lint on the chart
+lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core and the SDK, helm lint on the chart
 	$(PY) -m ruff check services client spark tests bench scripts
 	$(PY) -m mypy --strict services/dwell/core client/src/dwell/core
+	$(PY) -m mypy --strict --python-version 3.10 client/src/dwell/client
 	.dwell/cache/bin/helm lint charts/dwell --strict
 
 docs-settings: install ## rewrite README.md's configuration tables from the settings classes

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -230,9 +230,9 @@ class Consumer:
         parts = self._parts()
         reset = ("earliest" if self._start_offsets(initial_position, parts)
                  else initial_position)
-        self._consumer = kafka.Consumer(
-            self._bootstrap, self.group_id, auto_offset_reset=reset,
-            **{"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10})
+        fetch: dict[str, Any] = {"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10}
+        self._consumer = kafka.Consumer(self._bootstrap, self.group_id,
+                                        auto_offset_reset=reset, **fetch)
         if self.partition < 0:
             self._consumer.subscribe([self.ready_topic, self.retry_topic])
         else:
