@@ -113,6 +113,26 @@ def test_unreachable_admission_is_a_publish_error() -> None:
     with pytest.raises(PublishError, match="admission unreachable: connection refused") as exc:
         p.send(b"x")
     assert exc.value.error_code is None
+    assert exc.value.retryable
+
+
+@pytest.mark.parametrize(("status", "retryable"), [
+    (503, True), (429, True), (502, True), (504, True), (500, True),
+    (400, False), (401, False), (403, False), (404, False), (409, False), (413, False)])
+def test_a_failed_request_says_whether_a_retry_may_succeed(status: int,
+                                                           retryable: bool) -> None:
+    p, _ = producer({"reason": "why"}, status=status)
+    with pytest.raises(PublishError) as exc:
+        p.send(b"x")
+    assert (str(exc.value), exc.value.retryable) == (f"HTTP {status}: why", retryable)
+
+
+def test_a_refused_message_is_not_retryable() -> None:
+    for code in (1, 2):
+        p, _ = producer(failed(code, "no"))
+        with pytest.raises(PublishError) as exc:
+            p.send(b"x")
+        assert exc.value.error_code == code and not exc.value.retryable
 
 
 # ---------------------------------------------------------------- AsyncProducer

@@ -1,10 +1,11 @@
 """dwell's SDK: Producer and its asyncio twin AsyncProducer (deliver_at / deliver_after) and
 Consumer (ack, nack, ack timeout, redelivery backoff), in Pulsar's shape."""
 
+from dwell.adapters.kafka import KafkaUnavailable
 from dwell.core.backoff import ExponentialRedeliveryBackoff
 
 from .consumer import Consumer, Message, SubscribeError
 from .producer import AsyncProducer, NotAllowedError, Producer, PublishError
 
-__all__ = ["AsyncProducer", "Consumer", "ExponentialRedeliveryBackoff", "Message",
-           "NotAllowedError", "Producer", "PublishError", "SubscribeError"]
+__all__ = ["AsyncProducer", "Consumer", "ExponentialRedeliveryBackoff", "KafkaUnavailable",
+           "Message", "NotAllowedError", "Producer", "PublishError", "SubscribeError"]

@@ -27,11 +27,15 @@ class PublishError(Exception):
 
     ``error_code`` is the publish result's errorCode when admission refused the message,
     None when the request failed as a whole; ``str(exc)`` is then ``HTTP <status>:
-    <reason>`` or ``admission unreachable: <cause>``."""
+    <reason>`` or ``admission unreachable: <cause>``. ``retryable`` says whether the
+    same send may succeed later: admission unreachable, busy (429) or without Kafka
+    (503, or another 5xx), not a refusal of the request or the message."""
 
-    def __init__(self, message: str, error_code: int | None = None) -> None:
+    def __init__(self, message: str, error_code: int | None = None,
+                 retryable: bool = False) -> None:
         super().__init__(message)
         self.error_code = error_code
+        self.retryable = retryable
 
 
 class NotAllowedError(PublishError):
@@ -86,6 +90,10 @@ def _request_body(producer_name: str, sequence_id: int, payload: bytes | str, *,
     return {"producerName": producer_name, "messages": [msg]}
 
 
+# Answers to a request as a whole that a later try may not get: busy, or admission
+# (or the Kafka behind it) not answering.
+_RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
 def _message_id(resp: httpx.Response) -> str:
     """The id of the one message published by the request ``resp`` answers; PublishError
     for an HTTP error, NotAllowedError for errorCode 2, PublishError for another code."""
@@ -94,7 +102,8 @@ def _message_id(resp: httpx.Response) -> str:
             reason = resp.json().get("reason", resp.text)
         except ValueError:
             reason = resp.text
-        raise PublishError(f"HTTP {resp.status_code}: {reason}")
+        raise PublishError(f"HTTP {resp.status_code}: {reason}",
+                           retryable=resp.status_code in _RETRYABLE_STATUS)
     result = resp.json()["messagePublishResults"][0]
     code = result.get("errorCode", 0)
     if code == 0:
@@ -107,7 +116,8 @@ def _message_id(resp: httpx.Response) -> str:
 
 def _unreachable(exc: httpx.HTTPError) -> PublishError:
     # A timeout's text can be empty: its kind says what happened.
-    return PublishError(f"admission unreachable: {str(exc) or type(exc).__name__}")
+    return PublishError(f"admission unreachable: {str(exc) or type(exc).__name__}",
+                        retryable=True)
 
 
 class _Publisher:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class KafkaUnavailable(Exception):
-    """Kafka could not be reached or did not acknowledge in time (retriable)."""
+    """Kafka could not be reached or did not acknowledge in time (retriable). The SDK's
+    ``Consumer`` raises it when Kafka is out of reach while it is set up."""
 
 
 class TopicRefused(Exception):
