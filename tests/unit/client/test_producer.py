@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
 import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -319,51 +319,61 @@ def test_concurrent_async_sends_take_increasing_ids_and_leave_the_loop_free() ->
     assert ticks > 1  # the heartbeat ran while the sends waited
 
 
-class _SlowAdmission(BaseHTTPRequestHandler):
-    """Answers every publish after ANSWER_S, as a busy admission service would."""
+# A busy admission service in its own process (so that its threads do not share this
+# process's interpreter lock): every publish answered after argv[1] seconds with the body
+# argv[2]; it prints its port.
+SLOW_ADMISSION = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    ANSWER_S = 0.4
 
-    def do_POST(self) -> None:
+    def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
-        time.sleep(self.ANSWER_S)
-        body = json.dumps(ok("dwell.delayed:0:1")).encode()
+        time.sleep(float(sys.argv[1]))
+        body = sys.argv[2].encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args: Any) -> None:
+    def log_message(self, *args):
         pass
 
-
-class _Server(ThreadingHTTPServer):
+class Server(ThreadingHTTPServer):
     request_queue_size = 128  # the pool's 100 connections open at once
+    daemon_threads = True
+
+server = Server(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
 
 
 def test_sends_beyond_the_connection_pool_wait_for_a_connection() -> None:
-    """500 sends of one AsyncProducer at once over httpx's 100 connections to a server
-    that answers each in 0.4 s, with a 1 s request timeout: the last ones wait 1.6 s for
-    a connection, and none fails for that wait (each request, once sent, is answered in
-    time). Producer takes its timeouts from the same place (``_timeout``)."""
-    server = _Server(("127.0.0.1", 0), _SlowAdmission)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    n = 500
-
-    async def run() -> list[str]:
-        async with AsyncProducer(TOPIC, admission_url=url, timeout_s=1.0) as p:
-            return await asyncio.gather(*(p.send(b"m") for _ in range(n)))
-
+    """600 sends of one AsyncProducer at once, over its 100 connections, to a server that
+    answers each in 0.3 s, with a 1.5 s request timeout: the last ones wait at least
+    1.5 s for their turn, and none fails for that wait (each request, once sent, is
+    answered in time). Producer takes its timeouts from the same place (``_timeout``)."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", SLOW_ADMISSION, "0.3", json.dumps(ok("dwell.delayed:0:1"))],
+        stdout=subprocess.PIPE, text=True)
+    n = 600
     try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+
+        async def run() -> list[str]:
+            async with AsyncProducer(TOPIC, admission_url=url, timeout_s=1.5) as p:
+                return await asyncio.gather(*(p.send(b"m") for _ in range(n)))
+
         started = time.monotonic()
         ids = asyncio.run(run())
         took = time.monotonic() - started
     finally:
-        server.shutdown()
-        server.server_close()
+        server.kill()
+        server.wait(10)
     assert ids == ["dwell.delayed:0:1"] * n
-    assert took > 1.6, took  # the last sends waited longer than the request timeout
+    assert took > 1.5, took  # the last sends waited longer than the request timeout

@@ -5,6 +5,7 @@ handler, say) that must not wait on a publish."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import threading
@@ -144,6 +145,10 @@ class _Publisher:
         return body
 
 
+# HTTP connections to admission per producer: httpx's default pool size.
+MAX_CONNECTIONS = 100
+
+
 def _timeout(timeout_s: float) -> httpx.Timeout:
     """Each request's connect, write and read within ``timeout_s``; no limit on waiting for
     a pooled connection, which only the requests before it hold (each of them bounded):
@@ -212,7 +217,8 @@ class Producer(_Publisher):
 
 class AsyncProducer(_Publisher):
     """Publishes to one topic from an event loop, with Producer's arguments, results and
-    errors; many ``send`` calls may be in flight at once.
+    errors; many ``send`` calls may be in flight at once (MAX_CONNECTIONS requests at a
+    time, the rest waiting their turn, unbounded by ``timeout_s``).
 
     ``await AsyncProducer("persistent://t/ns/x").send(b"hi", deliver_after=5000)``
     returns the id. ``transport`` is an ``httpx.AsyncBaseTransport``.
@@ -226,6 +232,10 @@ class AsyncProducer(_Publisher):
         self._http = httpx.AsyncClient(base_url=self._base, timeout=_timeout(timeout_s),
                                        transport=transport, verify=http_verify(),
                                        headers=self._headers)
+        # Sends beyond the pool's connections wait here, in the order they were made:
+        # httpx's own queue costs time in proportion to its length on every answer. Made
+        # by the first send, in the loop that runs it.
+        self._slots: asyncio.Semaphore | None = None
 
     async def send(self, payload: bytes | str, *, key: str | None = None,
                    properties: Mapping[str, str] | None = None,
@@ -235,10 +245,13 @@ class AsyncProducer(_Publisher):
         """Publish one message and return its message id (as ``Producer.send``)."""
         body = self._next_body(payload, key=key, properties=properties, deliver_at=deliver_at,
                                deliver_after=deliver_after, event_time=event_time)
-        try:
-            resp = await self._http.post(self._path, json=body)
-        except httpx.HTTPError as exc:
-            raise _unreachable(exc) from exc
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        async with self._slots:
+            try:
+                resp = await self._http.post(self._path, json=body)
+            except httpx.HTTPError as exc:
+                raise _unreachable(exc) from exc
         return _message_id(resp)
 
     async def close(self) -> None:
