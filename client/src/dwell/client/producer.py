@@ -156,6 +156,14 @@ def _timeout(timeout_s: float) -> httpx.Timeout:
     return httpx.Timeout(timeout_s, pool=None)
 
 
+def _client_options(base_url: str, timeout_s: float,
+                    headers: dict[str, str] | None) -> dict[str, Any]:
+    """The keyword arguments of both producers' httpx clients, all but the transport (a
+    sync one for Producer, an async one for AsyncProducer)."""
+    return {"base_url": base_url, "timeout": _timeout(timeout_s), "verify": http_verify(),
+            "headers": headers}
+
+
 class Producer(_Publisher):
     """Publishes to one topic.
 
@@ -177,9 +185,8 @@ class Producer(_Publisher):
                  transport: httpx.BaseTransport | None = None,
                  token: str | None = None) -> None:
         super().__init__(topic, producer_name, admission_url, token)
-        self._http = httpx.Client(base_url=self._base, timeout=_timeout(timeout_s),
-                                  transport=transport, verify=http_verify(),
-                                  headers=self._headers)
+        self._http = httpx.Client(transport=transport,
+                                  **_client_options(self._base, timeout_s, self._headers))
 
     def send(self, payload: bytes | str, *, key: str | None = None,
              properties: Mapping[str, str] | None = None,
@@ -229,9 +236,8 @@ class AsyncProducer(_Publisher):
                  transport: httpx.AsyncBaseTransport | None = None,
                  token: str | None = None) -> None:
         super().__init__(topic, producer_name, admission_url, token)
-        self._http = httpx.AsyncClient(base_url=self._base, timeout=_timeout(timeout_s),
-                                       transport=transport, verify=http_verify(),
-                                       headers=self._headers)
+        self._http = httpx.AsyncClient(transport=transport,
+                                       **_client_options(self._base, timeout_s, self._headers))
         # Sends beyond the pool's connections wait here, in the order they were made:
         # httpx's own queue costs time in proportion to its length on every answer. Made
         # by the first send, in the loop that runs it.
