@@ -17,7 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from dwell.client import AsyncProducer, NotAllowedError, Producer, PublishError
+from dwell.client import (
+    AsyncProducer,
+    NotAllowedError,
+    Producer,
+    ProducerQueueIsFullError,
+    PublishError,
+)
+from dwell.client.producer import MAX_CONNECTIONS
 
 TOPIC = "persistent://acme/orders/new"
 
@@ -377,3 +384,101 @@ def test_sends_beyond_the_connection_pool_wait_for_a_connection() -> None:
         server.wait(10)
     assert ids == ["dwell.delayed:0:1"] * n
     assert took > 1.5, took  # the last sends waited longer than the request timeout
+
+
+def held_sends(n: int, **options: Any) -> tuple[list[str | BaseException], list[int],
+                                                list[int]]:
+    """``n`` sends of one AsyncProducer at once to an admission that answers none until the
+    pool's connections all carry a request: each send's id or error, the sends that had
+    ended by then, and the sequence ids admission saw (the last one a send made after
+    the answers)."""
+    seqs: list[int] = []
+    full = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def handle(req: httpx.Request) -> httpx.Response:
+        seq = json.loads(req.content)["messages"][0]["sequenceId"]
+        seqs.append(seq)
+        if len(seqs) == min(n, MAX_CONNECTIONS):
+            full.set()
+        await answer.wait()
+        return httpx.Response(200, json=ok(f"dwell.delayed:0:{seq}"))
+
+    async def run() -> tuple[list[str | BaseException], list[int]]:
+        async with AsyncProducer(TOPIC, admission_url="http://adm",
+                                 transport=httpx.MockTransport(handle), **options) as p:
+            sends = [asyncio.ensure_future(p.send(f"m{i}")) for i in range(n)]
+            await asyncio.wait_for(full.wait(), 10)
+            ended = [i for i, t in enumerate(sends) if t.done()]
+            answer.set()
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            await p.send("after")
+        return results, ended
+
+    results, ended = asyncio.run(run())
+    return results, ended, seqs
+
+
+@pytest.mark.parametrize(("options", "sends", "accepted"), [
+    ({"max_pending_messages": 150}, 200, 150),
+    ({}, 1200, 1000),
+    ({"max_pending_messages": 0}, 1500, 1500),
+])
+def test_async_sends_beyond_max_pending_messages_fail_at_once(
+        options: dict[str, int], sends: int, accepted: int) -> None:
+    """Pulsar's maxPendingMessages with blockIfQueueFull off: while ``accepted`` sends wait
+    for admission's answer, the next ones fail at once with ProducerQueueIsFullError
+    (retryable) and take no sequence id; the answered sends free their places. 1000
+    by default; 0 is no limit."""
+    results, ended, seqs = held_sends(sends, **options)
+    assert ended == list(range(accepted, sends))  # refused without waiting for an answer
+    assert results[:accepted] == [f"dwell.delayed:0:{i}" for i in range(accepted)]
+    refused = results[accepted:]
+    assert len(refused) == sends - accepted
+    for exc in refused:
+        assert isinstance(exc, ProducerQueueIsFullError) and isinstance(exc, PublishError)
+        assert exc.retryable and exc.error_code is None
+        assert str(exc).startswith("Producer send queue is full")
+    assert sorted(seqs) == list(range(accepted + 1)) and seqs[-1] == accepted
+
+
+def test_async_max_pending_messages_below_zero_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_pending_messages"):
+        AsyncProducer(TOPIC, max_pending_messages=-1)
+
+
+def test_sends_beyond_max_pending_messages_fail_before_admission_answers() -> None:
+    """Over real connections to a server that answers each publish in 0.3 s: with
+    max_pending_messages=150, 200 sends at once give 150 ids, and the other 50 fail
+    before the first answer comes."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", SLOW_ADMISSION, "0.3", json.dumps(ok("dwell.delayed:0:1"))],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+
+        async def run() -> tuple[list[str | BaseException], list[float]]:
+            failed_after: list[float] = []
+            started = time.monotonic()
+
+            async def send(p: AsyncProducer) -> str:
+                try:
+                    return await p.send(b"m")
+                except ProducerQueueIsFullError:
+                    failed_after.append(time.monotonic() - started)
+                    raise
+
+            async with AsyncProducer(TOPIC, admission_url=url,
+                                     max_pending_messages=150) as p:
+                results = await asyncio.gather(*(send(p) for _ in range(200)),
+                                               return_exceptions=True)
+            return results, failed_after
+
+        results, failed_after = asyncio.run(run())
+    finally:
+        server.kill()
+        server.wait(10)
+    assert results[:150] == ["dwell.delayed:0:1"] * 150
+    assert all(isinstance(r, ProducerQueueIsFullError) for r in results[150:])
+    assert len(failed_after) == 50 and max(failed_after) < 0.3, failed_after

@@ -5,7 +5,14 @@ from dwell.adapters.kafka import KafkaUnavailable
 from dwell.core.backoff import ExponentialRedeliveryBackoff
 
 from .consumer import Consumer, Message, SubscribeError
-from .producer import AsyncProducer, NotAllowedError, Producer, PublishError
+from .producer import (
+    AsyncProducer,
+    NotAllowedError,
+    Producer,
+    ProducerQueueIsFullError,
+    PublishError,
+)
 
 __all__ = ["AsyncProducer", "Consumer", "ExponentialRedeliveryBackoff", "KafkaUnavailable",
-           "Message", "NotAllowedError", "Producer", "PublishError", "SubscribeError"]
+           "Message", "NotAllowedError", "Producer", "ProducerQueueIsFullError", "PublishError",
+           "SubscribeError"]

@@ -39,6 +39,17 @@ class PublishError(Exception):
         self.retryable = retryable
 
 
+class ProducerQueueIsFullError(PublishError):
+    """Pulsar's ProducerQueueIsFullError: an AsyncProducer already had
+    ``max_pending_messages`` sends waiting for admission's answer, so this one was refused
+    at once, before it took a sequence id or reached admission. ``retryable`` is true:
+    the same send may go through once earlier ones are answered."""
+
+    def __init__(self, max_pending_messages: int) -> None:
+        super().__init__(f"Producer send queue is full: {max_pending_messages} sends pending "
+                         "(max_pending_messages)", retryable=True)
+
+
 class NotAllowedError(PublishError):
     """errorCode 2: the message broke a publish rule; ``str(exc)`` is the result's
     errorMsg, Pulsar's text (``org.apache.pulsar.broker.service.BrokerServiceException$
@@ -148,6 +159,9 @@ class _Publisher:
 # HTTP connections to admission per producer: httpx's default pool size.
 MAX_CONNECTIONS = 100
 
+# AsyncProducer's max_pending_messages unless given (its docstring says why this one).
+MAX_PENDING_MESSAGES = 1000
+
 
 def _timeout(timeout_s: float) -> httpx.Timeout:
     """Each request's connect, write and read within ``timeout_s``; no limit on waiting for
@@ -229,13 +243,27 @@ class AsyncProducer(_Publisher):
 
     ``await AsyncProducer("persistent://t/ns/x").send(b"hi", deliver_after=5000)``
     returns the id. ``transport`` is an ``httpx.AsyncBaseTransport``.
+
+    ``max_pending_messages`` is Pulsar's maxPendingMessages: the sends waiting for
+    admission's answer, in flight or waiting for a connection, at most. A send beyond
+    them fails at once with ``ProducerQueueIsFullError``, as a Pulsar producer's does
+    with blockIfQueueFull off (its default). 0 is no limit, Pulsar's default since it
+    bounds its client's memory in bytes instead; dwell's default is 1000 (Pulsar's own
+    default before that), so that a burst larger than admission can take is refused
+    instead of holding every payload in memory.
     """
 
     def __init__(self, topic: str, *, producer_name: str | None = None,
                  admission_url: str | None = None, timeout_s: float = 15.0,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None,
+                 max_pending_messages: int = MAX_PENDING_MESSAGES) -> None:
+        if max_pending_messages < 0:
+            raise ValueError("max_pending_messages must be 0 (no limit) or more, "
+                             f"not {max_pending_messages}")
         super().__init__(topic, producer_name, admission_url, token)
+        self._max_pending = max_pending_messages
+        self._pending = 0
         self._http = httpx.AsyncClient(transport=transport,
                                        **_client_options(self._base, timeout_s, self._headers))
         # Sends beyond the pool's connections wait here, in the order they were made:
@@ -248,16 +276,23 @@ class AsyncProducer(_Publisher):
                    deliver_at: datetime | int | None = None,
                    deliver_after: timedelta | int | None = None,
                    event_time: datetime | int | None = None) -> str:
-        """Publish one message and return its message id (as ``Producer.send``)."""
+        """Publish one message and return its message id (as ``Producer.send``); raises
+        ProducerQueueIsFullError at once when ``max_pending_messages`` sends are pending."""
+        if self._max_pending and self._pending >= self._max_pending:
+            raise ProducerQueueIsFullError(self._max_pending)
         body = self._next_body(payload, key=key, properties=properties, deliver_at=deliver_at,
                                deliver_after=deliver_after, event_time=event_time)
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
-        async with self._slots:
-            try:
-                resp = await self._http.post(self._path, json=body)
-            except httpx.HTTPError as exc:
-                raise _unreachable(exc) from exc
+        self._pending += 1
+        try:
+            async with self._slots:
+                try:
+                    resp = await self._http.post(self._path, json=body)
+                except httpx.HTTPError as exc:
+                    raise _unreachable(exc) from exc
+        finally:
+            self._pending -= 1
         return _message_id(resp)
 
     async def close(self) -> None:
