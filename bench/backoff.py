@@ -3,18 +3,19 @@ redelivery-index writes, against the test profile's Redis (database 9, flushed) 
 Kafka. The app runs as its own process (`python -m dwell_spark`, a fresh checkpoint
 reading dwell.acks from its end).
 
-1. N `delivered` events with an ack timeout (600 s: nothing comes due), one per message
-   of one subscription, written to dwell.acks at once: timed from the first write until
-   the subscription's redelivery counts in Redis hold all N (each one a schedule decision
-   written by the driver).
+1. N `delivered` events with an ack timeout (600 s: nothing comes due), one per message,
+   spread over ``--subscriptions`` subscriptions of one topic (each on a partition of
+   dwell.acks of its own, as far as there are partitions), written to dwell.acks at once:
+   timed from the first write until the subscriptions' redelivery counts in Redis hold
+   all N (each one a schedule decision).
 2. N `ack` events for the same messages: timed until the counts are empty again (each a
    cancel of the pending entry and an ack).
 3. Baseline, in this process: the same 2N events read back from dwell.acks by a plain
    Kafka consumer (the raw consume rate of what the query reads).
 
 Prints events/s of each phase and its ratio to the baseline, and the backoff's own
-per-batch timings from the app's log ("events and state", then writing: the index check and
-applying the decisions).
+per-batch timings from the app's log (deciding, then writing, summed over the partitions'
+batches).
 
 4. With ``--restart-events N`` (after the phases; ``--events 0`` skips them): the restart.
    Every process of the app's session (its JVM and Python workers) is killed with SIGKILL,
@@ -24,8 +25,8 @@ applying the decisions).
    log timestamps), and the catch-up: from ready until Redis holds all N redelivery counts,
    its events/s beside phase 1's, and how many counts are missing (lost).
 
-    .venv/bin/python bench/backoff.py [--events 20000] [--state-partitions 1] [--state-shards 64]
-        [--master local[1]] [--restart-events 100000]
+    .venv/bin/python bench/backoff.py [--events 20000] [--subscriptions 1]
+        [--master local[1]] [--max-events-per-batch N] [--restart-events 100000]
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -53,8 +56,8 @@ from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 
 FAR_MS = 600_000  # an ack timeout nothing in the run reaches
-BATCH_LINE = re.compile(r"backoff: (\d+) decisions.*events and state (\d+) ms, written in "
-                        r"(\d+) ms")
+BATCH_LINE = re.compile(r"backoff: (\d+) decisions from \d+ events.*decided in (\d+) ms, "
+                        r"written in (\d+) ms")
 SESSION_UP = "spark session up"
 READY = "backoff ready"
 
@@ -69,27 +72,59 @@ def timed(what: str, start: float, done, procs: Procs, timeout: float) -> float:
     return time.monotonic() - start
 
 
+def subscription_names(topic: str, partitions: int, wanted: int) -> list[str]:
+    """``wanted`` subscription names whose dwell.acks keys (`<topic>/<sub>`) the producer's
+    partitioner (librdkafka's consistent one: CRC32 of the key) puts on different
+    partitions, as far as there are partitions."""
+    names_: list[str] = []
+    taken: set[int] = set()
+    i = 0
+    while len(names_) < wanted:
+        sub = f"s{i}"
+        part = zlib.crc32(f"{topic}/{sub}".encode()) % partitions
+        if part not in taken or len(taken) >= partitions:
+            names_.append(sub)
+            taken.add(part)
+        i += 1
+    return names_
+
+
 def throughput(st: devstack.Stack, r: Any, procs: Procs, log: Path, topic: str,
-               ids: list[str], timeout: float) -> float:
+               subs: list[str], ids: list[str], timeout: float) -> float:
     """Phases 1-3; returns phase 1's events/s."""
-    counts = keys.sub_counts(topic, "s")
+    counts = [keys.sub_counts(topic, s) for s in subs]
     n = len(ids)
+    share = [ids[i::len(subs)] for i in range(len(subs))]
     starts = kafka.end_offsets(st.kafka_bootstrap, names.ACKS)
+
+    def held() -> int:
+        pipe = r.pipeline(transaction=False)
+        for c in counts:
+            pipe.hlen(c)
+        return sum(pipe.execute())
+
     figures = []
-    for kind, done in (("delivered", lambda: r.hlen(counts) >= n),
-                       ("ack", lambda: r.hlen(counts) == 0)):
+    for kind, done in (("delivered", lambda: held() >= n), ("ack", lambda: held() == 0)):
         t0 = time.monotonic()
-        send_ack_events(st.kafka_bootstrap, kind, topic, ids, FAR_MS)
+        senders = [threading.Thread(target=send_ack_events, args=(
+            st.kafka_bootstrap, kind, topic, mine, FAR_MS, sub))
+            for sub, mine in zip(subs, share, strict=True)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
         sent = time.monotonic() - t0
         took = timed(kind, t0, done, procs, timeout)
         figures.append((kind, took))
         print(f"  {kind:9} {n / took:9,.0f} events/s ({took:.1f} s; written to "
               f"dwell.acks in {sent:.1f} s)", flush=True)
     t0 = time.monotonic()
-    raw = [x for x in kafka.read_from(st.kafka_bootstrap, names.ACKS, starts)
-           if x.key == f"{topic}/s".encode()]
+    mine = {f"{topic}/{s}".encode() for s in subs}
+    raw = [x for x in kafka.read_from(st.kafka_bootstrap, names.ACKS, starts) if x.key in mine]
     base = len(raw) / (time.monotonic() - t0)
-    print(f"  baseline  {base:9,.0f} events/s (plain consumer, {len(raw):,} events read)")
+    used = sorted({x.partition for x in raw})
+    print(f"  baseline  {base:9,.0f} events/s (plain consumer, {len(raw):,} events read; "
+          f"dwell.acks partitions used: {used})")
     for kind, took in figures:
         print(f"  {kind:9} / baseline: {n / took / base:.3f}")
     batches = [tuple(int(x) for x in m.groups())
@@ -97,8 +132,9 @@ def throughput(st: devstack.Stack, r: Any, procs: Procs, log: Path, topic: str,
     if batches:
         decided = sum(b[0] for b in batches)
         print(f"  the app's {len(batches)} batches with decisions: {decided:,} decisions; "
-              f"events and state {sum(b[1] for b in batches) / decided * 1000:.0f} us, "
-              f"writing {sum(b[2] for b in batches) / decided * 1000:.0f} us per decision")
+              f"deciding {sum(b[1] for b in batches) / decided * 1000:.1f} us, writing "
+              f"{sum(b[2] for b in batches) / decided * 1000:.1f} us per decision (summed "
+              "over the partitions' batches)")
     return n / figures[0][1]
 
 
@@ -150,10 +186,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=20000,
                     help="messages (events per phase); 0 skips phases 1-3")
-    ap.add_argument("--state-partitions", type=int, default=1,
-                    help="the app's state_partitions (shuffle partitions of the state)")
-    ap.add_argument("--state-shards", type=int, default=64,
-                    help="the app's backoff_state_shards (shards of a subscription's state)")
+    ap.add_argument("--subscriptions", type=int, default=1,
+                    help="subscriptions the messages are spread over (each on a partition "
+                         "of dwell.acks of its own)")
     ap.add_argument("--max-events-per-batch", type=int, default=None,
                     help="the app's acks_max_events_per_batch (default: the setting's)")
     ap.add_argument("--master", default=None,
@@ -179,9 +214,7 @@ def main() -> None:
     def start_app(name: str) -> Path:
         # A restart keeps the checkpoint: the app resumes where the killed one stopped.
         return procs.start(name, ["-m", "dwell_spark"], spark_env(
-            st, redis_url, tmp / "checkpoints") | {
-            "DWELL_STATE_PARTITIONS": str(args.state_partitions),
-            "DWELL_BACKOFF_STATE_SHARDS": str(args.state_shards)} | (
+            st, redis_url, tmp / "checkpoints") | (
             {} if args.max_events_per_batch is None else
             {"DWELL_ACKS_MAX_EVENTS_PER_BATCH": str(args.max_events_per_batch)}) | (
             {} if args.master is None else {"DWELL_SPARK_MASTER": args.master}),
@@ -191,13 +224,14 @@ def main() -> None:
     try:
         log = start_app("spark")
         wait_line(procs, log, READY, 600)
-        print(f"Spark app ready ({load_avg()}); {args.events:,} messages, master "
-              f"{args.master or 'local[2]'}, state_partitions {args.state_partitions}, state "
-              f"shards {args.state_shards}", flush=True)
         topic = f"persistent://bench{uuid.uuid4().hex[:8]}/ns/backoff"
+        subs = subscription_names(topic, kafka.partition_count(st.kafka_bootstrap, names.ACKS),
+                                  args.subscriptions)
+        print(f"Spark app ready ({load_avg()}); {args.events:,} messages, master "
+              f"{args.master or 'local[2]'}, subscriptions {subs}", flush=True)
         full_rate = None
         if args.events:
-            full_rate = throughput(st, r, procs, log, topic,
+            full_rate = throughput(st, r, procs, log, topic, subs,
                                    [f"{names.DELAYED}:0:{i}" for i in range(args.events)],
                                    args.timeout_s)
         if args.restart_events:

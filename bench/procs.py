@@ -146,14 +146,14 @@ def spark_env(stack: devstack.Stack, redis_url: str, checkpoints: Path) -> dict[
 
 
 def send_ack_events(bootstrap: str, kind: str, topic: str, ids: list[str],
-                    ack_timeout_ms: int) -> None:
-    """One `dwell.acks` event of ``kind`` per message id, for subscription "s" of
+                    ack_timeout_ms: int, subscription: str = "s") -> None:
+    """One `dwell.acks` event of ``kind`` per message id, for ``subscription`` of
     ``topic``, as the SDK writes them; returns once Kafka has them all."""
     p = kafka.Producer(bootstrap, linger_ms=20)
-    key = f"{topic}/s".encode()
+    key = f"{topic}/{subscription}".encode()
     try:
         futures = [p.send(names.ACKS, orjson.dumps({
-            "event": kind, "topic": topic, "subscription": "s", "messageId": mid,
+            "event": kind, "topic": topic, "subscription": subscription, "messageId": mid,
             "redeliveryCount": 0, "ts": now_ms(), "ackTimeoutMs": ack_timeout_ms}), key)
             for mid in ids]
         for f in futures:

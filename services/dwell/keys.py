@@ -110,9 +110,10 @@ INGESTED = "dwell:trk:ingested"
 # it lost the registry; a value below what the tracker wrote means a rollback
 # (dwell.tracker.registry).
 SUBSCRIPTIONS_APPLIED = "dwell:trk:subs:applied"
-# STRING: the last micro-batch of the backoff query whose decisions the subscriptions'
-# redelivery indexes hold. Only a rebuild creates it, so a Redis without it lost them; a
-# value below the batch before the running one means a rollback (dwell_spark.recovery).
+# HASH partition of dwell.acks -> the offset below which the subscriptions' redelivery
+# indexes hold every event's decisions. Only a rebuild creates it (the backoff's writes
+# move it only while it exists), so a Redis without it lost them; a value below what the
+# backoff wrote means a rollback (dwell_spark.recovery).
 BACKOFF_APPLIED = "dwell:backoff:applied"
 
 
@@ -131,6 +132,13 @@ def sub_counts(topic: str, subscription: str) -> str:
     """HASH messageId -> redelivery count of its pending index entry, for one
     subscription; -(count + 1) marks a dead letter (the drain sends it to the DLQ)."""
     return f"dwell:sub:{{{topic}}}:{subscription}:cnt"
+
+
+def sub_pending(topic: str, subscription: str) -> str:
+    """HASH messageId -> "dueAt,bucket,storedCount" of its pending index entry, for one
+    subscription: what a later event of the message cancels (written by the backoff,
+    deleted by the drain once it claimed the entry's bucket)."""
+    return f"dwell:sub:{{{topic}}}:{subscription}:pend"
 
 
 def sub_redelivery(topic: str, subscription: str) -> IndexKeys:

@@ -1,5 +1,5 @@
-"""`python -m dwell_spark`: start the Spark session and its streaming queries (drain,
-backoff, and malformed dwell.acks events to dwell.invalid) in one application, and run
+"""`python -m dwell_spark`: start the Spark session and its streaming queries (the drain,
+and the backoff, which also sets malformed dwell.acks events aside) in one application, and run
 until one of them stops."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dwell.adapters.kafka import ensure_dwell_topics
 from dwell.auth.guard import Guard
 from dwell.security import java_oauth_system_properties, server_context
 
-from . import backoff, drain, invalid, metrics
+from . import backoff, drain, metrics
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark")
@@ -34,16 +34,10 @@ def session(settings: SparkSettings) -> SparkSession:
          .master(settings.spark_master)
          .config("spark.ui.enabled", "false")
          .config("spark.python.daemon.module", "dwell_spark.daemon")
-         .config("spark.sql.shuffle.partitions", str(settings.state_partitions))
          # The drain hands its wanted ranges to the JVM as a pandas frame.
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-         .config("spark.sql.streaming.stateStore.providerClass",
-                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-         # A micro-batch writes RocksDB's changelog, not a zipped snapshot of the store.
-         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
-                 "true")
-         # Micro-batches only when there is input: the backoff's timers only clean up
-         # state (see dwell_spark.backoff), and the drain's source always has a row.
+         # Micro-batches only when there is input: the backoff has nothing to do without
+         # events, and the drain's source always has a row.
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
     if "://" not in settings.spark_checkpoint_dir or settings.spark_checkpoint_dir.startswith(
             "file:"):
@@ -88,8 +82,7 @@ def main() -> int:
     # Start the Python workers and JIT before the first due bucket does (the first job
     # of a session takes seconds, later ones a fraction).
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()
-    queries = [drain.start(spark, settings, r), backoff.start(spark, settings, r),
-               invalid.start(spark, settings, backoff.SYSTEM_TOPICS)]
+    queries = [drain.start(spark, settings, r), backoff.start(spark, settings, r)]
     metrics.watch(queries)
     log.info("dwell spark app running: %s", ", ".join(q.name for q in queries))
     spark.streams.awaitAnyTermination()

@@ -1,31 +1,47 @@
-"""The backoff job: reads consumers' events on dwell.acks (Spark's Kafka source) and keeps
-a state per shard of each (topic, subscription) (dwell_spark.state), with every pending
-redelivery of the shard's messages. The redelivery index does the timing, not Spark: when
-the job reads a `delivered` event with an ack timeout, or a `nack`, it writes
-the future redelivery into the subscription's redelivery index at its absolute due time,
-computed by dwell.core.backoff from the event's own timestamps (PIP-130 / PIP-106); the
-drain claims it once its bucket has passed (never early). An `ack` (or a later event that
-supersedes it) takes the pending entry out of the index again; once the drain has claimed
-its bucket that is a no-op: the redelivery happened, as in Pulsar. So a micro-batch's
-latency does not add to the redelivery gaps as long as it stays below the delay.
+"""The backoff job: reads consumers' events on dwell.acks (Spark's Kafka source) in one
+pass per partition, with no shuffle and no Spark state. Each Arrow batch of a partition is
+checked (dwell_spark.invalid: malformed events go to dwell.invalid from the same pass),
+decided and written to Redis by the Python worker that reads it, so the work spreads over
+the executors by partitions of dwell.acks.
 
-Dead letters (Pulsar's DeadLetterPolicy, after maxRedeliverCount redeliveries): a nack
-past the limit dead-letters at once (nothing can cancel a nack); an unacked delivery past
-the limit goes into the redelivery index like a redelivery (``dead``: its count stored
-as -(count + 1)), and the drain sends it to the DLQ instead of the retry topic once its
-ack timeout (plus backoff) has run out; an ack before then takes it out again. So the
-index does all the timing and the state's processing-time timers only clean up: the
-query runs no micro-batch without new events (``noDataMicroBatches`` off), so an idle
-app does not run a batch every trigger just to look for timeouts.
+The redelivery index does the timing, not Spark: when the job reads a `delivered` event
+with an ack timeout, or a `nack`, it writes the future redelivery into the subscription's
+redelivery index at its absolute due time, computed by dwell.core.backoff from the event's
+own timestamps (PIP-130 / PIP-106); the drain claims it once its bucket has passed (never
+early). An `ack` (or a later event that supersedes it) takes the pending entry out of the
+index again; once the drain has claimed its bucket that is a no-op: the redelivery
+happened, as in Pulsar. So a micro-batch's latency does not add to the redelivery gaps as
+long as it stays below the delay.
+
+What a later event must cancel is kept beside the index, in the subscription's pending
+hash (keys.sub_pending: messageId -> due time, bucket, stored count), read for a batch's
+messages in one HMGET per subscription and written with the batch's index changes. The
+redelivery count rides on each event (the SDK counts redeliveries), so nothing else is
+remembered. The drain deletes a message's entry once it claimed its bucket; an entry
+left past its due time by more than backoff_state_grace_ms is treated as gone.
+
+Order: a subscription's events are keyed `<topic>/<subscription>` on dwell.acks
+(docs/architecture.md), so they sit in one partition, read in offset order; within a
+batch each subscription's events are taken by their `ts` (ties keep their order).
+
+Dead letters (Pulsar's DeadLetterPolicy, after maxRedeliverCount redeliveries): an
+unacked delivery past the limit goes into the redelivery index like a redelivery
+(``dead``: its count stored as -(count + 1)), and the drain sends it to the DLQ instead of
+the retry topic once its ack timeout (plus backoff) has run out; an ack before then takes
+it out again. A nack past the limit is indexed the same way, due at once.
 
 The subscription settings ride on each event (the SDK copies what it registered at the
 tracker), so SDK events need no lookup. An event without them (``ackTimeoutMs`` absent: a
 plain Kafka consumer that registered its subscription over the tracker's HTTP API) takes
 them from the tracker's subscription registry in Redis, cached per Python worker for
-backoff_registry_ttl_ms. Replays after a crash are harmless: index adds are set unions, removes
-of what is gone are no-ops, and the redelivery count is written, not incremented. The
-state holds every pending redelivery, so after Redis lost the indexes dwell_spark.recovery
-puts them back from it before the next batch's decisions are applied."""
+backoff_registry_ttl_ms.
+
+Replays after a crash are skipped: Redis keeps, per partition of dwell.acks, the offset
+below which it holds every event's decisions (keys.BACKOFF_APPLIED), moved after each
+batch's writes; a batch replayed from before it skips what is below it, and a batch that
+failed half-way is harmless to apply again (index adds are set unions, removes of what is
+gone are no-ops, counts are written, not incremented). When Redis lost the indexes,
+dwell_spark.recovery rebuilds them by replaying dwell.acks."""
 
 from __future__ import annotations
 
@@ -34,19 +50,27 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import numpy as np
-import pandas as pd
+import orjson
+import pyarrow as pa
 import redis as redislib
-from pyspark.errors import AnalysisException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
+from dwell import headers as hdr
+from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.cache import ExpiringCache
@@ -61,88 +85,80 @@ from dwell.core.backoff import (
 from dwell.core.buckets import bucket_start
 from dwell.core.positions import parse_message_id
 from dwell.core.subscriptions import SubscriptionSettings
-from dwell.core.topics import TopicName, dlq_topic
 from dwell.index import subscriptions as registry
-from dwell.index.redelivery import SubscriptionIndex
+from dwell.index.buckets import scripts as index_scripts
+from dwell.index.redelivery import PendingEntry, SubscriptionIndex
+from dwell.security import spark_kafka_options
 
 from . import invalid, metrics, recovery
-from .drain import TopicCache, write_ranges
-from .records import Range
 from .settings import SparkSettings
-from .state import (
-    CHECKPOINT,
-    OLD_CHECKPOINT,
-    SHARDS_FILE,
-    STATE_SCHEMA,
-    StateEntry,
-    decode_pending,
-    encode_pending,
-)
 
 log = logging.getLogger("dwell.spark.backoff")
-# Backoff objects stay JSON text (Spark keeps a nested object's raw text for a string field).
-EVENT_SCHEMA = StructType([
-    StructField("event", StringType()),
-    StructField("topic", StringType()),
-    StructField("subscription", StringType()),
-    StructField("messageId", StringType()),
-    StructField("redeliveryCount", LongType()),
-    StructField("ts", LongType()),
-    *(StructField(name, LongType() if name in subs.INTEGER_FIELDS else StringType())
-      for name in subs.FIELDS),
-])
-OUTPUT_SCHEMA = StructType([
-    StructField("topic", StringType()),
-    StructField("subscription", StringType()),
-    StructField("messageId", StringType()),
-    StructField("action", StringType()),  # schedule | dead | cancel | dlq | ack
-    StructField("at", LongType()),
-    StructField("bucket", LongType()),  # schedule, dead, cancel: the index bucket
-    StructField("redeliveryCount", LongType()),
-    # set aside: why, and the event as the state function read it (JSON)
+
+# Where the backoff query checkpoints, under spark_checkpoint_dir.
+CHECKPOINT: Final = "backoff-stream"
+# Where earlier versions checkpointed, with a state this one does not keep: an app that
+# finds one deletes it (drop_old_checkpoints).
+OLD_CHECKPOINTS: Final = ("backoff", "backoff-shards", "acks-invalid")
+# The columns of dwell.acks the pass reads (the Kafka source's, the record timestamp in
+# ms and the `dwell-authorization` header values).
+SOURCE_COLUMNS: Final = ("partition", "offset", "ts", "tsType", "key", "value", "auths")
+# One row per Arrow batch the pass worked on: what the driver logs, counts and watches.
+SUMMARY_SCHEMA: Final = StructType([
+    StructField("partition", IntegerType()),
+    StructField("next", LongType()),  # the offset after the batch's last record
+    StructField("events", LongType()),  # records read (those below the marker skipped)
+    StructField("decisions", LongType()),
+    StructField("lead", LongType()),  # earliest scheduled due time minus now, ms
+    # kind -> how many records went to dwell.invalid (JSON), and the first one's reason
+    StructField("invalid", StringType()),
     StructField("reason", StringType()),
-    StructField("event", StringType()),
+    StructField("retries", LongType()),
+    # Redis had no marker: nothing was written, the driver rebuilds
+    StructField("lost", BooleanType()),
+    StructField("decide_ms", DoubleType()),
+    StructField("write_ms", DoubleType()),
 ])
-SCHEDULE, DEAD, CANCEL, DLQ, ACK = "schedule", "dead", "cancel", "dlq", "ack"
-# An event the state function failed on: it goes to dwell.invalid (its `at` and `bucket`
-# carry the event's offset and partition on dwell.acks), and the batch goes on.
-SET_ASIDE = "set_aside"
-# Where an event was read on dwell.acks: the columns the state function gets beside
-# EVENT_SCHEMA's.
-SOURCE_COLUMNS: Final = ("partition", "offset")
-# What every decision row of a signed 64-bit column must fit in (Arrow's int64).
+SCHEDULE, DEAD, CANCEL, ACK = "schedule", "dead", "cancel", "ack"
+# What every decision's numbers must fit in (Redis's and Kafka's signed 64-bit integers).
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
-# The settings' defaults, for step() and RegistryLookup built without them (tests).
-# start() hands the configured values to the state function and the lookup, which
-# carry them to the executors' Python workers (those do not see the driver's DWELL_*
-# environment).
+_MAX_PARTITION_DIGITS, _MAX_OFFSET_DIGITS = 9, 18
 DEFAULT_TICK_MS: Final = SparkSettings.model_fields["redelivery_tick_ms"].default
-DEFAULT_STATE_GRACE_MS: Final = SparkSettings.model_fields["backoff_state_grace_ms"].default
+DEFAULT_GRACE_MS: Final = SparkSettings.model_fields["backoff_state_grace_ms"].default
 DEFAULT_REGISTRY_TTL_MS: Final = SparkSettings.model_fields["backoff_registry_ttl_ms"].default
 
-Lookup = Callable[[str, str], "SubscriptionSettings | None"]
+# The app's own event on dwell.acks at start (an ack of nothing): the query says "backoff
+# ready" once a micro-batch has carried it through the pass, so the first consumer events
+# do not pay for starting the Python workers and the first plans (seconds).
+WARM_UP_TOPIC = "persistent://dwell/system/backoff-warm-up"
+# Topics of events the app sends itself, in the reserved tenant no user topic can have.
+SYSTEM_TOPICS: Final = frozenset({WARM_UP_TOPIC})
+WARM_UP_RESEND_S = 5.0
 
-
-def _backoff(raw: Any) -> ExponentialRedeliveryBackoff | None:
-    if raw is None or (isinstance(raw, float) and pd.isna(raw)) or raw == "":
-        return None
-    return _parse_backoff(raw)
+Event = dict[str, Any]
+# A decision: (messageId, action, at, bucket, stored count). ``at`` is the due time (the
+# event's ts for an ack); ``bucket`` None for an ack.
+Decision = tuple[str, str, int, "int | None", int]
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_backoff(raw: str) -> ExponentialRedeliveryBackoff:
-    # A subscription's events all carry the same text: parsed once per worker.
-    return ExponentialRedeliveryBackoff.from_json(json.loads(raw))
+def _parse_backoff(items: tuple[tuple[str, Any], ...]) -> ExponentialRedeliveryBackoff:
+    # A subscription's events all carry the same backoff: built once per worker.
+    return ExponentialRedeliveryBackoff.from_json(dict(items))
+
+
+def _backoff(raw: Any) -> ExponentialRedeliveryBackoff | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = json.loads(raw)
+    if not isinstance(raw, Mapping):
+        raise ValueError("backoff must be a JSON object")
+    return _parse_backoff(tuple(sorted(raw.items())))
 
 
 def _opt_int(v: Any) -> int | None:
-    return None if v is None or pd.isna(v) else int(v)
-
-
-def _position(v: Any) -> int:
-    """A source partition or offset, -1 when unknown."""
-    found = _opt_int(v)
-    return -1 if found is None else found
+    return None if v is None else int(v)
 
 
 # Per Python worker (workers are reused across batches): the registry reads.
@@ -163,99 +179,84 @@ class RegistryLookup:
             redis_adapter.shared(self.redis_url), topic, sub))
 
 
-Event = dict[str, Any]
-EVENT_COLUMNS: Final = (*(f.name for f in EVENT_SCHEMA.fields), *SOURCE_COLUMNS)
-OUTPUT_COLUMNS: Final = pd.Index([f.name for f in OUTPUT_SCHEMA.fields])
-
-
-def group_events(batches: Iterator[pd.DataFrame]) -> list[Event]:
-    """A group's events as dicts, oldest first (``ts``; ties keep their order). The
-    state function runs once per message, so it works on plain rows: a pandas
-    operation costs more than the decision itself."""
-    rows: list[Event] = []
-    for frame in batches:
-        columns = [frame[c].tolist() if c in frame else [None] * len(frame)
-                   for c in EVENT_COLUMNS]
-        rows.extend(dict(zip(EVENT_COLUMNS, values, strict=True))
-                    for values in zip(*columns, strict=True))
-    rows.sort(key=lambda r: r["ts"])
-    return rows
-
-
 def fill_settings(events: list[Event], settings: SubscriptionSettings | None) -> list[Event]:
-    """``events`` with the registered ``settings`` on every row that carries none
-    (``ackTimeoutMs`` missing); rows that carry settings keep theirs."""
+    """``events`` with the registered ``settings`` on every one that carries none
+    (``ackTimeoutMs`` missing); events that carry settings keep theirs."""
     if settings is None:
         return events
-    # The rows take the settings in their dwell.acks shape (backoffs as JSON text).
-    values = {name: json.dumps(value) if name in subs.BACKOFF_FIELDS and value is not None
-              else value for name, value in settings.to_json().items()}
-    return [ev | values if _opt_int(ev.get(subs.ACK_TIMEOUT_MS)) is None else ev
-            for ev in events]
+    values = settings.to_json()
+    return [ev | values if ev.get(subs.ACK_TIMEOUT_MS) is None else ev for ev in events]
 
 
-def decisions_frame(out: list[tuple]) -> pd.DataFrame:
-    """The state function's output rows as the frame OUTPUT_SCHEMA describes. Object
-    columns keep Python ints and None as they are (Arrow reads them as int64 and null);
-    a typed frame costs ~10 times as much to build, once per message."""
-    rows = np.empty((len(out), len(OUTPUT_COLUMNS)), dtype=object)
-    if out:
-        rows[:] = out
-    return pd.DataFrame(rows, columns=OUTPUT_COLUMNS, copy=False)
+def decide(ev: Event, pending: dict[str, PendingEntry], out: list[Decision],
+           tick_ms: int) -> None:
+    """One event's decisions, appended to ``out``; ``pending`` (messageId -> entry) is
+    updated in place."""
+    mid = ev["messageId"]
+    cur = pending.get(mid)
+
+    def cancel() -> None:
+        # Whatever is pending is superseded (a newer delivery, a nack, an ack).
+        if cur is not None:
+            out.append((mid, CANCEL, cur[0], cur[1], cur[2]))
+            del pending[mid]
+
+    def schedule(at: int, count: int, max_r: int | None) -> None:
+        bucket = bucket_start(at, tick_ms)
+        if max_r is not None and count >= max_r:
+            out.append((mid, DEAD, at, bucket, count))
+            pending[mid] = (at, bucket, -count - 1)
+            return
+        out.append((mid, SCHEDULE, at, bucket, count + 1))
+        pending[mid] = (at, bucket, count + 1)
+
+    # Plain Kafka consumers may leave out the count of a first delivery.
+    count = _opt_int(ev.get("redeliveryCount")) or 0
+    kind = ev["event"]
+    ts = int(ev["ts"])
+    if kind == "delivered":
+        ack_timeout = _opt_int(ev.get(subs.ACK_TIMEOUT_MS)) or 0
+        # Without an ack timeout a delivery schedules nothing and leaves what is pending
+        # alone (a repeat of a nacked copy must not cancel its nack); with one, the new
+        # delivery restarts the clock.
+        if ack_timeout > 0:
+            cancel()
+            at = ack_timeout_redelivery_at(ts, ack_timeout,
+                                           _backoff(ev.get(subs.ACK_TIMEOUT_BACKOFF)), count)
+            schedule(at, count, _opt_int(ev.get(subs.MAX_REDELIVER_COUNT)))
+    elif kind == "ack":
+        cancel()
+        out.append((mid, ACK, ts, None, count))
+    elif kind == "nack":
+        cancel()
+        max_r = _opt_int(ev.get(subs.MAX_REDELIVER_COUNT))
+        if max_r is not None and count >= max_r:
+            # Past the limit: to the dead-letter topic at once (the drain's next round).
+            schedule(ts, count, max_r)
+        else:
+            schedule(nack_redelivery_at(ts, _backoff(ev.get(subs.NACK_BACKOFF)), count),
+                     count, max_r)
 
 
-def pending_of(state: GroupState) -> dict[str, StateEntry]:
-    """A shard's state as messageId -> its pending entry."""
-    return decode_pending(state.get[0]) if state.exists else {}
-
-
-def step(key: tuple[str, str, int], batches: Iterator[pd.DataFrame],
-         state: GroupState, lookup: Lookup | None = None,
-         tick_ms: int = DEFAULT_TICK_MS,
-         grace_ms: int = DEFAULT_STATE_GRACE_MS) -> Iterator[pd.DataFrame]:
-    """applyInPandasWithState function for one shard of a (topic, subscription): the
-    index writes (``schedule`` / ``cancel``), dead letters and acks its events call for,
-    each message's in event order. ``lookup(topic, sub)`` supplies the settings of events
-    that carry none; ``tick_ms`` is the redelivery index's bucket width; ``grace_ms`` how
-    long a scheduled redelivery's entry outlives its due time (backoff_state_grace_ms).
-    Spark calls Python once per group and batch: a shard holds many messages, so that
-    call is made once per shard with events, not once per message."""
-    topic, sub, _ = key
-    out: list[tuple] = []
-    pending = pending_of(state)
-    events = [] if state.hasTimedOut else group_events(batches)
-    if lookup is not None and any(_opt_int(ev[subs.ACK_TIMEOUT_MS]) is None
-                                  for ev in events):
-        events = fill_settings(events, lookup(topic, sub))
-    for ev in events:
-        decide_or_set_aside(topic, sub, ev, pending, out, tick_ms)
-    # An entry is kept for acks that may still cancel it, then dropped (at the shard's
-    # first micro-batch after that: batches run only when events come).
-    now = int(time.time() * 1000)
-    live = {mid: p for mid, p in pending.items() if p[0] + grace_ms > now}
-    if live:
-        state.update((encode_pending(live),))
-        state.setTimeoutDuration(max(1, min(p[0] for p in live.values()) + grace_ms - now))
-    elif state.exists:
-        state.remove()
-    yield decisions_frame(out)
-
-
-def decide_or_set_aside(topic: str, sub: str, ev: Event, pending: dict[str, StateEntry],
-                        out: list[tuple], tick_ms: int) -> None:
-    """:func:`decide`, or, when it fails on the event (or a decision would not fit the
-    output's 64-bit columns), its SET_ASIDE row and nothing else: an event that passed
-    the checks yet fails would otherwise fail its micro-batch on every restart, and
-    with it every topic's redeliveries."""
+def decide_or_fail(ev: Event, pending: dict[str, PendingEntry], out: list[Decision],
+                   tick_ms: int) -> str | None:
+    """:func:`decide`, or, when it fails on the event (or a decision would not fit a
+    64-bit integer), nothing decided and why: an event that passed the checks yet fails
+    would otherwise fail its batch on every restart, and with it every topic's
+    redeliveries."""
     n = len(out)
     mid = ev["messageId"]
     before = pending.get(mid)
     try:
-        decide(topic, sub, ev, pending, out, tick_ms)
+        # The index keeps offsets as 64-bit integers (and partitions as 32-bit ones).
+        _, part, off = mid.rsplit(":", 2)
+        if len(part) > _MAX_PARTITION_DIGITS or len(off) > _MAX_OFFSET_DIGITS:
+            raise OverflowError(f"messageId {mid[:100]}: partition or offset too large")
+        decide(ev, pending, out, tick_ms)
         for row in out[n:]:
-            for v in row[4:7]:
+            for v in row[2:]:
                 if v is not None and not _LONG_MIN <= v <= _LONG_MAX:
-                    raise OverflowError(f"decision {row[3]} for {mid}: {v} does not fit a "
+                    raise OverflowError(f"decision {row[1]} for {mid}: {v} does not fit a "
                                         "signed 64-bit integer")
     except Exception as exc:
         del out[n:]
@@ -263,61 +264,8 @@ def decide_or_set_aside(topic: str, sub: str, ev: Event, pending: dict[str, Stat
             pending.pop(mid, None)
         else:
             pending[mid] = before
-        source = {k: ev.pop(k, None) for k in SOURCE_COLUMNS}
-        text = json.dumps({k: v for k, v in ev.items() if v is not None}, default=str)
-        out.append((topic, sub, mid, SET_ASIDE, _opt_int(source["offset"]),
-                    _opt_int(source["partition"]), None,
-                    f"{type(exc).__name__}: {exc}"[:invalid_core.MAX_REASON_CHARS], text))
-
-
-def decide(topic: str, sub: str, ev: Event, pending: dict[str, StateEntry], out: list[tuple],
-           tick_ms: int) -> None:
-    """One event's decisions, appended to ``out``; ``pending`` (messageId -> entry) is
-    updated in place."""
-    mid = ev["messageId"]
-    cur = pending.get(mid)
-
-    def emit(action: str, at: int, bucket: int | None, count: int) -> None:
-        out.append((topic, sub, mid, action, at, bucket, count, None, None))
-
-    def cancel() -> None:
-        # Whatever is pending is superseded (a newer delivery, a nack, an ack).
-        if cur is not None:
-            emit(CANCEL, int(cur[0]), int(cur[1]), int(cur[2]))
-            del pending[mid]
-
-    def schedule(at: int, count: int, max_r: int | None, dead_now: bool) -> None:
-        bucket = bucket_start(at, tick_ms)
-        if max_r is not None and count >= max_r:
-            if dead_now:
-                emit(DLQ, at, None, count)
-                return
-            emit(DEAD, at, bucket, count)
-            pending[mid] = (at, bucket, -count - 1)
-            return
-        emit(SCHEDULE, at, bucket, count + 1)
-        pending[mid] = (at, bucket, count + 1)
-
-    # Plain Kafka consumers may leave out the count of a first delivery.
-    count = _opt_int(ev["redeliveryCount"]) or 0
-    kind = ev["event"]
-    if kind == "delivered":
-        ack_timeout = _opt_int(ev[subs.ACK_TIMEOUT_MS]) or 0
-        # Without an ack timeout a delivery schedules nothing and leaves what is pending
-        # alone (a repeat of a nacked copy must not cancel its nack); with one, the new
-        # delivery restarts the clock.
-        if ack_timeout > 0:
-            cancel()
-            at = ack_timeout_redelivery_at(int(ev["ts"]), ack_timeout,
-                                           _backoff(ev[subs.ACK_TIMEOUT_BACKOFF]), count)
-            schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]), dead_now=False)
-    elif kind == "ack":
-        cancel()
-        emit(ACK, int(ev["ts"]), None, count)
-    elif kind == "nack":
-        cancel()
-        at = nack_redelivery_at(int(ev["ts"]), _backoff(ev[subs.NACK_BACKOFF]), count)
-        schedule(at, count, _opt_int(ev[subs.MAX_REDELIVER_COUNT]), dead_now=True)
+        return f"{type(exc).__name__}: {exc}"[:invalid_core.MAX_REASON_CHARS]
+    return None
 
 
 # An index entry: (sourceKafkaTopic, partition, offset, bucket).
@@ -325,142 +273,256 @@ Entry = tuple[str, int, int, int]
 
 
 @dataclass
-class _Changes:
+class Changes:
     """One subscription's net changes from a batch of decisions: entries to drop (from
     earlier batches), entries to add (with their due time), and counts to store (None:
     forget). A cancel of an entry added earlier in the same batch drops the add."""
 
-    idx: SubscriptionIndex
     removes: set[Entry] = field(default_factory=set)
     adds: dict[Entry, int] = field(default_factory=dict)
     counts: dict[str, int | None] = field(default_factory=dict)
 
+    def fold(self, decisions: Sequence[Decision]) -> None:
+        for mid, action, at, bucket, count in decisions:
+            if action == ACK:
+                self.counts[mid] = None
+                continue
+            source, partition, offset = parse_message_id(mid)
+            entry = (source, partition, offset, int(bucket or 0))
+            if action == CANCEL:
+                if self.adds.pop(entry, None) is None:
+                    self.removes.add(entry)
+            else:
+                # A dead letter's count is stored as -(count + 1), which tells the drain
+                # to send it to the DLQ (drain.redelivery_ranges).
+                self.counts[mid] = count if action == SCHEDULE else -count - 1
+                self.adds[entry] = at
 
-class Scheduler:
-    """Driver side: turn the state function's decisions into index entries and DLQ records.
-    A batch's decisions are folded per subscription first (each message's in order), so
-    the index is rewritten once per bucket and the counts written in one call, whatever
-    the batch's size: with an ack timeout every delivered message is a decision."""
+    def write(self, idx: SubscriptionIndex, tick_ms: int) -> None:
+        """Cancels before anything else (a cancelled entry the drain claims meanwhile is
+        redelivered, as in Pulsar); counts before the entries the drain reads them for."""
+        by_bucket: dict[int, list[tuple[str, int, int]]] = {}
+        for src, part, off, bucket in self.removes:
+            by_bucket.setdefault(bucket, []).append((src, part, off))
+        for bucket, positions in by_bucket.items():
+            idx.remove_many(bucket, positions)
+        idx.forget(*(mid for mid, c in self.counts.items() if c is None))
+        idx.store_counts({mid: c for mid, c in self.counts.items() if c is not None})
+        idx.add([(src, part, off, at) for (src, part, off, _), at in self.adds.items()],
+                tick_ms)
 
-    def __init__(self, spark: SparkSession, settings: SparkSettings,
-                 redis: redislib.Redis) -> None:
-        self.spark = spark
-        self.settings = settings
-        self.redis = redis
-        self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
-        self._producer: kafka.Producer | None = None
 
-    def set_aside(self, rows: list[Any]) -> None:
-        """Put the SET_ASIDE rows' events on dwell.invalid (kind `failed`) and count them;
-        the first one's reason is logged, once per batch."""
-        if self._producer is None:
-            self._producer = kafka.Producer(
-                self.settings.kafka_bootstrap, linger_ms=0,
-                compression_type=self.settings.kafka_compression_type)
+@dataclass
+class Decided:
+    """What a batch's events call for, before anything is written: per subscription its
+    decisions and the pending entries they leave, and the events set aside (kind, reason,
+    partition, offset, key, value)."""
+
+    decisions: dict[tuple[str, str], list[Decision]] = field(default_factory=dict)
+    pending: dict[tuple[str, str], dict[str, PendingEntry | None]] = field(
+        default_factory=dict)
+    aside: list[tuple[str, str, int, int, bytes | None, bytes | None]] = field(
+        default_factory=list)
+    events: int = 0
+
+    def lead_ms(self, now_ms: int) -> int | None:
+        dues = [d[2] for ds in self.decisions.values() for d in ds if d[1] in (SCHEDULE, DEAD)]
+        return min(dues) - now_ms if dues else None
+
+
+# Pending entries of a batch's subscriptions, messageId -> entry, read before deciding.
+PendingReader = Callable[[str, str, list[str]], dict[str, PendingEntry]]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """The work on dwell.acks records: checks, decisions, and (``__call__``, the function
+    mapInArrow runs on each partition) the writes. Pickles as its settings, so it ships to
+    the executors; clients live in the worker's module state."""
+
+    redis_url: str
+    bootstrap: str
+    compression_type: str
+    tick_ms: int
+    grace_ms: int
+    max_bytes: int
+    write_timeout_s: float
+    auth: invalid.AckAuth | None
+    subscriptions: invalid.SubscriptionCheck
+    lookup: RegistryLookup
+
+    @classmethod
+    def of(cls, settings: SparkSettings) -> Pass:
+        return cls(settings.redis_url, settings.kafka_bootstrap,
+                   settings.kafka_compression_type, settings.redelivery_tick_ms,
+                   settings.backoff_state_grace_ms, settings.acks_max_event_bytes,
+                   settings.backoff_write_timeout_ms / 1000, invalid.AckAuth.of(settings),
+                   invalid.SubscriptionCheck.of(settings),
+                   RegistryLookup(settings.redis_url, settings.backoff_registry_ttl_ms))
+
+    def decide(self, cols: Mapping[str, Sequence[Any]], read_pending: PendingReader,
+               now_ms: int) -> Decided:
+        """Check and decide the records in ``cols`` (SOURCE_COLUMNS, in offset order);
+        ``read_pending`` supplies what is pending for a subscription's messages."""
+        out = Decided()
+        checked = invalid.check_records(cols["value"], cols["auths"], self.max_bytes,
+                                        SYSTEM_TOPICS, self.auth, cols["ts"], cols["tsType"],
+                                        self.subscriptions)
+        by_sub: dict[tuple[str, str], list[tuple[int, Event]]] = {}
+        for i, (kind, reason, doc) in enumerate(checked):
+            if doc is None:
+                out.aside.append((kind or invalid_core.FIELD, reason or "",
+                                  cols["partition"][i], cols["offset"][i], cols["key"][i],
+                                  cols["value"][i]))
+                continue
+            if doc["topic"] in SYSTEM_TOPICS:
+                continue
+            # A delivery without an ack timeout schedules nothing and changes nothing.
+            if doc["event"] == "delivered" and doc.get(subs.ACK_TIMEOUT_MS) == 0:
+                continue
+            by_sub.setdefault((doc["topic"], doc["subscription"]), []).append((i, doc))
+        for (topic, sub), rows in by_sub.items():
+            events = [doc for _, doc in rows]
+            if any(ev.get(subs.ACK_TIMEOUT_MS) is None for ev in events):
+                events = fill_settings(events, self.lookup(topic, sub))
+            order = sorted(range(len(events)), key=lambda k: events[k]["ts"])
+            mids = list(dict.fromkeys(ev["messageId"] for ev in events))
+            read = read_pending(topic, sub, mids)
+            live = {mid: e for mid, e in read.items() if e[0] + self.grace_ms > now_ms}
+            pending = dict(live)
+            decisions: list[Decision] = []
+            for k in order:
+                ev = events[k]
+                why = decide_or_fail(ev, pending, decisions, self.tick_ms)
+                if why is not None:
+                    i = rows[k][0]
+                    out.aside.append((invalid_core.FAILED, why, cols["partition"][i],
+                                      cols["offset"][i], cols["key"][i], cols["value"][i]))
+            out.events += len(events)
+            if decisions:
+                out.decisions[(topic, sub)] = decisions
+            # The entries that changed (None: delete it; a stale one read goes too).
+            changed = {mid: pending.get(mid) for mid in mids
+                       if pending.get(mid) != read.get(mid)}
+            if changed or decisions:
+                out.pending[(topic, sub)] = changed
+        return out
+
+    def read_pending(self, topic: str, sub: str, mids: list[str]) -> dict[str, PendingEntry]:
+        idx = SubscriptionIndex(redis_adapter.shared(self.redis_url), topic, sub)
+        return {mid: e for mid, e in zip(mids, idx.pending(mids), strict=True)
+                if e is not None}
+
+    def write(self, decided: Decided) -> None:
+        """A batch's decisions into Redis (idempotent: a failed try is tried again whole)."""
+        r = redis_adapter.shared(self.redis_url)
+        for (topic, sub), touched in decided.pending.items():
+            idx = SubscriptionIndex(r, topic, sub)
+            ch = Changes()
+            ch.fold(decided.decisions.get((topic, sub), ()))
+            ch.write(idx, self.tick_ms)
+            # Last: a replay after a crash before it finds the old entries and cancels them.
+            idx.write_pending(touched)
+
+    def set_aside(self, decided: Decided) -> None:
+        if not decided.aside:
+            return
+        p = _producer(self.bootstrap, self.compression_type)
         futures = []
-        for row in rows:
-            topic, value, key, headers, _ = invalid_core.invalid_record(
-                names.ACKS, _position(row.bucket), _position(row.at),
-                f"{row.topic}/{row.subscription}".encode(), (row.event or "").encode(),
-                invalid_core.FAILED, row.reason or "")
-            futures.append(self._producer.send(topic, value, key, dict(headers)))
+        for kind, reason, part, off, key, value in decided.aside:
+            topic, v, k, headers, _ = invalid_core.invalid_record(
+                names.ACKS, int(part), int(off), key, value, kind, reason)
+            futures.append(p.send(topic, v, k, dict(headers)))
         for f in futures:
             f.result(30)
-        metrics.INVALID_RECORDS.labels(names.ACKS, invalid_core.FAILED).inc(len(rows))
-        log.warning("backoff: %d events the state function failed on set aside on %s "
-                    "(first: %s)", len(rows), names.INVALID, rows[0].reason)
 
-    def apply(self, rows: list[Any]) -> None:
-        subs_changes: dict[tuple[str, str], _Changes] = {}
-        dead: list[Range] = []
-        for row in rows:
-            key = (row.topic, row.subscription)
-            ch = subs_changes.get(key)
-            if ch is None:
-                ch = subs_changes[key] = _Changes(SubscriptionIndex(self.redis, *key))
-            if row.action == ACK:
-                ch.counts[row.messageId] = None
-                continue
-            source, partition, offset = parse_message_id(row.messageId)
-            if row.action in (SCHEDULE, DEAD):
-                # A dead letter's count is stored as -(count + 1), which tells the drain to
-                # send it to the DLQ (drain.redelivery_ranges).
-                count = int(row.redeliveryCount)
-                ch.counts[row.messageId] = count if row.action == SCHEDULE else -count - 1
-                ch.adds[(source, partition, offset, int(row.bucket))] = int(row.at)
-            elif row.action == CANCEL:
-                entry = (source, partition, offset, int(row.bucket))
-                if ch.adds.pop(entry, None) is None:
-                    ch.removes.add(entry)
-            else:
-                target = dlq_topic(TopicName.parse(row.topic), row.subscription)
-                dead.append(Range(target, source, partition, offset, offset, row.subscription,
-                                  {offset: int(row.redeliveryCount)},
-                                  topic=row.topic.encode()))
-                ch.counts[row.messageId] = None
-        # Cancels before anything else (a cancelled entry the drain claims meanwhile is
-        # redelivered, as in Pulsar); dead letters written before their counts go; counts
-        # before the entries that the drain reads them for.
-        for ch in subs_changes.values():
-            by_bucket: dict[int, list[tuple[str, int, int]]] = {}
-            for src, part, off, bucket in ch.removes:
-                by_bucket.setdefault(bucket, []).append((src, part, off))
-            for bucket, positions in by_bucket.items():
-                ch.idx.remove_many(bucket, positions)
-        if dead:
-            write_ranges(self.spark, self.settings, self.topics, dead)
-        tick = self.settings.redelivery_tick_ms
-        for ch in subs_changes.values():
-            ch.idx.forget(*(mid for mid, c in ch.counts.items() if c is None))
-            ch.idx.store_counts({mid: c for mid, c in ch.counts.items() if c is not None})
-            ch.idx.add([(src, part, off, at) for (src, part, off, _), at in ch.adds.items()],
-                       tick)
+    def run(self, cols: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+        """One Arrow batch of one partition: skip what Redis already holds, decide, write,
+        move the marker; all of it tried again while Redis or Kafka does not answer (a
+        try that failed half-way is harmless to repeat). Its SUMMARY_SCHEMA row."""
+        part = int(cols["partition"][0])
+        done: list[dict[str, Any]] = []
+        tries = write_retrying(lambda: done.append(self._run(part, cols)),
+                               self.write_timeout_s, part)
+        return done[-1] | {"retries": tries - 1}
 
+    def _run(self, part: int, cols: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+        r = redis_adapter.shared(self.redis_url)
+        summary: dict[str, Any] = {"partition": part, "next": int(cols["offset"][-1]) + 1,
+                                   "events": 0, "decisions": 0, "lead": None,
+                                   "invalid": None, "reason": None, "retries": 0,
+                                   "lost": False, "decide_ms": 0.0, "write_ms": 0.0}
+        pipe = r.pipeline(transaction=False)
+        pipe.exists(keys.BACKOFF_APPLIED)
+        pipe.hget(keys.BACKOFF_APPLIED, part)
+        exists, applied = pipe.execute()
+        if not exists:
+            summary["lost"] = True
+            return summary
+        start = int(applied or 0)
+        first = next((i for i, o in enumerate(cols["offset"]) if o >= start), None)
+        if first is None:
+            return summary
+        if first:
+            cols = {k: v[first:] for k, v in cols.items()}
+        started = time.monotonic()
+        decided = self.decide(cols, self.read_pending, int(time.time() * 1000))
+        decided_at = time.monotonic()
+        self.set_aside(decided)
+        self.write(decided)
+        moved = index_scripts(r).run("applied", [keys.BACKOFF_APPLIED],
+                                     [part, summary["next"]])
+        kinds: dict[str, int] = {}
+        for kind, *_ in decided.aside:
+            kinds[kind] = kinds.get(kind, 0) + 1
+        summary.update(
+            events=decided.events, decisions=sum(map(len, decided.decisions.values())),
+            lead=decided.lead_ms(int(time.time() * 1000)),
+            invalid=json.dumps(kinds) if kinds else None,
+            reason=decided.aside[0][1] if decided.aside else None,
+            lost=int(moved) == 0, decide_ms=(decided_at - started) * 1000,
+            write_ms=(time.monotonic() - decided_at) * 1000)
+        return summary
 
-def events(spark: SparkSession, settings: SparkSettings) -> DataFrame:
-    """The good events on dwell.acks (dwell_spark.invalid sets the others aside)."""
-    raw = (invalid.checked_acks(spark, settings, SYSTEM_TOPICS)
-           .where(F.col("bad.kind").isNull()))
-    # A delivery without an ack timeout schedules nothing and changes no state (step):
-    # it is dropped before the state function, which would read and write its shard. (The
-    # SDK sends none; a plain Kafka consumer that leaves ackTimeoutMs out gets the
-    # registered one.)
-    no_clock = (F.col("event") == F.lit("delivered")) & (F.col(subs.ACK_TIMEOUT_MS) == 0)
-    return (raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"),
-                       *SOURCE_COLUMNS)
-            .select("e.*", *SOURCE_COLUMNS)
-            .where(F.col("topic").isNotNull() & F.col("subscription").isNotNull()
-                   & F.col("messageId").isNotNull() & F.col("ts").isNotNull()
-                   & ~F.coalesce(no_clock, F.lit(False))))
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                row = self.run(batch.to_pydict())
+                yield pa.RecordBatch.from_pylist([row], schema=_SUMMARY_ARROW)
 
 
-def shard_of(message_id: Column, shards: int) -> Column:
-    """The state shard of a messageId: a stable hash, so each message's events meet in one
-    shard (the count is fixed once a checkpoint exists)."""
-    return F.pmod(F.xxhash64(message_id), F.lit(shards))
+_SUMMARY_ARROW: Final = pa.schema([
+    pa.field("partition", pa.int32()), pa.field("next", pa.int64()),
+    pa.field("events", pa.int64()), pa.field("decisions", pa.int64()),
+    pa.field("lead", pa.int64()), pa.field("invalid", pa.string()),
+    pa.field("reason", pa.string()), pa.field("retries", pa.int64()),
+    pa.field("lost", pa.bool_()), pa.field("decide_ms", pa.float64()),
+    pa.field("write_ms", pa.float64())])
+
+# Per Python worker: one producer for the records set aside.
+_producers: dict[tuple[str, str], kafka.Producer] = {}
+_producers_lock = threading.Lock()
 
 
-# The app's own event on dwell.acks at start (an ack of nothing): the query says "backoff
-# ready" once a micro-batch has carried it through the state function, so the first
-# consumer events do not pay for starting the Python workers and the first plans
-# (seconds). Its decision is not applied.
-WARM_UP_TOPIC = "persistent://dwell/system/backoff-warm-up"
-# Topics of events the app sends itself, in the reserved tenant no user topic can have.
-SYSTEM_TOPICS: Final = frozenset({WARM_UP_TOPIC})
-WARM_UP_RESEND_S = 5.0
+def _producer(bootstrap: str, compression_type: str) -> kafka.Producer:
+    with _producers_lock:
+        p = _producers.get((bootstrap, compression_type))
+        if p is None:
+            p = _producers[(bootstrap, compression_type)] = kafka.Producer(
+                bootstrap, linger_ms=0, compression_type=compression_type)
+        return p
 
 
 def send_warm_up(p: kafka.Producer) -> None:
     """One warm-up event on dwell.acks; it also makes an idle query run a micro-batch."""
     body = {"event": ACK, "topic": WARM_UP_TOPIC, "subscription": "warm-up",
             "messageId": "dwell.delayed:0:0", "ts": int(time.time() * 1000)}
-    p.send(names.ACKS, json.dumps(body).encode(),
-           key=f"{WARM_UP_TOPIC}/warm-up".encode()).result(10)
+    p.send(names.ACKS, orjson.dumps(body), key=f"{WARM_UP_TOPIC}/warm-up".encode()).result(10)
 
 
 def warm_up(bootstrap: str, done: threading.Event, compression_type: str = "none") -> None:
     """Send the warm-up event until a micro-batch has run: one sent before the query has
-    fixed its starting offsets ("latest" on a new checkpoint) is never read."""
+    fixed its starting offsets is never read."""
     p = kafka.Producer(bootstrap, linger_ms=0, compression_type=compression_type)
     try:
         while not done.is_set():
@@ -477,11 +539,11 @@ def warm_up(bootstrap: str, done: threading.Event, compression_type: str = "none
 TRANSIENT: Final = (redislib.RedisError, OSError, kafka.KafkaUnavailable)
 
 
-def write_retrying(write: Callable[[], None], timeout_s: float, batch_id: int,
+def write_retrying(write: Callable[[], None], timeout_s: float, what: int,
                    first_wait_s: float = 0.2) -> int:
     """``write()``, tried again while it fails with a TRANSIENT error, waiting 0.2 s, 0.4 s,
     ... (at most 5 s) in between, until ``timeout_s`` has passed; then the error goes up
-    and fails the query. How many tries it took."""
+    and fails the query. How many tries it took. ``what``: the dwell.acks partition."""
     deadline = time.monotonic() + timeout_s
     wait = first_wait_s
     tries = 1
@@ -491,114 +553,123 @@ def write_retrying(write: Callable[[], None], timeout_s: float, batch_id: int,
             return tries
         except TRANSIENT as exc:
             if time.monotonic() + wait > deadline:
-                log.error("backoff: batch %d not written after %d tries: %s", batch_id,
-                          tries, exc)
+                log.error("backoff: partition %d's batch not written after %d tries: %s",
+                          what, tries, exc)
                 raise
-            metrics.BACKOFF_WRITE_RETRIES.inc()
-            log.warning("backoff: writing batch %d failed (%s); trying again in %.1f s",
-                        batch_id, exc, wait)
+            log.warning("backoff: writing partition %d's batch failed (%s); trying again in "
+                        "%.1f s", what, exc, wait)
         time.sleep(wait)
         wait = min(wait * 2, 5.0)
         tries += 1
 
 
-def fixed_shards(spark: SparkSession, checkpoint: str, wanted: int) -> int:
-    """The shard count the backoff's checkpoint was made with, recorded in it (SHARDS_FILE)
-    before its first batch; ``wanted`` (backoff_state_shards) on a new checkpoint. With
-    another count, a message's later events would meet in another shard than its pending
-    entry, and an ack would no longer cancel it: so the checkpoint's count wins, as Spark
-    keeps a checkpoint's shuffle partitions."""
-    path = f"{checkpoint}/{SHARDS_FILE}"
-    try:
-        made = [int(row.value) for row in spark.read.text(path).collect()]
-    except AnalysisException:  # no record yet: a new checkpoint
-        made = []
-    if made:
-        if made[0] != wanted:
-            log.warning("backoff: %d state shards, the checkpoint's (%s); backoff_state_shards "
-                        "(%d) applies only to a new checkpoint", made[0], checkpoint, wanted)
-        return made[0]
-    (spark.createDataFrame([(str(wanted),)], "value string").coalesce(1)
-     .write.mode("overwrite").text(path))
-    return wanted
+def drop_old_checkpoints(spark: SparkSession, root: str) -> None:
+    """Delete the checkpoints earlier versions kept (OLD_CHECKPOINTS under ``root``), if
+    there are any. Nothing reads them any more, and left alone they would keep their
+    state's disk for good. Through Hadoop's FileSystem, as Spark reaches the checkpoint: a
+    local directory, HDFS or an object store alike."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for name in OLD_CHECKPOINTS:
+        path = jvm.org.apache.hadoop.fs.Path(f"{root}/{name}")
+        fs = path.getFileSystem(conf)
+        if fs.exists(path):
+            fs.delete(path, True)
+            log.warning("backoff: deleted %s/%s, the checkpoint of an earlier version whose "
+                        "state this one does not keep", root, name)
 
 
-def drop_old_checkpoint(spark: SparkSession, root: str) -> None:
-    """Delete the checkpoint an earlier version kept one state per message in
-    (OLD_CHECKPOINT under ``root``), if there is one. Nothing reads it
-    any more (its events are read again from `acks_starting_offsets`), and left alone it
-    would keep its state's disk for good. Through Hadoop's FileSystem, as Spark reaches
-    the checkpoint: a local directory, HDFS or an object store alike."""
-    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(f"{root}/{OLD_CHECKPOINT}")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if fs.exists(path):
-        fs.delete(path, True)
-        log.warning("backoff: deleted %s/%s, the checkpoint of an earlier version whose "
-                    "state this one cannot read", root, OLD_CHECKPOINT)
+def _exists(spark: SparkSession, path: str) -> bool:
+    """Whether ``path`` exists, through Hadoop's FileSystem as Spark reaches it."""
+    p = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)
+    return bool(p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(p))
+
+
+def _auth_values() -> Any:
+    """The record's `dwell-authorization` header values (an empty array without one)."""
+    headers = F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,"
+                                                          "value:binary>>"))
+    return F.transform(F.filter(headers, lambda h: h["key"] == F.lit(hdr.AUTHORIZATION)),
+                       lambda h: h["value"])
+
+
+# kafka.fetch.max.wait.ms of the query: an event waits at most this long in the broker.
+FETCH_MAX_WAIT_MS: Final = 10
+
+
+def acks(spark: SparkSession, settings: SparkSettings, starting: Mapping[int, int]) -> DataFrame:
+    """dwell.acks as a stream of SOURCE_COLUMNS; a new checkpoint starts at ``starting``
+    (offset per partition)."""
+    start = json.dumps({names.ACKS: {str(p): o for p, o in starting.items()}})
+    raw = (spark.readStream.format("kafka")
+           .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+           .options(**spark_kafka_options(settings))
+           .option("subscribe", names.ACKS)
+           .option("startingOffsets", start)
+           .option("maxOffsetsPerTrigger", str(settings.acks_max_events_per_batch))
+           .option("failOnDataLoss", "false")
+           .option("includeHeaders", "true")
+           .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
+           .load())
+    return raw.select("partition", "offset", F.unix_millis(F.col("timestamp")).alias("ts"),
+                      F.col("timestampType").alias("tsType"), "key", "value",
+                      _auth_values().alias("auths"))
 
 
 def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     checkpoint = f"{settings.spark_checkpoint_dir}/{CHECKPOINT}"
-    drop_old_checkpoint(spark, settings.spark_checkpoint_dir)
-    shards = fixed_shards(spark, checkpoint, settings.backoff_state_shards)
-    scheduler = Scheduler(spark, settings, redis)
+    drop_old_checkpoints(spark, settings.spark_checkpoint_dir)
+    work = Pass.of(settings)
     warmed = threading.Event()
     metrics.expect_query("backoff")
-    lookup = RegistryLookup(settings.redis_url, settings.backoff_registry_ttl_ms)
-    tick = settings.redelivery_tick_ms
-    grace = settings.backoff_state_grace_ms
     nudger = kafka.Producer(settings.kafka_bootstrap, linger_ms=0,
                             compression_type=settings.kafka_compression_type)
-    keeper = recovery.IndexKeeper(spark, settings, redis, lambda: send_warm_up(nudger))
-
-    def _step(key: tuple[str, str, int], batches: Iterator[pd.DataFrame],
-              state: GroupState) -> Iterator[pd.DataFrame]:
-        return step(key, batches, state, lookup, tick, grace)
+    keeper = recovery.IndexKeeper(settings, redis, work, lambda: send_warm_up(nudger))
+    # A new checkpoint with no decisions in Redis starts where acks_starting_offsets says.
+    fresh = not _exists(spark, f"{checkpoint}/offsets")
+    starting = keeper.start(replay=not fresh or settings.acks_starting_offsets == "earliest")
 
     def _apply(df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        # Before this batch's writes: Redis must hold those of the batches before it.
+        keeper.before()
         rows = df.collect()
-        collected = time.monotonic()
-        # A micro-batch has been through the state function (the warm-up event, or the
-        # first bounded batch of a backlog, which the warm-up event is behind).
         if not warmed.is_set():
             warmed.set()
             metrics.mark_ready("backoff")
-        aside = [r for r in rows if r.action == SET_ASIDE]
-        rows = [r for r in rows if r.action != SET_ASIDE and r.topic != WARM_UP_TOPIC]
-
-        def write() -> None:
-            if aside:
-                scheduler.set_aside(aside)
-            # Before this batch's decisions: Redis must hold those of the batches before it.
-            keeper.before(batch_id)
-            if rows:
-                scheduler.apply(rows)
-            keeper.after(batch_id)
-
-        tries = write_retrying(write, settings.backoff_write_timeout_ms / 1000, batch_id)
-        if rows:
+        keeper.saw(rows)
+        if any(r.lost for r in rows):
+            keeper.rebuild("lost")
+        events = sum(r.events for r in rows)
+        decisions = sum(r.decisions for r in rows)
+        retries = sum(r.retries for r in rows)
+        if retries:
+            metrics.BACKOFF_WRITE_RETRIES.inc(retries)
+        for r in rows:
+            for kind, n in json.loads(r.invalid or "{}").items():
+                metrics.INVALID_RECORDS.labels(names.ACKS, kind).inc(n)
+        aside = [r for r in rows if r.invalid]
+        if aside:
+            log.warning("dwell.acks: %d events set aside on %s (first: %s)",
+                        sum(sum(json.loads(r.invalid).values()) for r in aside),
+                        names.INVALID, aside[0].reason)
+        if decisions:
+            leads = [r.lead for r in rows if r.lead is not None]
             # Lead: how long before its due time the earliest redelivery reached the index
             # (negative: the batch came too late for it, and it goes at once).
-            now = int(time.time() * 1000)
-            leads = [int(r.at) - now for r in rows if r.action in (SCHEDULE, DEAD)]
-            log.info("backoff: %d decisions; earliest scheduled redelivery due in %s ms "
-                     "(batch %d: events and state %d ms, written in %d ms, %d tries)",
-                     len(rows), min(leads) if leads else "-", batch_id,
-                     (collected - started) * 1000, (time.monotonic() - collected) * 1000,
-                     tries)
+            log.info("backoff: %d decisions from %d events; earliest scheduled redelivery "
+                     "due in %s ms (batch %d in %d ms: decided in %d ms, written in %d ms, "
+                     "summed over %d partition batches)", decisions, events,
+                     min(leads) if leads else "-", batch_id,
+                     (time.monotonic() - started) * 1000, sum(r.decide_ms for r in rows),
+                     sum(r.write_ms for r in rows), len(rows))
 
     def _batch(df: DataFrame, batch_id: int) -> None:
         with metrics.batch_running("backoff"):
             _apply(df, batch_id)
 
-    decisions = (events(spark, settings)
-                 .withColumn("shard", shard_of(F.col("messageId"), shards))
-                 .groupBy("topic", "subscription", "shard")
-                 .applyInPandasWithState(_step, OUTPUT_SCHEMA, STATE_SCHEMA, "Update",
-                                         GroupStateTimeout.ProcessingTimeTimeout))
-    query = (decisions.writeStream.queryName("dwell-backoff")
-             .outputMode("update")
+    summaries = acks(spark, settings, starting).mapInArrow(work, SUMMARY_SCHEMA)
+    query = (summaries.writeStream.queryName("dwell-backoff")
              .foreachBatch(_batch)
              .trigger(processingTime=f"{settings.backoff_trigger_ms} milliseconds")
              .option("checkpointLocation", checkpoint)

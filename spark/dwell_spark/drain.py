@@ -193,6 +193,15 @@ def redelivery_ranges(index: SubscriptionIndex, bucket: ClaimedBucket,
     return out
 
 
+def claimed_ids(bucket: ClaimedBucket) -> list[str]:
+    """The messageIds of a claimed redelivery bucket's entries."""
+    out = []
+    for field, offsets in bucket.positions.items():
+        source, _, part = str(field).rpartition(":")
+        out += [format_message_id(source, int(part), int(o)) for o in offsets]
+    return out
+
+
 def lost_below(r: Range, start: int) -> tuple[int, Range | None]:
     """How many of ``r``'s records lie below ``start``, and what is left of ``r`` from it
     (None when nothing is)."""
@@ -372,6 +381,9 @@ class Drainer:
                 gone = (*c.dead_letters, *foreign.get(c.number, ()))
                 if gone:
                     c.index.forget(*gone)
+                if isinstance(c.index, SubscriptionIndex):
+                    # Redelivered: no later event can cancel these entries any more.
+                    c.index.forget_claimed(c.bucket.bucket_start, claimed_ids(c.bucket))
         log.info("drained %d records from %d buckets in %.0f ms (%s; copy %.0f, complete "
                  "%.0f ms)", written, len(claims), (time.monotonic() - started) * 1000, path,
                  (copied - started) * 1000, (time.monotonic() - copied) * 1000)

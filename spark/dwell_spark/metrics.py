@@ -33,9 +33,9 @@ DRAINED = Counter("dwell_drained_messages_total", "Messages written by the drain
                   "retry and DLQ topics)", registry=REGISTRY)
 REDELIVERIES = Counter("dwell_redeliveries_total", "Redeliveries written to retry topics, "
                        "by redelivery count", ["count"], registry=REGISTRY)
-BACKOFF_WRITE_RETRIES = Counter("dwell_backoff_write_retries_total", "Backoff micro-batches "
-                                "whose writes failed (Redis or Kafka unreachable) and were "
-                                "tried again", registry=REGISTRY)
+BACKOFF_WRITE_RETRIES = Counter("dwell_backoff_write_retries_total", "Tries again of a "
+                                "dwell.acks partition's batch in the backoff whose writes "
+                                "failed (Redis or Kafka unreachable)", registry=REGISTRY)
 TOPIC_FAILURES = Counter("dwell_drain_topic_failures_total", "Copies of a topic's due "
                          "messages that failed (its claims come back after the lease)",
                          ["topic"], registry=REGISTRY)
@@ -51,11 +51,11 @@ LEASES_LOST = Counter("dwell_drain_leases_lost_total", "Claimed buckets whose le
                       "drainer took before the round completed them (their remaining records "
                       "are not written by this round)", registry=REGISTRY)
 BACKOFF_REBUILDS = Counter("dwell_backoff_index_rebuilds_total",
-                           "Rebuilds of the subscriptions' redelivery indexes from the backoff "
-                           "state because Redis lost them or rolled back, by reason",
+                           "Rebuilds of the subscriptions' redelivery indexes from a replay of "
+                           "dwell.acks because Redis lost them or rolled back, by reason",
                            ["reason"], registry=REGISTRY)
 BACKOFF_REBUILT = Counter("dwell_backoff_rebuild_redeliveries_total",
-                          "Pending redeliveries a rebuild found in the backoff state: put back "
+                          "Pending redeliveries a rebuild found replaying dwell.acks: put back "
                           "before their time (pending), put back already due (due: the "
                           "drain sends them at once; those in flight at the loss reach the "
                           "retry topic twice), or skipped as already on the retry or dead-"

@@ -1,18 +1,20 @@
 """Losing Redis under the backoff: the subscriptions' redelivery indexes (`dwell:sub:…`)
-are rebuilt from the backoff query's own state, which Spark checkpoints outside Redis
-(docs/internals.md, "Losing Redis").
+are rebuilt by replaying dwell.acks, which Kafka keeps (docs/internals.md, "Losing
+Redis").
 
-Redis's marker `dwell:backoff:applied` is the last micro-batch of the backoff query whose
-decisions Redis holds. Only a rebuild creates it (a batch moves it only if it exists), so
-after a FLUSHALL or a restart without data it is gone even if a batch wrote in between; a
-marker below the batch before the running one means Redis rolled back (a restart that lost
-its last second, a replica that missed writes). Each micro-batch checks it before it
-applies its decisions; when Redis is behind, it first reads the state as of the previous
-batch with Spark's State Data Source (one row per message with a pending redelivery or
-dead letter: ``dueAt``, ``bucket``, the stored count) and puts every entry back into its
-subscription's index, at its own due time. An idle app runs no micro-batch, so a thread
-checks the marker on an interval and, when Redis is behind, sends the warm-up event to
-`dwell.acks` to make the query run one.
+Redis's marker `dwell:backoff:applied` holds, per partition of dwell.acks, the offset below
+which the indexes hold every event's decisions. Only a rebuild creates it (the backoff's
+writes move it only while it exists), so after a FLUSHALL or a restart without data it is
+gone even if a batch wrote in between; a marker below what this process saw written means
+Redis rolled back (a restart that lost its last second, a replica that missed writes).
+Each micro-batch checks it before its partitions are written, and a partition's batch that
+finds it gone writes nothing and says so. A rebuild then reads dwell.acks from
+backoff_replay_window_ms ago up to its current end, runs every event through the same
+checks and decisions as the backoff (dwell_spark.backoff.Pass), in memory, and puts what
+is still pending back into the indexes at its own due time; the marker becomes that end,
+so the backoff takes up from there and skips what the replay covered. An idle app runs no
+micro-batch, so a thread checks the marker on an interval and, when Redis is behind, sends
+the warm-up event to `dwell.acks` to make the query run one.
 
 An entry whose bucket the drain could already have claimed may have been redelivered
 before the loss. It is put back only if its subscription's retry (or dead-letter) topic has
@@ -26,22 +28,25 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import redis as redislib
-from pyspark.sql import SparkSession
 
 from dwell import headers, keys
 from dwell.adapters import kafka
+from dwell.core import topics as names
 from dwell.core.buckets import bucket_due_cutoff
 from dwell.core.positions import parse_message_id
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
-from dwell.index.redelivery import SubscriptionIndex
+from dwell.index.redelivery import PendingEntry, SubscriptionIndex
 
 from . import metrics
 from .settings import SparkSettings
-from .state import CHECKPOINT, decode_pending
+
+if TYPE_CHECKING:
+    from .backoff import Pass
 
 log = logging.getLogger("dwell.spark.recovery")
 # How often the nudge that makes an idle query run a micro-batch is sent again while Redis
@@ -49,12 +54,14 @@ log = logging.getLogger("dwell.spark.recovery")
 NUDGE_EVERY_S = 5.0
 # HSET of stored counts, this many messages at a time.
 COUNTS_CHUNK = 10_000
+# dwell.acks records decided at a time by a rebuild.
+REPLAY_CHUNK = 10_000
 
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """One message's pending redelivery as the backoff state holds it; ``stored`` is the
-    count as the index stores it (-(count + 1): a dead letter)."""
+    """One message's pending redelivery; ``stored`` is the count as the index stores it
+    (-(count + 1): a dead letter)."""
 
     topic: str
     subscription: str
@@ -71,16 +78,57 @@ class Pending:
         return retry_topic(t, self.subscription), self.message_id, max(1, self.stored)
 
 
-def read_state(spark: SparkSession, checkpoint: str, batch_id: int) -> list[Pending]:
-    """Every pending entry of the backoff state after micro-batch ``batch_id``."""
-    # One row per shard, its messages in one JSON text (dwell_spark.backoff.STATE_SCHEMA).
-    df = (spark.read.format("statestore").option("batchId", batch_id).load(checkpoint)
-          .selectExpr("key.topic AS topic", "key.subscription AS subscription",
-                      "value.groupState.pending AS pending")
-          .where("pending IS NOT NULL"))
-    return [Pending(r.topic, r.subscription, mid, int(due), int(bucket), int(stored))
-            for r in df.toLocalIterator()
-            for mid, (due, bucket, stored) in decode_pending(r.pending).items()]
+def columns(messages: Sequence[Any]) -> dict[str, list[Any]]:
+    """dwell.acks messages (confluent-kafka's) as the backoff pass's SOURCE_COLUMNS."""
+    cols: dict[str, list[Any]] = {k: [] for k in
+                                  ("partition", "offset", "ts", "tsType", "key", "value",
+                                   "auths")}
+    for m in messages:
+        ts_type, ts = m.timestamp()
+        cols["partition"].append(m.partition())
+        cols["offset"].append(m.offset())
+        cols["ts"].append(ts)
+        # The Kafka source's timestampType: 1 is LogAppendTime.
+        cols["tsType"].append(1 if ts_type == kafka.TIMESTAMP_LOG_APPEND_TIME else 0)
+        cols["key"].append(m.key())
+        cols["value"].append(m.value())
+        cols["auths"].append([v for k, v in (m.headers() or []) if k == headers.AUTHORIZATION])
+    return cols
+
+
+def replay(bootstrap: str, work: Pass, since_ms: int, ends: Mapping[int, int],
+           now_ms: int) -> list[Pending]:
+    """Every redelivery still pending after the dwell.acks events from ``since_ms`` up to
+    ``ends`` (offset per partition), decided as the backoff decides them."""
+    state: dict[tuple[str, str], dict[str, PendingEntry]] = defaultdict(dict)
+
+    def read(topic: str, sub: str, mids: list[str]) -> dict[str, PendingEntry]:
+        have = state[(topic, sub)]
+        return {m: have[m] for m in mids if m in have}
+
+    def fold(chunk: list[Any]) -> None:
+        decided = work.decide(columns(chunk), read, now_ms)
+        for key, touched in decided.pending.items():
+            have = state[key]
+            for mid, entry in touched.items():
+                if entry is None:
+                    have.pop(mid, None)
+                else:
+                    have[mid] = entry
+
+    starts = kafka.offsets_at(bootstrap, names.ACKS, since_ms)
+    chunk: list[Any] = []
+    for msg in kafka.iter_messages_from(bootstrap, names.ACKS, starts):
+        if msg.offset() >= ends.get(msg.partition(), 0):
+            continue
+        chunk.append(msg)
+        if len(chunk) >= REPLAY_CHUNK:
+            fold(chunk)
+            chunk = []
+    if chunk:
+        fold(chunk)
+    return [Pending(topic, sub, mid, *entry)
+            for (topic, sub), entries in state.items() for mid, entry in entries.items()]
 
 
 def delivered_copies(bootstrap: str, due: list[Pending]) -> set[tuple[str, str, int]]:
@@ -106,9 +154,9 @@ def delivered_copies(bootstrap: str, due: list[Pending]) -> set[tuple[str, str, 
 
 def restore(r: redislib.Redis, bootstrap: str, entries: list[Pending], tick_ms: int,
             now_ms: int) -> tuple[int, int, int]:
-    """Put ``entries`` back into their subscriptions' redelivery indexes, except those
-    already due whose copy is on their retry or DLQ topic; (put back pending, put back
-    already due, skipped)."""
+    """Put ``entries`` back into their subscriptions' redelivery indexes and pending
+    hashes, except those already due whose copy is on their retry or DLQ topic; (put back
+    pending, put back already due, skipped)."""
     # Up to the strict cutoff a drainer may have claimed the bucket before the loss.
     cutoff = bucket_due_cutoff(now_ms, tick_ms, strict=True)
     due = [p for p in entries if p.bucket <= cutoff]
@@ -121,68 +169,104 @@ def restore(r: redislib.Redis, bootstrap: str, entries: list[Pending], tick_ms: 
         else:
             by_sub[(p.topic, p.subscription)].append(p)
     for (topic, sub), ps in by_sub.items():
+        idx = SubscriptionIndex(r, topic, sub)
         # Counts first: the drain reads an entry's count when it emits it.
-        counts = keys.sub_counts(topic, sub)
         for i in range(0, len(ps), COUNTS_CHUNK):
-            r.hset(counts, mapping={p.message_id: p.stored for p in ps[i:i + COUNTS_CHUNK]})
-        SubscriptionIndex(r, topic, sub).add(
-            [(*parse_message_id(p.message_id), p.due_at) for p in ps], tick_ms)
+            part = ps[i:i + COUNTS_CHUNK]
+            idx.store_counts({p.message_id: p.stored for p in part})
+            idx.write_pending({p.message_id: (p.due_at, p.bucket, p.stored) for p in part})
+        idx.add([(*parse_message_id(p.message_id), p.due_at) for p in ps], tick_ms)
     return len(entries) - len(due), len(due) - skipped, skipped
 
 
 class IndexKeeper:
-    """Keeps the redelivery indexes in Redis level with the backoff state: ``before`` and
-    ``after`` wrap each micro-batch's writes, ``run`` watches an idle app."""
+    """Keeps the redelivery indexes in Redis level with dwell.acks: ``before`` and ``saw``
+    wrap each micro-batch, ``run`` watches an idle app."""
 
-    def __init__(self, spark: SparkSession, settings: SparkSettings, redis: redislib.Redis,
+    def __init__(self, settings: SparkSettings, redis: redislib.Redis, work: Pass,
                  nudge: Callable[[], None]) -> None:
-        self.spark = spark
         self.settings = settings
         self.redis = redis
-        self.checkpoint = f"{settings.spark_checkpoint_dir}/{CHECKPOINT}"
-        # The last batch whose decisions this process wrote: a marker below it is a rollback.
-        self.applied = -1
+        self.work = work
+        # Per partition, the offset this process saw written: a marker below it is a
+        # rollback.
+        self.applied: dict[int, int] = {}
         # Makes the backoff query run a micro-batch (it sends the warm-up event).
         self._nudge = nudge
         self.error: str | None = None
+        self._lock = threading.Lock()
 
-    def behind(self, expected: int) -> str | None:
-        """Why Redis does not hold the decisions up to batch ``expected``, or None."""
-        raw = self.redis.get(keys.BACKOFF_APPLIED)
-        if raw is None:
+    def marker(self) -> dict[int, int] | None:
+        raw = self.redis.hgetall(keys.BACKOFF_APPLIED)
+        return {int(p): int(o) for p, o in raw.items()} if raw else None
+
+    def behind(self) -> str | None:
+        """Why Redis does not hold the decisions this process wrote, or None."""
+        found = self.marker()
+        if found is None:
             return "lost"
-        if int(raw) < expected:
+        if any(found.get(p, 0) < o for p, o in self.applied.items()):
             return "stale"
         return None
 
-    def before(self, batch_id: int) -> None:
-        """Before batch ``batch_id`` applies its decisions: rebuild if Redis lost those of
-        the batches before it."""
-        reason = self.behind(max(batch_id - 1, self.applied))
+    def start(self, replay: bool) -> dict[int, int]:
+        """Before the query starts: the offsets a new checkpoint starts reading at (every
+        partition of dwell.acks). Without a marker Redis holds no decisions: rebuilt from
+        the replay window when ``replay``, else taken up from the end of dwell.acks."""
+        if self.marker() is None:
+            if replay:
+                self.rebuild("lost")
+            else:
+                self._set_marker(kafka.end_offsets(self.settings.kafka_bootstrap, names.ACKS))
+        found = self.marker() or {}
+        # A partition without a marker (added later) is read from its start.
+        return {p: found.get(p, -2)
+                for p in kafka.partitions(self.settings.kafka_bootstrap, names.ACKS)}
+
+    def before(self) -> None:
+        """Before a micro-batch's writes: rebuild if Redis lost those of the batches before
+        it."""
+        reason = self.behind()
         if reason is not None:
-            self.rebuild(batch_id - 1, reason)
+            self.rebuild(reason)
 
-    def after(self, batch_id: int) -> None:
-        # XX: a batch never creates the marker, so a Redis that lost it still shows the loss.
-        self.redis.set(keys.BACKOFF_APPLIED, batch_id, xx=True)
-        self.applied = max(self.applied, batch_id)
+    def saw(self, rows: Sequence[Any]) -> None:
+        """A micro-batch's summaries (dwell_spark.backoff.SUMMARY_SCHEMA)."""
+        for r in rows:
+            if not r.lost:
+                self.applied[r.partition] = max(self.applied.get(r.partition, 0), r.next)
 
-    def rebuild(self, batch_id: int, reason: str) -> None:
-        """Put every entry of the state after ``batch_id`` back (none before batch 0)."""
-        started = time.monotonic()
-        entries = read_state(self.spark, self.checkpoint, batch_id) if batch_id >= 0 else []
-        pending, due, skipped = restore(self.redis, self.settings.kafka_bootstrap, entries,
-                                        self.settings.redelivery_tick_ms,
-                                        int(time.time() * 1000))
-        self.redis.set(keys.BACKOFF_APPLIED, batch_id)
-        metrics.BACKOFF_REBUILDS.labels(reason).inc()
-        metrics.BACKOFF_REBUILT.labels("pending").inc(pending)
-        metrics.BACKOFF_REBUILT.labels("due").inc(due)
-        metrics.BACKOFF_REBUILT.labels("skipped_delivered").inc(skipped)
-        log.warning("redelivery indexes %s: rebuilt from the backoff state after batch %d in "
-                    "%.2fs: %d pending put back, %d already due put back, %d skipped (on "
-                    "the retry or dead-letter topic)", reason, batch_id,
-                    time.monotonic() - started, pending, due, skipped)
+    def _set_marker(self, offsets: Mapping[int, int]) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(keys.BACKOFF_APPLIED)
+        # An empty dwell.acks still gets a marker: its partitions at 0.
+        pipe.hset(keys.BACKOFF_APPLIED, mapping={str(p): o for p, o in offsets.items()}
+                  or {"0": 0})
+        pipe.execute()
+        self.applied = dict(offsets)
+
+    def rebuild(self, reason: str) -> None:
+        """Replay dwell.acks over the replay window and put what is pending back."""
+        with self._lock:
+            started = time.monotonic()
+            s = self.settings
+            now = int(time.time() * 1000)
+            ends = kafka.end_offsets(s.kafka_bootstrap, names.ACKS)
+            entries = replay(s.kafka_bootstrap, self.work, now - s.backoff_replay_window_ms,
+                             ends, now)
+            read = time.monotonic()
+            pending, due, skipped = restore(self.redis, s.kafka_bootstrap, entries,
+                                            s.redelivery_tick_ms, int(time.time() * 1000))
+            self._set_marker(ends)
+            metrics.BACKOFF_REBUILDS.labels(reason).inc()
+            metrics.BACKOFF_REBUILT.labels("pending").inc(pending)
+            metrics.BACKOFF_REBUILT.labels("due").inc(due)
+            metrics.BACKOFF_REBUILT.labels("skipped_delivered").inc(skipped)
+            log.warning("redelivery indexes %s: rebuilt from dwell.acks (the last %d s, up to "
+                        "offsets %s) in %.2fs (replay %.2fs): %d pending put back, %d already "
+                        "due put back, %d skipped (on the retry or dead-letter topic)",
+                        reason, s.backoff_replay_window_ms // 1000, ends,
+                        time.monotonic() - started, read - started, pending, due, skipped)
 
     def run(self, stop: threading.Event) -> None:
         """While no micro-batch runs, check the marker on an interval; when Redis is behind,
@@ -190,7 +274,7 @@ class IndexKeeper:
         nudged = 0.0
         while not stop.wait(self.settings.redis_check_interval_ms / 1000):
             try:
-                if self.behind(self.applied) is None:
+                if self.behind() is None:
                     nudged = 0.0
                 elif time.monotonic() - nudged >= NUDGE_EVERY_S:
                     self._nudge()

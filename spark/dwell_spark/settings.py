@@ -46,24 +46,27 @@ class SparkSettings(CommonSettings):
         "Trigger of the `dwell.acks` query. A redelivery is indexed at its due time, so "
         "this bounds lateness only for redeliveries due sooner than an event takes to "
         "process; an idle query runs no micro-batch, so a short trigger costs nothing."))
-    invalid_trigger_ms: int = Field(5000, ge=10, description=(
-        "Trigger of the query that sets malformed `dwell.acks` events aside. Nothing waits "
-        "on it and each batch checks every event again on the cores the backoff and the "
-        "drain need, so it runs seldom."))
     acks_starting_offsets: Literal["earliest", "latest"] = Field("earliest", description=(
-        "Where a fresh checkpoint starts reading `dwell.acks` (`earliest` loses no event)."))
-    acks_max_events_per_batch: int = Field(10000, ge=1, description=(
-        "Most `dwell.acks` events in one micro-batch of the backoff (and of the invalid "
-        "query): a backlog is read a bounded batch at a time, and the app is ready after "
-        "the first."))
+        "Where a new checkpoint starts reading `dwell.acks` when Redis holds no backoff "
+        "decisions yet: `earliest` replays `DWELL_BACKOFF_REPLAY_WINDOW_MS` of it, as after "
+        "losing Redis (loses no event); `latest` takes up from its end."))
+    acks_max_events_per_batch: int = Field(100_000, ge=1, description=(
+        "Most `dwell.acks` events in one micro-batch of the backoff: a backlog is read a "
+        "bounded batch at a time, and the app is ready after the first."))
+    backoff_replay_window_ms: int = Field(3_600_000, ge=1000, description=(
+        "Losing Redis: how much of `dwell.acks` the backoff replays to rebuild the pending "
+        "redeliveries. It must cover the longest ack timeout or negative-ack delay, backoff "
+        "included, plus `DWELL_BACKOFF_STATE_GRACE_MS`, and `dwell.acks`'s retention must "
+        "cover it."))
     acks_max_event_bytes: int = Field(64 * 1024, ge=1024, description=(
         "A bigger `dwell.acks` event is malformed and set aside on `dwell.invalid`; the "
         "SDK's are a few hundred bytes."))
     redelivery_tick_ms: int = Field(100, ge=1, description=(
         "Bucket width of the subscriptions' redelivery indexes."))
     backoff_state_grace_ms: int = Field(60000, ge=0, description=(
-        "How long a scheduled redelivery's state outlives its due time: an ack within it "
-        "still reaches the index entry; after it, the redelivered copy's events start anew."))
+        "How long a scheduled redelivery's pending entry outlives its due time when the "
+        "drain has not deleted it (its claim did not complete): after it, the message's "
+        "events start anew."))
     backoff_registry_ttl_ms: int = Field(2000, ge=0, description=(
         "How long a worker trusts what it read from the subscription registry (also \"not "
         "registered\"): a re-registration takes effect within it, and a busy subscription "
@@ -75,17 +78,5 @@ class SparkSettings(CommonSettings):
     redis_check_interval_ms: int = Field(1000, ge=50, description=(
         "Losing Redis: how often an idle app checks that Redis still holds the redelivery "
         "indexes (`dwell_spark.recovery`)."))
-    state_partitions: int = Field(1, ge=1, description=(
-        "Shuffle partitions of the backoff state, fixed once a checkpoint exists. Each "
-        "costs a state task per micro-batch (~200 ms idle on `local[2]`); set it to the "
-        "executors' cores before the first start to spread the state."))
-    # Spark calls Python once per shard with events in a micro-batch and writes a shard's
-    # state whole each time: more shards cost more per batch under load, fewer make each
-    # write bigger (bench/backoff.py).
-    backoff_state_shards: int = Field(64, ge=1, le=65536, description=(
-        "Shards of each subscription's backoff state (by messageId hash). Fixed once a "
-        "checkpoint exists: the app keeps the count it recorded and warns when this "
-        "differs."))
-
     topic_partitions: int = Field(4, ge=1, description=(
         "Partitions of the retry and DLQ topics the app creates on first use."))

@@ -742,15 +742,13 @@ def test_spark_driver_runs_spark_submit_on_kubernetes(helm: str) -> None:
         rule["verbs"])
     binding = by_kind(docs, "RoleBinding")["rel-dwell-spark"]
     assert binding["subjects"][0]["name"] == "rel-dwell-spark"
-    # Checkpoints on a volume that outlives the pod, mounted by the executors too (their
-    # state store tasks write there): ReadWriteMany.
+    # Checkpoints on a volume that outlives the pod, mounted by the driver only (the
+    # queries keep no state on executors): ReadWriteOnce.
     mounts = {m["name"]: m["mountPath"] for m in driver["volumeMounts"]}
     assert env["DWELL_SPARK_CHECKPOINT_DIR"] == mounts["checkpoints"]
     pvc = by_kind(docs, "PersistentVolumeClaim")["rel-dwell-spark-checkpoints"]
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-    prefix = "spark.kubernetes.executor.volumes.persistentVolumeClaim.checkpoints."
-    assert confs[prefix + "mount.path"] == mounts["checkpoints"]
-    assert confs[prefix + "options.claimName"] == "rel-dwell-spark-checkpoints"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert not [k for k in confs if k.startswith("spark.kubernetes.executor.volumes.")]
     # Executors get the pod template: non-root, read-only root, a writable /tmp.
     template_path = confs["spark.kubernetes.executor.podTemplateFile"]
     assert Path(template_path).parent.as_posix() == mounts["executor-template"]

@@ -107,7 +107,6 @@ class SparkApp:
             # The app's own warm-up event has been through the backoff query: the
             # timed scenarios do not pay for its first Python workers and plans.
             self._wait_for_line("backoff ready", timeout)
-            self._wait_for_line("acks-invalid ready", timeout)
         else:
             # A restart mid-test: both queries running is what there is (the test
             # wants to see the drain resume, not wait for it).

@@ -1,6 +1,6 @@
 """A redelivery scheduled before Redis lost the subscriptions' redelivery indexes still
-happens, on time and not before: the Spark app puts the backoff state's pending entries
-back (dwell_spark.recovery). Runs on the package stack after the other e2e modules; the
+happens, on time and not before: the Spark app replays dwell.acks and puts the pending
+entries back (dwell_spark.recovery). Runs on the package stack after the other e2e modules; the
 FLUSHDB empties the database of the e2e tracker and Spark app, which rebuild what they
 keep there (the topic index, the subscription registry, the redelivery indexes)."""
 
@@ -62,7 +62,7 @@ def test_nack_redeliveries_survive_redis_flush(e2e: Stack) -> None:
         log_before = e2e.spark.log.read_text(errors="replace") if e2e.spark.log else ""
         r.flushdb()
         flushed = now_ms()
-        wait_for(idx.buckets, BATCH_WAIT_S, "the redelivery index rebuilt from the backoff state")
+        wait_for(idx.buckets, BATCH_WAIT_S, "the redelivery index rebuilt from dwell.acks")
         rebuilt = now_ms()
 
         copies = {}
@@ -90,6 +90,6 @@ def test_nack_redeliveries_survive_redis_flush(e2e: Stack) -> None:
         assert again is None, again
         assert e2e.spark.log is not None
         log_after = e2e.spark.log.read_text(errors="replace")[len(log_before):]
-        assert "redelivery indexes lost: rebuilt from the backoff state" in log_after
+        assert "redelivery indexes lost: rebuilt from dwell.acks" in log_after
     finally:
         c.close()

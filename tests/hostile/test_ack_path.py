@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pandas as pd
 import pytest
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import devstack
 from conftest import local_spark, now_ms, read_until, redis_db_url, spark_app_env, wait_for
@@ -33,11 +31,10 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index import subscriptions
 from dwell_spark import metrics
-from dwell_spark.backoff import EVENT_SCHEMA, WARM_UP_TOPIC, Scheduler, step
+from dwell_spark.backoff import DEAD, SCHEDULE, WARM_UP_TOPIC, Decided, Decision, Pass, decide
 from dwell_spark.drain import Drainer
-from dwell_spark.invalid import check_events
+from dwell_spark.invalid import check_records
 from dwell_spark.settings import SparkSettings
-from dwell_spark.state import STATE_SCHEMA
 from e2e.conftest import SparkApp
 
 # This module's own Redis database: its drainer and Spark app claim every due bucket there.
@@ -54,9 +51,9 @@ def event(topic: str, sub: str, message_id: str, **extra: Any) -> dict[str, Any]
 
 def checked(ev: dict[str, Any]) -> tuple[str | None, str | None]:
     """(kind, reason) the Spark app's check gives the event (both None: good)."""
-    frame = check_events(pd.Series([json.dumps(ev).encode()]), pd.Series([None]),
-                         MAX_EVENT_BYTES, frozenset({WARM_UP_TOPIC}))
-    return frame.kind[0], frame.reason[0]
+    [(kind, reason, _)] = check_records([json.dumps(ev).encode()], [None], MAX_EVENT_BYTES,
+                                        frozenset({WARM_UP_TOPIC}))
+    return kind, reason
 
 
 def send(p: kafka.Producer, topic: str, value: bytes, owner: str,
@@ -127,14 +124,14 @@ def drain_env(stack: devstack.Stack, tmp_path_factory: pytest.TempPathFactory) -
         yield env
 
 
-def decisions(topic: str, sub: str, events: list[dict[str, Any]]) -> list[Any]:
-    """The backoff's state function on ``events`` of one shard, as the query runs it."""
-    state = GroupState(None, now_ms(), -1, GroupStateTimeout.ProcessingTimeTimeout, False,
-                       False, False, False, False, -1, b"", STATE_SCHEMA)
-    cols = [f.name for f in EVENT_SCHEMA.fields]
-    frame = pd.DataFrame([{c: ev.get(c) for c in cols} for ev in events], columns=cols)
-    out = pd.concat(list(step((topic, sub, 0), iter([frame]), state, None, TICK_MS)))
-    return list(out.itertuples(index=False))
+def decisions(topic: str, sub: str, events: list[dict[str, Any]]) -> Decided:
+    """The backoff's decisions on ``events`` of one subscription with nothing pending, as
+    the pass makes them past its check."""
+    pending: dict[str, Any] = {}
+    out: list[Decision] = []
+    for ev in events:
+        decide(ev, pending, out, TICK_MS)
+    return Decided(decisions={(topic, sub): out}, pending={(topic, sub): dict(pending)})
 
 
 def test_the_drain_copies_no_record_of_another_topic_and_no_token(
@@ -157,18 +154,18 @@ def test_the_drain_copies_no_record_of_another_topic_and_no_token(
     p.close()
     foreign = [secret_b, secret_other, delayed_b]
     before = metrics.FOREIGN_RECORDS._value.get()
-    scheduler = Scheduler(spark, settings, r)
+    work = Pass.of(settings)
 
-    # Dead letters at once: a nack past maxRedeliverCount 1.
+    # Dead letters due at once: a nack past maxRedeliverCount 1.
     dead = decisions(a, "s", [event(a, "s", mid, maxRedeliverCount=1, redeliveryCount=1)
                               for mid in [*foreign, own]])
-    assert [row.action for row in dead] == ["dlq"] * 4
-    scheduler.apply(dead)
+    assert [row[1] for row in dead.decisions[(a, "s")]] == [DEAD] * 4
+    work.write(dead)
     # Redeliveries through the subscription's index and the drain.
-    later = decisions(a, "s2", [event(a, "s2", mid, negativeAckRedeliveryBackoff=json.dumps(
-        FAST_NACK)) for mid in [*foreign, own, delayed_own]])
-    assert [row.action for row in later] == ["schedule"] * 5
-    scheduler.apply(later)
+    later = decisions(a, "s2", [event(a, "s2", mid, negativeAckRedeliveryBackoff=FAST_NACK)
+                                for mid in [*foreign, own, delayed_own]])
+    assert [row[1] for row in later.decisions[(a, "s2")]] == [SCHEDULE] * 5
+    work.write(later)
     time.sleep(2 * TICK_MS / 1000)
     drainer = Drainer(spark, settings, r)
     wait_for(lambda: drainer.run_once() >= 0 and not r.zcard(keys.DUE_SUBSCRIPTIONS), 30,

@@ -211,9 +211,8 @@ def fuzz(request: pytest.FixtureRequest) -> Iterator[Fuzz]:
                 stack.start(name)
             # /readyz answers once the drain runs; the ack readers warm up after it.
             spark_log = stack.log_dir / "spark.log"
-            for line in ("backoff ready", "acks-invalid ready"):
-                wait_for(lambda line=line: line in spark_log.read_text(errors="replace"),
-                         SPARK_READY_S, f"the Spark app's {line!r}")
+            wait_for(lambda: "backoff ready" in spark_log.read_text(errors="replace"),
+                     SPARK_READY_S, "the Spark app's 'backoff ready'")
             urls = {n: f"http://127.0.0.1:{stack.ports[n]}" for n in SERVICES}
             for tenant in (hs.OWN, hs.VICTIM, "probe"):
                 make_namespace(urls["policy"], tenant)
@@ -479,7 +478,7 @@ def test_ack_events(fuzz: Fuzz) -> None:
            key=st.one_of(st.none(), st.just(b"persistent://fz/ns/x/s"), st.binary(max_size=8)),
            headers=hs.headers(hs.ACK_HEADERS))
     # Each of these found a bug: an event nested past Python's recursion limit (the
-    # acks-invalid query failed), one naming a position past its partition's end (the
+    # check failed), one naming a position past its partition's end (the
     # backoff's batch waited for it, failed twice and stopped the app), `ts` = Long.MAX
     # (the backoff's arithmetic overflowed).
     @example(value=hs.DEEP_OBJECT, key=None, headers=[])

@@ -3,7 +3,7 @@ another tenant × a publish request on dwell.publish and an ack event on dwell.a
 carrying the caller's Kafka token, against the real policy service, admission's ingress,
 Kafka and Redis. Publish requests are judged by admission (a refusal is errorCode 4 on
 dwell.publish.results, an allowed one lands on the ready topic); ack events by the Spark
-app's check (dwell_spark.invalid.check_events, on the records as read back from
+app's check (dwell_spark.invalid.check_records, on the records as read back from
 dwell.acks: a refusal is kind `unauthorized`).
 
 The expected answers are written out here, from Pulsar's rules: publishing needs
@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pandas as pd
 import pytest
 
 from conftest import ServiceFactory, read_until
@@ -36,7 +35,7 @@ from dwell.core import topics as names
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName
 from dwell.index import subscriptions
-from dwell_spark.invalid import LOG_APPEND_TIME, AckAuth, SubscriptionCheck, check_events
+from dwell_spark.invalid import LOG_APPEND_TIME, AckAuth, SubscriptionCheck, check_records
 from dwell_spark.settings import SparkSettings
 
 SUPER, ADMIN, OTHER_ADMIN = "root", "own-admin", "other-admin"
@@ -135,15 +134,14 @@ def matrix(services: ServiceFactory, stack: Any) -> Iterator[Matrix]:
         kafka_bootstrap=bootstrap, redis_url=redis_url, authentication_enabled=True,
         authorization_enabled=True, super_user_roles=SUPER,
         token_secret_key=env["DWELL_TOKEN_SECRET_KEY"])
-    checked = check_events(
-        pd.Series([x.value for x in events]),
-        pd.Series([[x.headers[hdr.AUTHORIZATION]] for x in events]),
+    checked = check_records(
+        [x.value for x in events], [[x.headers[hdr.AUTHORIZATION]] for x in events],
         settings.acks_max_event_bytes, frozenset(), AckAuth.of(settings),
-        pd.Series([x.timestamp_ms for x in events]),
-        pd.Series([LOG_APPEND_TIME if x.log_append_time else 0 for x in events]),
+        [x.timestamp_ms for x in events],
+        [LOG_APPEND_TIME if x.log_append_time else 0 for x in events],
         SubscriptionCheck.of(settings))
-    acked = {cell_keys[x.key]: (kind, reason) for x, kind, reason in zip(
-        events, checked.kind, checked.reason, strict=True)}
+    acked = {cell_keys[x.key]: (kind, reason) for x, (kind, reason, _) in zip(
+        events, checked, strict=True)}
     yield Matrix(topics, published, ready, acked)
     for topic in topics.values():
         r.delete(keys.subscriptions(topic))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +20,6 @@ import orjson
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-import devstack
 from conftest import ServiceFactory, read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
@@ -226,25 +223,15 @@ def test_the_sdk_acks_with_a_kafka_token_never_its_own(
     assert mine[0].log_append_time
 
 
-@pytest.fixture(scope="module")
-def spark(stack: devstack.Stack) -> Iterator[Any]:
-    from dwell_spark.__main__ import session
-    from dwell_spark.settings import SparkSettings
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    settings = SparkSettings(kafka_bootstrap=stack.kafka_bootstrap,  # type: ignore[call-arg]
-                             spark_jars=",".join(str(p) for p in devstack.spark_kafka_jars()))
-    s = session(settings)
-    yield s
-    s.stop()
-
-
 def test_the_ack_check_judges_kafka_tokens_when_written(
-        spark: Any, policy: str, secret: bytes, kafka_bootstrap: str, redis_url: str) -> None:
-    """The backoff job's check of dwell.acks (dwell_spark.invalid), on records read from
-    Kafka by Spark's Kafka source: a Kafka token valid when its event was written passes
-    however late it is read; a long-lived, forged or replayed one is refused."""
-    from dwell_spark.invalid import with_checks
+        policy: str, secret: bytes, kafka_bootstrap: str, redis_url: str) -> None:
+    """The backoff pass's check of dwell.acks (dwell_spark.invalid), on records read back
+    from Kafka as the pass gets them: a Kafka token valid when its event was written passes
+    however late it is read; a long-lived, forged or replayed one is refused, and a
+    replay's own timestamp, set by its producer to when the token was valid, is not the
+    one judged: the broker's is."""
+    from dwell_spark.invalid import LOG_APPEND_TIME, AckAuth, SubscriptionCheck, check_records
+    from dwell_spark.recovery import columns
     from dwell_spark.settings import SparkSettings
 
     settings = SparkSettings(  # type: ignore[call-arg]
@@ -260,6 +247,7 @@ def test_the_ack_check_judges_kafka_tokens_when_written(
                       SubscriptionSettings.from_json({}))
     event = json.dumps({"event": "ack", "topic": topic, "subscription": "s",
                         "messageId": f"{ready}:0:1", "ts": int(time.time() * 1000)}).encode()
+    starts = kafka.end_offsets(kafka_bootstrap, names.ACKS)
     p = kafka.Producer(kafka_bootstrap, linger_ms=0)
     key = f"{topic}/s".encode()
     sent: dict[tuple[int, int], str | None] = {}
@@ -269,21 +257,24 @@ def test_the_ack_check_judges_kafka_tokens_when_written(
              .result(15)] = kind
     wait_for(lambda: time.time() * 1000 > expires_ms + 1000, TTL_MS / 1000 + 5,
              "the Kafka token to expire")
-    sent[p.send(names.ACKS, event, key, {hdr.AUTHORIZATION: f"Bearer {fresh}"})
-         .result(15)] = invalid.UNAUTHENTICATED  # replayed after it expired
+    replayed = p.send(names.ACKS, event, key, {hdr.AUTHORIZATION: f"Bearer {fresh}"},
+                      timestamp_ms=expires_ms - 1000).result(15)
+    sent[replayed] = invalid.UNAUTHENTICATED
     p.close()
-    parts = {part for part, _ in sent}
-    first = {str(part): min(o for q, o in sent if q == part) for part in parts}
-    last = {str(part): max(o for q, o in sent if q == part) + 1 for part in parts}
-    raw = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
-           .option("assign", json.dumps({names.ACKS: sorted(parts)}))
-           .option("startingOffsets", json.dumps({names.ACKS: first}))
-           .option("endingOffsets", json.dumps({names.ACKS: last}))
-           .option("includeHeaders", "true").load())
-    rows = with_checks(raw, settings, frozenset()).select(
-        "partition", "offset", "key", "bad.kind", "bad.reason").collect()
-    got = {(r.partition, r.offset): (r.kind, r.reason) for r in rows if r.key == key}
+    messages = [m for m in kafka.iter_messages_from(kafka_bootstrap, names.ACKS, starts)
+                if (m.partition(), m.offset()) in sent]
+    cols = columns(messages)
+    assert set(cols["tsType"]) == {LOG_APPEND_TIME}
+    stamps = dict(zip(zip(cols["partition"], cols["offset"], strict=True), cols["ts"],
+                      strict=True))
+    assert stamps[replayed] > expires_ms  # the broker's time, not the producer's
+    checked = check_records(cols["value"], cols["auths"], settings.acks_max_event_bytes,
+                            frozenset(), AckAuth.of(settings), timestamps=cols["ts"],
+                            timestamp_types=cols["tsType"],
+                            subscriptions=SubscriptionCheck.of(settings))
+    got = {(part, off): (kind, reason) for part, off, (kind, reason, _) in zip(
+        cols["partition"], cols["offset"], checked, strict=True)}
     assert {pos: kind for pos, (kind, _) in got.items()} == sent, got
-    reasons = [reason for kind, reason in got.values() if kind]
+    reasons = [reason or "" for kind, reason in got.values() if kind]
     assert any("POST /admin/v2/kafka-tokens" in r for r in reasons), reasons
-    assert any("expired before the record was written" in r for r in reasons), reasons
+    assert "expired before the record was written" in (got[replayed][1] or ""), got

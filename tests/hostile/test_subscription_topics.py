@@ -9,7 +9,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 import devstack
@@ -24,7 +23,7 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, retry_topic
 from dwell.index import subscriptions
 from dwell_spark.backoff import WARM_UP_TOPIC
-from dwell_spark.invalid import SubscriptionCheck, check_events
+from dwell_spark.invalid import SubscriptionCheck, check_records
 from e2e.conftest import SparkApp
 from hostile.test_ack_path import FAST_NACK, MAX_EVENT_BYTES, TICK_MS, event, send
 
@@ -104,11 +103,12 @@ def test_the_check_reads_the_registry_only_once_it_is_whole(
     check = SubscriptionCheck(redis_url, ttl_ms=0)
 
     def kinds() -> list[str | None]:
-        values = pd.Series([json.dumps(event(topic, sub, "dwell.delayed:0:0")).encode()
-                            for sub in ("s", "other")] + [json.dumps(event(
-                                WARM_UP_TOPIC, "w", "dwell.delayed:0:0")).encode()])
-        return list(check_events(values, pd.Series([None] * 3), MAX_EVENT_BYTES,
-                                 frozenset({WARM_UP_TOPIC}), subscriptions=check).kind)
+        values = [json.dumps(event(topic, sub, "dwell.delayed:0:0")).encode()
+                  for sub in ("s", "other")] + [json.dumps(event(
+                      WARM_UP_TOPIC, "w", "dwell.delayed:0:0")).encode()]
+        return [kind for kind, _, _ in check_records(
+            values, [None] * 3, MAX_EVENT_BYTES, frozenset({WARM_UP_TOPIC}),
+            subscriptions=check)]
     r.delete(keys.SUBSCRIPTIONS_APPLIED)
     assert kinds() == [None, None, None]
     r.set(keys.SUBSCRIPTIONS_APPLIED, 0)

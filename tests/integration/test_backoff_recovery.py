@@ -1,21 +1,28 @@
-"""Putting the backoff state's pending redeliveries back into a lost redelivery index (real
-Redis and Kafka; the Spark read of the state is exercised end to end in
-tests/e2e/test_redis_loss_redelivery.py): entries not yet claimable go back as they are,
-entries already due go back unless their copy is on the retry (or dead-letter) topic."""
+"""Rebuilding lost redelivery indexes (real Redis and Kafka; the whole rebuild in the Spark
+app is exercised end to end in tests/e2e/test_redis_loss_redelivery.py): the replay of
+dwell.acks finds what is still pending, and putting it back restores entries not yet
+claimable as they are and entries already due unless their copy is on the retry (or
+dead-letter) topic."""
 
 from __future__ import annotations
 
 import time
 
+import orjson
 import pytest
 
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
+from dwell.core import topics as names
 from dwell.core.positions import format_message_id
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
+from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
-from dwell_spark.recovery import Pending, restore
+from dwell_spark.backoff import Pass
+from dwell_spark.recovery import Pending, replay, restore
+from dwell_spark.settings import SparkSettings
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +82,59 @@ def test_restore_skips_only_redeliveries_already_on_their_topic(redis_url: str,
     assert restore(r, kafka_bootstrap, entries, TICK, now) == (1, 1, 2)
     assert {f: set(bm) for f, bm in idx.read_bucket(past).items()} == {
         "dwell.delayed:1": {12}}
+
+
+def test_replay_rebuilds_what_is_still_pending_from_dwell_acks(redis_url: str,
+                                                               kafka_bootstrap: str,
+                                                               unique: str) -> None:
+    """The events of the replay window, decided as the backoff decides them: an acked
+    delivery leaves nothing, an unacked one and a nack leave their redeliveries, and what
+    the checks refuse (an unregistered subscription, a record that is not JSON, another
+    topic's record) leaves nothing, whatever it claims."""
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    subscriptions.put(r, topic, "s", SubscriptionSettings(60_000))
+    kafka.ensure_dwell_topics(kafka_bootstrap)
+    since = int(time.time() * 1000) - 1000
+    now = int(time.time() * 1000)
+    mids = [format_message_id("dwell.delayed", 0, o) for o in range(4)]
+    base = {"topic": topic, "subscription": "s", "ts": now}
+    events = [base | {"event": "delivered", "messageId": mids[0]},
+              base | {"event": "delivered", "messageId": mids[1]},
+              base | {"event": "ack", "messageId": mids[1], "ts": now + 1},
+              base | {"event": "nack", "messageId": mids[2], "ackTimeoutMs": 60_000,
+                      "negativeAckRedeliveryBackoff": {"minDelayMs": 5000,
+                                                       "maxDelayMs": 5000}},
+              base | {"event": "delivered", "messageId": mids[3], "subscription": "ghost",
+                      "ackTimeoutMs": 1000},
+              base | {"event": "delivered", "ackTimeoutMs": 1000,
+                      "messageId": f"persistent://{unique}-other/ns/y:0:5"}]
+    p = kafka.Producer(kafka_bootstrap)
+    try:
+        futures = [p.send(names.ACKS, orjson.dumps(ev), key=f"{topic}/s".encode())
+                   for ev in events]
+        futures.append(p.send(names.ACKS, b"{not json", key=f"{topic}/s".encode()))
+        for f in futures:
+            f.result(30)
+    finally:
+        p.close()
+    ends = kafka.end_offsets(kafka_bootstrap, names.ACKS)
+    work = Pass.of(SparkSettings(redis_url=redis_url, kafka_bootstrap=kafka_bootstrap,
+                                 redelivery_tick_ms=TICK))
+    # The registry is whole (the tracker's marker): an unregistered subscription is unknown.
+    made_marker = r.set(keys.SUBSCRIPTIONS_APPLIED, 0, nx=True)
+    try:
+        found = [p for p in replay(kafka_bootstrap, work, since, ends, now + 10)
+                 if p.topic == topic]
+    finally:
+        if made_marker:
+            r.delete(keys.SUBSCRIPTIONS_APPLIED)
+    due_ack, due_nack = now + 60_000, now + 5000
+    assert sorted((p.message_id, p.subscription, p.due_at, p.stored) for p in found) == [
+        (mids[0], "s", due_ack, 1), (mids[2], "s", due_nack, 1)]
+    assert all(p.bucket == p.due_at - p.due_at % TICK for p in found)
+    # Put back, with their pending entries (which a later ack cancels).
+    assert restore(r, kafka_bootstrap, found, TICK, now + 10) == (2, 0, 0)
+    idx = SubscriptionIndex(r, topic, "s")
+    assert idx.pending([mids[0], mids[1], mids[2]]) == [
+        (due_ack, due_ack - due_ack % TICK, 1), None, (due_nack, due_nack - due_nack % TICK, 1)]

@@ -1,7 +1,8 @@
-"""The backoff's writes outlast a Redis that stops answering: `write_retrying` tries a
-micro-batch's writes again while Redis is down (here a redis-server of the test's own,
-killed with SIGKILL and started again on its port), and gives up once its timeout has
-passed, so that the query fails and the app's restart replays the batch."""
+"""The backoff's writes outlast a Redis that stops answering: the pass tries a partition's
+batch again while Redis is down (here a redis-server of the test's own, killed with
+SIGKILL and started again on its port, with the applied marker a rebuild would leave),
+and gives up once backoff_write_timeout_ms has passed, so that the query fails and the
+app's restart replays the batch."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 import redis as redislib
 
 import devinstall
 from conftest import free_port
+from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.index.redelivery import SubscriptionIndex
-from dwell_spark import metrics
-from dwell_spark.backoff import write_retrying
+from dwell_spark.backoff import Pass
+from dwell_spark.settings import SparkSettings
 
 TICK_MS = 100
 
@@ -59,32 +63,44 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
         server.kill()
 
 
-def retries() -> float:
-    return metrics.BACKOFF_WRITE_RETRIES._value.get()
+def work(port: int, timeout_s: float) -> Pass:
+    return Pass.of(SparkSettings(redis_url=f"redis://127.0.0.1:{port}/0",
+                                 kafka_bootstrap="127.0.0.1:1", redelivery_tick_ms=TICK_MS,
+                                 backoff_write_timeout_ms=int(timeout_s * 1000)))
+
+
+def delivered(due_in_ms: int) -> tuple[dict[str, list[Any]], int]:
+    """One partition's batch of one `delivered` event with an ack timeout, and its due
+    time."""
+    now = int(time.time() * 1000)
+    ev = {"event": "delivered", "topic": "persistent://t/ns/x", "subscription": "s",
+          "messageId": "dwell.delayed:0:7", "ts": now, "ackTimeoutMs": due_in_ms}
+    return {"partition": [0], "offset": [0], "ts": [now], "tsType": [1], "key": [None],
+            "value": [orjson.dumps(ev)], "auths": [[]]}, now + due_in_ms
 
 
 def test_a_batch_is_written_once_redis_answers_again(own_redis: OwnRedis) -> None:
     r = redis_adapter.connect(f"redis://127.0.0.1:{own_redis.port}/0")
+    r.hset(keys.BACKOFF_APPLIED, "0", 0)
     idx = SubscriptionIndex(r, "persistent://t/ns/x", "s")
-    due = int(time.time() * 1000) + 60_000
-    tries_before = retries()
+    cols, due = delivered(60_000)
     own_redis.kill()
-    restart = threading.Timer(2.0, own_redis.start)
+    restart = threading.Timer(2.0, lambda: (own_redis.start(), r.hset(keys.BACKOFF_APPLIED,
+                                                                      "0", 0)))
     restart.start()
     started = time.monotonic()
-    tries = write_retrying(lambda: idx.add([("dwell.delayed", 0, 7, due)], TICK_MS), 30, 1)
+    summary = work(own_redis.port, 30).run(cols)
     restart.join()
-    assert tries > 1 and retries() - tries_before == tries - 1
+    assert summary["retries"] > 0 and summary["decisions"] == 1 and not summary["lost"]
     assert 2.0 <= time.monotonic() - started < 15
     bucket = due - due % TICK_MS
     assert idx.remove_many(bucket, [("dwell.delayed", 0, 7)]) == 1  # the entry is there
+    assert r.hget(keys.BACKOFF_APPLIED, "0") == b"1"
 
 
 def test_a_batch_gives_up_after_its_timeout(own_redis: OwnRedis) -> None:
-    r = redis_adapter.connect(f"redis://127.0.0.1:{own_redis.port}/0")
-    idx = SubscriptionIndex(r, "persistent://t/ns/x", "s")
     own_redis.kill()
     started = time.monotonic()
     with pytest.raises(redislib.ConnectionError):
-        write_retrying(lambda: idx.add([("dwell.delayed", 0, 7, 10_000)], TICK_MS), 1.5, 2)
+        work(own_redis.port, 1.5).run(delivered(10_000)[0])
     assert time.monotonic() - started < 10

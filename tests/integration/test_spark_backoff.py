@@ -1,43 +1,69 @@
-"""The backoff job against the real Redis: its fallback to the tracker's subscription
-registry (events without settings, from plain Kafka consumers, get what the subscription
-registered over HTTP, re-read after the cache's TTL), and its index writes: a scheduled
-redelivery lands in the subscription's redelivery index at its due time, an ack takes it
-out again, and once the drain has claimed the bucket the ack changes nothing. The state
-function runs without a JVM (GroupState is a plain Python object)."""
+"""The backoff's pass over dwell.acks records against the real Redis (and Kafka, for what it
+sets aside), as a Python worker runs it on one Arrow batch of a partition: its fallback
+to the tracker's subscription registry (events without settings, from plain Kafka
+consumers, get what the subscription registered over HTTP, re-read after the cache's TTL),
+its index writes (a scheduled redelivery lands in the subscription's redelivery index at
+its due time, an ack takes it out again, and once the drain has claimed the bucket the ack
+changes nothing), the pending entries it keeps beside the index, and the applied marker
+that makes a replayed batch a no-op and tells a lost Redis."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
-import pandas as pd
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+import orjson
 
+from dwell import headers as hdr
 from dwell import keys
+from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
+from dwell.core import invalid as invalid_core
+from dwell.core import topics as names
 from dwell.core.backoff import ExponentialRedeliveryBackoff
 from dwell.core.positions import format_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import subscriptions
-from dwell.index.redelivery import SubscriptionIndex
-from dwell_spark.backoff import (
-    CANCEL,
-    DEAD,
-    EVENT_SCHEMA,
-    SCHEDULE,
-    RegistryLookup,
-    Scheduler,
-    pending_of,
-    step,
-)
+from dwell.index.redelivery import SubscriptionIndex, parse_pending
+from dwell_spark.backoff import Pass, RegistryLookup
+from dwell_spark.drain import claimed_ids
 from dwell_spark.settings import SparkSettings
-from dwell_spark.state import STATE_SCHEMA
-
-ROOT = Path(__file__).resolve().parents[2]
 
 TICK_MS = 100
+PARTITION = 3
+
+
+def work(redis_url: str, bootstrap: str = "127.0.0.1:1") -> Pass:
+    return Pass.of(SparkSettings(redis_url=redis_url, kafka_bootstrap=bootstrap,
+                                 redelivery_tick_ms=TICK_MS))
+
+
+def columns(events: list[dict[str, Any]], first_offset: int,
+            values: list[bytes] | None = None) -> dict[str, list[Any]]:
+    """One partition's records as the pass reads them (SOURCE_COLUMNS), from offset
+    ``first_offset`` on."""
+    raw = values if values is not None else [orjson.dumps(ev) for ev in events]
+    n = len(raw)
+    now = int(time.time() * 1000)
+    return {"partition": [PARTITION] * n, "offset": list(range(first_offset, first_offset + n)),
+            "ts": [now] * n, "tsType": [1] * n, "key": [b"k"] * n, "value": raw,
+            "auths": [[] for _ in range(n)]}
+
+
+def fresh_marker(r: Any, offset: int = 0) -> None:
+    """The applied marker as a rebuild leaves it, with this test's partition at ``offset``."""
+    r.delete(keys.BACKOFF_APPLIED)
+    r.hset(keys.BACKOFF_APPLIED, str(PARTITION), offset)
+
+
+def live(idx: SubscriptionIndex, bucket: int) -> dict[str, set[int]]:
+    return {k: set(v) for k, v in idx.read_bucket(bucket).items()}
+
+
+def registered(r: Any, topic: str, sub: str = "s",
+               settings: SubscriptionSettings | None = None) -> None:
+    subscriptions.put(r, topic, sub, settings or SubscriptionSettings(2000))
 
 
 def test_registry_lookup_reads_and_caches(redis_url: str, unique: str) -> None:
@@ -56,143 +82,142 @@ def test_registry_lookup_reads_and_caches(redis_url: str, unique: str) -> None:
 
     # A plain consumer's delivered event (no settings, no count) schedules its redelivery
     # with the registered settings, at once, on the PIP-130 schedule.
+    fresh_marker(r)
     now = int(time.time() * 1000)
-    state = new_state(now)
-    ev = {"event": "delivered", "topic": topic, "subscription": "sub",
-          "messageId": "dwell.delayed:0:1", "ts": now}
-    [row] = run_step(topic, ev, state, lookup)
-    assert (row.action, row.at, row.redeliveryCount) == (SCHEDULE, now + 3000, 1)
-    assert pending_of(state) == {ev["messageId"]: (now + 3000, row.bucket, 1)}
-    assert row.bucket == (now + 3000) - (now + 3000) % TICK_MS
-
-
-def new_state(now: int, value: tuple | None = None) -> GroupState:
-    """A backoff shard's state (``value``: a STATE_SCHEMA row)."""
-    return GroupState(value, now, -1, GroupStateTimeout.ProcessingTimeTimeout, False, False,
-                      value is not None, False, False, -1, b"", STATE_SCHEMA)
-
-
-def run_step(topic: str, ev: dict, state: GroupState, lookup=None) -> list:
-    cols = [f.name for f in EVENT_SCHEMA.fields]
-    frame = pd.DataFrame([{c: ev.get(c) for c in cols}], columns=cols)
-    out = pd.concat(list(step((topic, ev["subscription"], 0), iter([frame]),
-                              state, lookup, TICK_MS)))
-    return list(out.itertuples(index=False))
-
-
-def live(idx: SubscriptionIndex, bucket: int) -> dict[str, set[int]]:
-    return {k: set(v) for k, v in idx.read_bucket(bucket).items()}
-
-
-def scheduler(redis_url: str, unique: str) -> tuple[Any, str, Scheduler, SubscriptionIndex]:
-    """Redis, a fresh topic, a driver-side Scheduler (no Spark session: it writes only to
-    Redis here) and the topic's redelivery index of subscription "s"."""
-    r = redis_adapter.connect(redis_url)
-    topic = f"persistent://{unique}/ns/x"
-    sched = Scheduler(None, SparkSettings(redis_url=redis_url,  # type: ignore[arg-type]
-                                          redelivery_tick_ms=TICK_MS), r)
-    return r, topic, sched, SubscriptionIndex(r, topic, "s")
+    mid = "dwell.delayed:0:1"
+    summary = work(redis_url).run(columns([{"event": "delivered", "topic": topic,
+                                            "subscription": "sub", "messageId": mid,
+                                            "ts": now}], 0))
+    assert (summary["decisions"], summary["lost"]) == (1, False)
+    due = now + 3000
+    bucket = due - due % TICK_MS
+    idx = SubscriptionIndex(r, topic, "sub")
+    assert live(idx, bucket) == {"dwell.delayed:0": {1}}
+    assert idx.pending([mid]) == [(due, bucket, 1)]
 
 
 def test_scheduled_redelivery_is_indexed_and_an_ack_cancels_it(redis_url: str,
                                                               unique: str) -> None:
-    r, topic, sched, idx = scheduler(redis_url, unique)
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    registered(r, topic)
+    fresh_marker(r, 100)
+    w = work(redis_url)
+    idx = SubscriptionIndex(r, topic, "s")
     now = int(time.time() * 1000)
     mids = [format_message_id("dwell.delayed", 3, o) for o in (10, 11)]
     base = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000,
-            "ackTimeoutRedeliveryBackoff": json.dumps({"minDelayMs": 1000})}
-    states = [new_state(now) for _ in mids]
-    for mid, st in zip(mids, states, strict=True):
-        rows = run_step(topic, base | {"event": "delivered", "messageId": mid, "ts": now}, st)
-        assert [x.action for x in rows] == [SCHEDULE]
-        sched.apply(rows)
+            "ackTimeoutRedeliveryBackoff": {"minDelayMs": 1000}}
+    delivered = columns([base | {"event": "delivered", "messageId": m, "ts": now}
+                         for m in mids], 100)
+    assert w.run(delivered)["decisions"] == 2
     due = now + 3000
     bucket = due - due % TICK_MS
     assert live(idx, bucket) == {"dwell.delayed:3": {10, 11}}
     assert r.hget(keys.sub_counts(topic, "s"), mids[0]) == b"1"
+    assert r.hget(keys.BACKOFF_APPLIED, str(PARTITION)) == b"102"
 
-    # The ack of offset 10 takes it out of the live bucket (and forgets its count).
-    rows = run_step(topic, base | {"event": "ack", "messageId": mids[0], "ts": now + 5},
-                    states[0])
-    assert [x.action for x in rows] == [CANCEL, "ack"] and not states[0].exists
-    sched.apply(rows)
+    # The ack of offset 10 takes it out of the live bucket (and forgets its count and its
+    # pending entry).
+    ack = columns([base | {"event": "ack", "messageId": mids[0], "ts": now + 5}], 102)
+    assert w.run(ack)["decisions"] == 2  # cancel, ack
     assert live(idx, bucket) == {"dwell.delayed:3": {11}}
     assert r.hget(keys.sub_counts(topic, "s"), mids[0]) is None
-    sched.apply(rows)  # a replay changes nothing
+    assert idx.pending(mids) == [None, (due, bucket, 1)]
+
+    # A replay of both batches (a crash before Spark's checkpoint) is skipped whole: the
+    # marker is past them.
+    assert w.run(delivered)["events"] == 0
+    assert w.run(ack)["events"] == 0
     assert live(idx, bucket) == {"dwell.delayed:3": {11}}
 
-    # Once the drain has claimed the bucket, an ack is a no-op: the redelivery happened.
+    # Once the drain has claimed the bucket, an ack is a no-op: the redelivery happened;
+    # completing the claim deletes the pending entry of what it redelivered.
     [claimed] = idx.claim(due + TICK_MS, 10, 30_000, cutoff_ms=due + 1)
     assert {k: set(v) for k, v in claimed.positions.items()} == {"dwell.delayed:3": {11}}
-    assert idx.remove_many(bucket, [("dwell.delayed", 3, 11)]) == 0
-    rows = run_step(topic, base | {"event": "ack", "messageId": mids[1], "ts": now + 6},
-                    states[1])
-    sched.apply(rows)
+    w.run(columns([base | {"event": "ack", "messageId": mids[1], "ts": now + 6}], 103))
     assert idx.complete(claimed.bucket_start, claimed.lease_id)
     assert idx.buckets() == []
+    assert idx.forget_claimed(claimed.bucket_start, claimed_ids(claimed)) == 0  # acked
+
+
+def test_the_drain_deletes_only_the_pending_entry_it_claimed(redis_url: str,
+                                                             unique: str) -> None:
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    idx = SubscriptionIndex(r, topic, "s")
+    mids = [format_message_id("dwell.delayed", 0, o) for o in (1, 2)]
+    # Message 1 is still in the claimed bucket 1000; message 2 was scheduled again since,
+    # into bucket 5000.
+    idx.write_pending({mids[0]: (1042, 1000, 1), mids[1]: (5042, 5000, 2)})
+    assert idx.forget_claimed(1000, mids) == 1
+    assert idx.pending(mids) == [None, (5042, 5000, 2)]
+    assert parse_pending(b"5042,5000,-3") == (5042, 5000, -3)
 
 
 def test_unacked_past_max_is_indexed_as_a_dead_letter(redis_url: str, unique: str) -> None:
-    r, topic, sched, idx = scheduler(redis_url, unique)
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    registered(r, topic)
+    fresh_marker(r)
+    w = work(redis_url)
+    idx = SubscriptionIndex(r, topic, "s")
     now = int(time.time() * 1000)
     mid = format_message_id("dwell.delayed", 2, 40)
-    state = new_state(now)
-    rows = run_step(topic, {"event": "delivered", "topic": topic, "subscription": "s",
-                            "messageId": mid, "ts": now, "redeliveryCount": 3,
-                            "ackTimeoutMs": 2000, "maxRedeliverCount": 3}, state)
-    assert [(x.action, x.at, x.redeliveryCount) for x in rows] == [(DEAD, now + 2000, 3)]
-    sched.apply(rows)
+    base = {"topic": topic, "subscription": "s", "messageId": mid, "redeliveryCount": 3,
+            "ackTimeoutMs": 2000, "maxRedeliverCount": 3}
+    w.run(columns([base | {"event": "delivered", "ts": now}], 0))
     bucket = (now + 2000) - (now + 2000) % TICK_MS
     assert live(idx, bucket) == {"dwell.delayed:2": {40}}
     # -(count + 1): the drain reads it as "to the DLQ, redelivery count 3".
     assert r.hget(keys.sub_counts(topic, "s"), mid) == b"-4"
     # An ack before the timeout cancels it like any redelivery.
-    rows = run_step(topic, {"event": "ack", "topic": topic, "subscription": "s",
-                            "messageId": mid, "ts": now + 5, "redeliveryCount": 3}, state)
-    sched.apply(rows)
+    w.run(columns([base | {"event": "ack", "ts": now + 5}], 1))
     assert live(idx, bucket) == {"dwell.delayed:2": set()}
     assert r.hget(keys.sub_counts(topic, "s"), mid) is None
 
+    # A nack past the limit is a dead letter due at once.
+    nack_at = now + 10
+    w.run(columns([base | {"event": "nack", "ts": nack_at}], 2))
+    now_bucket = nack_at - nack_at % TICK_MS
+    assert live(idx, now_bucket) == {"dwell.delayed:2": {40}}
+    assert r.hget(keys.sub_counts(topic, "s"), mid) == b"-4"
+
 
 def test_a_batch_of_decisions_is_folded_per_message(redis_url: str, unique: str) -> None:
-    """One apply() of a whole batch, as the backoff's micro-batch hands it over: each
-    message's decisions count in their order (a cancel of an entry added in the same batch
-    drops the add), whatever the other messages do, and 2,000 schedules in one bucket land
-    in one rewrite of it."""
-    r, topic, sched, idx = scheduler(redis_url, unique)
+    """One batch's decisions are folded per subscription: each message's count in their
+    order (a cancel of an entry added in the same batch drops the add), whatever the other
+    messages do, and 2,000 schedules in one bucket land in one rewrite of it."""
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    registered(r, topic)
+    fresh_marker(r)
+    w = work(redis_url)
+    idx = SubscriptionIndex(r, topic, "s")
     now = int(time.time() * 1000)
     base = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000}
-    mids = [format_message_id("dwell.delayed", 1, o) for o in range(2000)]
-    rows: list[Any] = []
-    states = {mid: new_state(now) for mid in mids}
-    for mid in mids:
-        rows += run_step(topic, base | {"event": "delivered", "messageId": mid, "ts": now},
-                         states[mid])
-    # Message 0: delivered again later in the batch (its clock restarts: a cancel of the
-    # first entry, then a new one a bucket on); message 1: acked in the batch.
-    rows += run_step(topic, base | {"event": "delivered", "messageId": mids[0],
-                                    "ts": now + TICK_MS}, states[mids[0]])
-    rows += run_step(topic, base | {"event": "ack", "messageId": mids[1], "ts": now + 5},
-                     states[mids[1]])
     # Message 2 had an entry from an earlier batch: the cancel must reach the index.
     earlier = format_message_id("dwell.delayed", 1, 5000)
-    st = new_state(now)
-    sched.apply(run_step(topic, base | {"event": "delivered", "messageId": earlier,
-                                        "ts": now}, st))
-    rows += run_step(topic, base | {"event": "ack", "messageId": earlier, "ts": now + 6}, st)
-
+    w.run(columns([base | {"event": "delivered", "messageId": earlier, "ts": now}], 0))
+    mids = [format_message_id("dwell.delayed", 1, o) for o in range(2000)]
+    events = [base | {"event": "delivered", "messageId": m, "ts": now} for m in mids]
+    # Message 0: delivered again later in the batch (its clock restarts: a cancel of the
+    # first entry, then a new one a bucket on); message 1: acked in the batch.
+    events += [base | {"event": "delivered", "messageId": mids[0], "ts": now + TICK_MS},
+               base | {"event": "ack", "messageId": mids[1], "ts": now + 5},
+               base | {"event": "ack", "messageId": earlier, "ts": now + 6}]
     rewrites = []
-    real = idx.__class__._rewrite
+    real = SubscriptionIndex._rewrite
 
     def counting(self: SubscriptionIndex, bucket_start: int, change: Any) -> bool:
         rewrites.append(bucket_start)
         return real(self, bucket_start, change)
 
-    idx.__class__._rewrite = counting  # type: ignore[method-assign]
+    SubscriptionIndex._rewrite = counting  # type: ignore[method-assign]
     try:
-        sched.apply(rows)
+        w.run(columns(events, 1))
     finally:
-        idx.__class__._rewrite = real  # type: ignore[method-assign]
+        SubscriptionIndex._rewrite = real  # type: ignore[method-assign]
     due = now + 2000
     bucket = due - due % TICK_MS
     later = (due + TICK_MS) - (due + TICK_MS) % TICK_MS
@@ -201,5 +226,56 @@ def test_a_batch_of_decisions_is_folded_per_message(redis_url: str, unique: str)
     counts = r.hgetall(keys.sub_counts(topic, "s"))
     assert len(counts) == 1999 and mids[1].encode() not in counts
     assert earlier.encode() not in counts
+    assert len(r.hkeys(keys.sub_pending(topic, "s"))) == 1999
     # One rewrite per bucket touched: the cancel of the earlier entry, the two buckets added.
     assert sorted(rewrites) == sorted([bucket, bucket, later]), rewrites
+
+
+def test_a_redis_without_the_marker_gets_no_writes(redis_url: str, unique: str) -> None:
+    """Redis lost the indexes (no marker): the pass writes nothing and says so, for the
+    driver to rebuild; a stale pending entry (past its due time by more than the grace) is
+    treated as gone."""
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    registered(r, topic)
+    w = work(redis_url)
+    idx = SubscriptionIndex(r, topic, "s")
+    now = int(time.time() * 1000)
+    mid = format_message_id("dwell.delayed", 0, 9)
+    ev = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000, "messageId": mid,
+          "event": "delivered", "ts": now}
+    r.delete(keys.BACKOFF_APPLIED)
+    summary = w.run(columns([ev], 0))
+    assert summary["lost"] and summary["decisions"] == 0
+    assert idx.buckets() == [] and idx.pending([mid]) == [None]
+
+    fresh_marker(r)
+    gone_due = now - w.grace_ms - 1000
+    idx.write_pending({mid: (gone_due, gone_due - gone_due % TICK_MS, 1)})
+    w.run(columns([ev | {"event": "ack"}], 0))
+    # Nothing to cancel: only the ack; the stale entry is deleted.
+    assert idx.pending([mid]) == [None]
+
+
+def test_malformed_records_go_to_dwell_invalid_from_the_pass(redis_url: str,
+                                                            kafka_bootstrap: str,
+                                                            unique: str) -> None:
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    registered(r, topic)
+    fresh_marker(r)
+    w = work(redis_url, kafka_bootstrap)
+    starts = kafka.end_offsets(kafka_bootstrap, names.INVALID)
+    good = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000, "event": "delivered",
+            "messageId": format_message_id("dwell.delayed", 0, 1),
+            "ts": int(time.time() * 1000)}
+    bad = json.dumps(good | {"messageId": f"persistent://{unique}-other/ns/y:0:1"}).encode()
+    summary = w.run(columns([], 0, values=[orjson.dumps(good), bad, b"{not json"]))
+    assert summary["decisions"] == 1 and summary["events"] == 1
+    assert json.loads(summary["invalid"]) == {invalid_core.FIELD: 1,
+                                              invalid_core.NOT_JSON: 1}, summary
+    got = [rec for rec in kafka.read_from(kafka_bootstrap, names.INVALID, starts)
+           if rec.header(hdr.SOURCE_TOPIC) == names.ACKS
+           and rec.header(hdr.SOURCE_PARTITION) == str(PARTITION)
+           and rec.value in (bad, b"{not json")]
+    assert sorted(int(rec.header(hdr.SOURCE_OFFSET) or -1) for rec in got) == [1, 2]

@@ -16,6 +16,19 @@ from dwell.index.buckets import MERGED, BucketIndex, ClaimedBucket
 from dwell.index.roaring import bucket_digest, decode, encode, unpack_deltas
 
 DUE_SUBSCRIPTIONS: Final = keys.DUE_SUBSCRIPTIONS
+# A message's pending redelivery (keys.sub_pending): due at dueAt in the index bucket
+# ``bucket``, with the count stored as keys.sub_counts stores it (-(count + 1): a dead
+# letter).
+PendingEntry = tuple[int, int, int]
+
+
+def format_pending(entry: PendingEntry) -> str:
+    return f"{entry[0]},{entry[1]},{entry[2]}"
+
+
+def parse_pending(raw: bytes | str) -> PendingEntry:
+    due, bucket, stored = (raw.decode() if isinstance(raw, bytes) else raw).split(",")
+    return int(due), int(bucket), int(stored)
 
 
 class SubscriptionIndex(BucketIndex):
@@ -134,9 +147,40 @@ class SubscriptionIndex(BucketIndex):
         if message_ids:
             self.redis.hdel(keys.sub_counts(self.topic, self.subscription), *message_ids)
 
+    def pending(self, message_ids: Sequence[str]) -> list[PendingEntry | None]:
+        """The pending entries (dueAt, bucket, stored count) of messages, None where a
+        message has none, in one HMGET."""
+        if not message_ids:
+            return []
+        raw = self.redis.hmget(keys.sub_pending(self.topic, self.subscription), message_ids)
+        return [None if v is None else parse_pending(v) for v in raw]
+
+    def write_pending(self, entries: Mapping[str, PendingEntry | None], client: Any = None
+                      ) -> None:
+        """Set messages' pending entries (None: delete it), on ``client`` (a pipeline) or
+        at once."""
+        key = keys.sub_pending(self.topic, self.subscription)
+        put = {mid: format_pending(e) for mid, e in entries.items() if e is not None}
+        gone = [mid for mid, e in entries.items() if e is None]
+        c = self.redis if client is None else client
+        if put:
+            c.hset(key, mapping=put)
+        if gone:
+            c.hdel(key, *gone)
+
+    def forget_claimed(self, bucket_start: int, message_ids: Sequence[str]) -> int:
+        """Delete the pending entries of messages the drain claimed in ``bucket_start``
+        (those a later event has moved to another bucket stay); how many went."""
+        if not message_ids:
+            return 0
+        return int(self._scripts.run("forget_claimed",
+                                     [keys.sub_pending(self.topic, self.subscription)],
+                                     [bucket_start, *message_ids]))
+
     def drop(self) -> None:
         """Delete the whole redelivery index (the subscription was deleted)."""
-        names = [*self.key_names(), keys.sub_counts(self.topic, self.subscription)]
+        names = [*self.key_names(), keys.sub_counts(self.topic, self.subscription),
+                 keys.sub_pending(self.topic, self.subscription)]
         self.redis.delete(*names)
         self.redis.zrem(DUE_SUBSCRIPTIONS, self._due_member)
 

@@ -393,18 +393,20 @@ def held_sends(n: int, **options: Any) -> tuple[list[str | BaseException], list[
     ended by then, and the sequence ids admission saw (the last one a send made after
     the answers)."""
     seqs: list[int] = []
-    full = asyncio.Event()
-    answer = asyncio.Event()
-
-    async def handle(req: httpx.Request) -> httpx.Response:
-        seq = json.loads(req.content)["messages"][0]["sequenceId"]
-        seqs.append(seq)
-        if len(seqs) == min(n, MAX_CONNECTIONS):
-            full.set()
-        await answer.wait()
-        return httpx.Response(200, json=ok(f"dwell.delayed:0:{seq}"))
 
     async def run() -> tuple[list[str | BaseException], list[int]]:
+        # Made in the running loop: on Python 3.9 an asyncio.Event binds to the loop
+        # current when it is made.
+        full, answer = asyncio.Event(), asyncio.Event()
+
+        async def handle(req: httpx.Request) -> httpx.Response:
+            seq = json.loads(req.content)["messages"][0]["sequenceId"]
+            seqs.append(seq)
+            if len(seqs) == min(n, MAX_CONNECTIONS):
+                full.set()
+            await answer.wait()
+            return httpx.Response(200, json=ok(f"dwell.delayed:0:{seq}"))
+
         async with AsyncProducer(TOPIC, admission_url="http://adm",
                                  transport=httpx.MockTransport(handle), **options) as p:
             sends = [asyncio.ensure_future(p.send(f"m{i}")) for i in range(n)]

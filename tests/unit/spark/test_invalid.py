@@ -1,26 +1,26 @@
-"""The backoff job's per-batch check of dwell.acks records (the pandas UDF's body): good
-events get no kind, each bad one its kind and reason, the header check included."""
+"""The backoff pass's check of dwell.acks records: good events get no kind and come back
+parsed, each bad one its kind and reason, the header check included."""
 
 from __future__ import annotations
 
 import json
 
-import pandas as pd
-
 from dwell.core import invalid
-from dwell_spark.invalid import check_events
+from dwell_spark.invalid import check_records
 
 GOOD = json.dumps({"event": "ack", "topic": "persistent://t/ns/x", "subscription": "s",
                    "messageId": "t.ns.x:0:5", "ts": 1}).encode()
 
 
 def test_each_record_gets_its_kind_or_none() -> None:
-    values = pd.Series([GOOD, b"nope", GOOD, GOOD, b"x" * 2000, None])
-    auths = pd.Series([None, None, [b"Bearer t"], [b"\xff"], None, None])
-    got = check_events(values, auths, 1024, frozenset())
-    assert list(got["kind"]) == [None, invalid.NOT_JSON, None, invalid.HEADER,
-                                 invalid.OVERSIZED, invalid.NOT_JSON]
-    assert got["reason"][0] is None and "not UTF-8" in got["reason"][3]
+    values = [GOOD, b"nope", GOOD, GOOD, b"x" * 2000, None]
+    auths = [None, None, [b"Bearer t"], [b"\xff"], None, None]
+    got = check_records(values, auths, 1024, frozenset())
+    assert [kind for kind, _, _ in got] == [None, invalid.NOT_JSON, None, invalid.HEADER,
+                                            invalid.OVERSIZED, invalid.NOT_JSON]
+    assert got[0] == (None, None, json.loads(GOOD)) and got[2] == got[0]
+    assert "not UTF-8" in (got[3][1] or "")
+    assert all(reason and doc is None for kind, reason, doc in got if kind)
 
 
 def test_with_authentication_on_an_event_needs_a_kafka_token_valid_when_written() -> None:
@@ -49,12 +49,12 @@ def test_with_authentication_on_an_event_needs_a_kafka_token_valid_when_written(
         ([long_lived], written, LOG_APPEND_TIME, invalid.UNAUTHENTICATED),
         ([forged], written, LOG_APPEND_TIME, invalid.UNAUTHENTICATED),
     ]
-    got = check_events(pd.Series([GOOD] * len(cases) + [own]),
-                       pd.Series([c[0] for c in cases] + [None]), 1024,
-                       frozenset({"persistent://dwell/system/w"}), auth,
-                       pd.Series([c[1] for c in cases] + [0]),
-                       pd.Series([c[2] for c in cases] + [0]))
-    assert list(got["kind"]) == [c[3] for c in cases] + [None]
-    assert "expired before the record was written" in got["reason"][2]
-    assert "LogAppendTime" in got["reason"][3]
-    assert "POST /admin/v2/kafka-tokens" in got["reason"][4]
+    got = check_records([GOOD] * len(cases) + [own], [c[0] for c in cases] + [None], 1024,
+                        frozenset({"persistent://dwell/system/w"}), auth,
+                        [c[1] for c in cases] + [0], [c[2] for c in cases] + [0])
+    assert [kind for kind, _, _ in got] == [c[3] for c in cases] + [None]
+    reasons = [reason or "" for _, reason, _ in got]
+    assert "expired before the record was written" in reasons[2]
+    assert "LogAppendTime" in reasons[3]
+    assert "POST /admin/v2/kafka-tokens" in reasons[4]
+    assert got[-1][2] == json.loads(own)  # the app's own event needs no token

@@ -2,7 +2,7 @@
 the consumer, admin helpers and offset scans. Everything else in dwell sees `Record`,
 futures and plain dicts, and imports them from here."""
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, Message
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, TIMESTAMP_LOG_APPEND_TIME, Message
 
 from .admin import (
     DWELL_TOPIC_DEFAULTS,
@@ -34,7 +34,15 @@ from .consumer import Columns, Consumer, next_offsets
 from .errors import KafkaUnavailable, RetentionRefused, TopicRefused
 from .producer import BulkProducer, Producer, TransactionalProducer
 from .record import Headers, OutRecord, Record
-from .scan import SCAN_CONFIG, iter_from, read_all, read_from, read_offsets, read_spans
+from .scan import (
+    SCAN_CONFIG,
+    iter_from,
+    iter_messages_from,
+    read_all,
+    read_from,
+    read_offsets,
+    read_spans,
+)
 
 __all__ = [
     "DWELL_TOPIC_DEFAULTS",
@@ -51,6 +59,7 @@ __all__ = [
     "KafkaUnavailable",
     "LogStarts",
     "Message",
+    "TIMESTAMP_LOG_APPEND_TIME",
     "OutRecord",
     "Producer",
     "Record",
@@ -73,6 +82,7 @@ __all__ = [
     "partitions",
     "ping",
     "iter_from",
+    "iter_messages_from",
     "read_all",
     "read_from",
     "read_offsets",

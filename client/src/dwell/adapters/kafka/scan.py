@@ -1,5 +1,5 @@
 """Reading known offsets without a consumer group: whole topics up to their end
-(`iter_from`, `read_from`, `read_all`) and chosen offset spans (`read_spans`,
+(`iter_from`, `iter_messages_from`, `read_from`, `read_all`) and chosen offset spans (`read_spans`,
 `read_offsets`), the one reader behind the drain's record copy and the tracker's restage."""
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ Span = tuple[int, int]  # first, last offset (inclusive)
 
 def iter_from(bootstrap: str, topic: str, starts: Mapping[int, int],
               timeout: float = 30.0) -> Iterator[Record]:
+    """:func:`iter_messages_from`, each message as a Record."""
+    return (record_of(msg) for msg in iter_messages_from(bootstrap, topic, starts, timeout))
+
+
+def iter_messages_from(bootstrap: str, topic: str, starts: Mapping[int, int],
+                       timeout: float = 30.0) -> Iterator[Message]:
     """Every committed record of a topic from `starts` (offset per partition; partitions
     not named start at the beginning) to the end offsets at the time of the call, read
     with read_committed and without a group, as they come: no more than one read's
@@ -62,7 +68,7 @@ def iter_from(bootstrap: str, topic: str, starts: Mapping[int, int],
         while pending:
             if time.monotonic() > deadline:
                 raise KafkaUnavailable(f"reading {topic}: nothing read for {timeout:.0f} s")
-            got = [record_of(msg) for msg in c.consume(1000, 0.2)
+            got = [msg for msg in c.consume(1000, 0.2)
                    if msg.error() is None and msg.offset() < ends[msg.partition()]]
             left = len(pending)
             # Transaction markers leave gaps: compare the position with the end.
