@@ -147,38 +147,59 @@ def logged_at(log: Path, text: str) -> datetime:
 
 
 def restart(st: devstack.Stack, r: Any, procs: Procs, start_app: Callable[[str], Path],
-            topic: str, ids: list[str], full_rate: float | None, timeout: float) -> int:
+            topic: str, subs: list[str], ids: list[str], full_rate: float | None,
+            timeout: float) -> int:
     """Phase 4; returns how many of the ids have no redelivery count (lost)."""
-    counts = keys.sub_counts(topic, "s")
+    share = {sub: ids[i::len(subs)] for i, sub in enumerate(subs)}
     n = len(ids)
+
+    def held() -> int:
+        pipe = r.pipeline(transaction=False)
+        for sub in subs:
+            pipe.hlen(keys.sub_counts(topic, sub))
+        return sum(pipe.execute())
+
     t_kill = time.monotonic()
     procs.kill("spark")
     killed = time.monotonic() - t_kill
-    send_ack_events(st.kafka_bootstrap, "delivered", topic, ids, FAR_MS)
+    starts = kafka.end_offsets(st.kafka_bootstrap, names.ACKS)
+    for sub, mine in share.items():
+        send_ack_events(st.kafka_bootstrap, "delivered", topic, mine, FAR_MS, sub)
     sent = time.monotonic() - t_kill - killed
     print(f"  restart: app killed (JVM and workers gone) in {killed:.2f} s; {n:,} `delivered` "
           f"events written to dwell.acks while it was down, in {sent:.1f} s", flush=True)
+    before = held()
     t_start = time.monotonic()
     log = start_app("spark-restarted")
     wait_line(procs, log, READY, timeout)
     t_ready = time.monotonic()
-    at_ready = r.hlen(counts)
+    at_ready = held() - before
     up_to_ready = (logged_at(log, READY) - logged_at(log, SESSION_UP)).total_seconds()
     print(f"  restart: kill -> backoff ready {t_ready - t_kill:.1f} s (app start -> ready "
           f"{t_ready - t_start:.1f} s; Spark session up -> ready {up_to_ready:.1f} s)", flush=True)
     deadline = t_ready + timeout
-    while r.hlen(counts) < n and time.monotonic() < deadline:
+    while held() - before < n and time.monotonic() < deadline:
         procs.check()
         time.sleep(0.05)
     t_done = time.monotonic()
     caught_up = t_done - t_ready
-    lost = n - len(set(ids) & {k.decode() for k in r.hkeys(counts)})
+    found: set[str] = set()
+    for sub in subs:
+        found |= {k.decode() for k in r.hkeys(keys.sub_counts(topic, sub))}
+    lost = n - len(set(ids) & found)
     rate = (n - at_ready) / caught_up
     print(f"  restart: catch-up {caught_up:.1f} s after ready ({at_ready:,} counts written at "
           f"ready): {rate:,.0f} events/s" + (
               f", {rate / full_rate:.2f} of phase 1's {full_rate:,.0f}" if full_rate else "")
           + f"; kill -> all {n:,} counts {t_done - t_kill:.1f} s; lost {lost:,}",
           flush=True)
+    t0 = time.monotonic()
+    mine = {f"{topic}/{s}".encode() for s in subs}
+    got = sum(1 for x in kafka.read_from(st.kafka_bootstrap, names.ACKS, starts)
+              if x.key in mine)
+    base = got / (time.monotonic() - t0)
+    print(f"  restart: baseline {base:,.0f} events/s (plain consumer, {got:,} events read); "
+          f"catch-up / baseline: {rate / base:.3f}", flush=True)
     return lost
 
 
@@ -197,6 +218,8 @@ def main() -> None:
     ap.add_argument("--restart-events", type=int, default=0,
                     help="events waiting on a restart after kill -9 (phase 4; 0: none)")
     ap.add_argument("--timeout-s", type=float, default=600)
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep the app's logs (printed path) after a run that succeeded")
     args = ap.parse_args()
     st = devstack.Stack("test")
     redis_url = st.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
@@ -235,7 +258,7 @@ def main() -> None:
                                    [f"{names.DELAYED}:0:{i}" for i in range(args.events)],
                                    args.timeout_s)
         if args.restart_events:
-            lost = restart(st, r, procs, start_app, topic,
+            lost = restart(st, r, procs, start_app, topic, subs,
                            [f"{names.DELAYED}:0:{i}" for i in range(
                                args.events, args.events + args.restart_events)],
                            full_rate, args.timeout_s)
@@ -246,10 +269,10 @@ def main() -> None:
     finally:
         procs.stop_all()
         r.flushdb()
-        if ok:
+        if ok and not args.keep_logs:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
-            print(f"logs kept in {tmp}", file=sys.stderr)
+            print(f"logs kept in {tmp}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -152,12 +152,12 @@ def send_ack_events(bootstrap: str, kind: str, topic: str, ids: list[str],
     p = kafka.Producer(bootstrap, linger_ms=20)
     key = f"{topic}/{subscription}".encode()
     try:
-        futures = [p.send(names.ACKS, orjson.dumps({
+        # One batch, no future per record: the events reach Kafka at its pace, not this
+        # loop's.
+        p.send_many([(names.ACKS, orjson.dumps({
             "event": kind, "topic": topic, "subscription": subscription, "messageId": mid,
-            "redeliveryCount": 0, "ts": now_ms(), "ackTimeoutMs": ack_timeout_ms}), key)
-            for mid in ids]
-        for f in futures:
-            f.result(60)
+            "redeliveryCount": 0, "ts": now_ms(), "ackTimeoutMs": ack_timeout_ms}), key,
+            None, None) for mid in ids]).result(120)
     finally:
         p.close()
 

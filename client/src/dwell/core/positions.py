@@ -3,11 +3,7 @@ and the message ids dwell hands back to producers."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-
-_NUMBER = re.compile(r"[0-9]+")
-
 
 # A topic index's fields name partitions of the delay log: below this, of `dwell.delayed`;
 # from it on, partition (field - REFILED_FIELD_BASE) of `dwell.delayed.refiled`.
@@ -36,8 +32,10 @@ def parse_message_id(s: str) -> tuple[str, int, int]:
     if len(parts) != 3 or not parts[0]:
         raise ValueError(f"invalid message id {s!r}: expected <topic>:<partition>:<offset>")
     topic, partition, offset = parts
-    # int() would also take " 5", "+5" and "5_0"; ids must round-trip exactly.
-    if not (_NUMBER.fullmatch(partition) and _NUMBER.fullmatch(offset)):
+    # int() would also take " 5", "+5" and "5_0", and isdigit() other scripts' digits;
+    # ids must round-trip exactly: ASCII digits only.
+    if not (partition.isascii() and partition.isdigit() and offset.isascii()
+            and offset.isdigit()):
         raise ValueError(
             f"invalid message id {s!r}: partition and offset must be non-negative integers"
         )
