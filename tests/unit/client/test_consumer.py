@@ -4,16 +4,17 @@ so a crash re-reads what the application or the backoff job does not yet own."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future
+from collections.abc import Callable
 
 import pytest
 
 from dwell.adapters.kafka import KafkaUnavailable
 from dwell.client import Consumer, ExponentialRedeliveryBackoff
 from dwell.client import consumer as consumer_module
-from dwell.client.consumer import Message, _Offsets, _remember, properties_of
+from dwell.client.consumer import Message, _event_parts, _Offsets, _remember, properties_of
 from dwell.core import backoff
 from dwell.core.topics import TopicName
 
@@ -118,20 +119,34 @@ def test_grouped_offsets_are_committed_at_most_every_group_time() -> None:
     assert commits.committed[-1] == {TP: 13}
 
 
+class _Sent:
+    """One send's delivery report, given by the test as Kafka takes the event or refuses
+    it (message timed out while it was away)."""
+
+    def __init__(self, then: Callable[[KafkaUnavailable | None], None]) -> None:
+        self.then = then
+
+    def set_result(self, _: tuple[int, int]) -> None:
+        self.then(None)
+
+    def set_exception(self, exc: KafkaUnavailable) -> None:
+        self.then(exc)
+
+
 class _Events:
-    """The consumer's dwell.acks producer: each send's future is completed by the test,
-    as Kafka takes an event or refuses it (message timed out while it was away)."""
+    """The consumer's dwell.acks producer, whose delivery reports the test gives."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[dict[str, object], Future[tuple[int, int]]]] = []
+        self.sent: list[tuple[dict[str, object], _Sent]] = []
+        self.raw: list[bytes] = []
         self.headers: list[dict[str, str] | None] = []
 
-    def send(self, topic: str, value: bytes, key: bytes | None = None,
-             headers: dict[str, str] | None = None) -> Future[tuple[int, int]]:
-        fut: Future[tuple[int, int]] = Future()
-        self.sent.append((json.loads(value), fut))
+    def send_then(self, topic: str, value: bytes, key: bytes | None,
+                  headers: dict[str, str] | None,
+                  then: Callable[[KafkaUnavailable | None], None]) -> None:
+        self.sent.append((json.loads(value), _Sent(then)))
+        self.raw.append(value)
         self.headers.append(headers)
-        return fut
 
     def kinds(self) -> list[tuple[str, str]]:
         return [(str(b["event"]), str(b["messageId"])) for b, _ in self.sent]
@@ -143,7 +158,9 @@ def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, 
     c.topic = TopicName.parse("persistent://acme/orders/new")
     c.subscription = "s"
     c._settings_json = {}
+    c._event_heads, c._event_tail = _event_parts(c.topic, c.subscription, {})
     c._event_key = b"persistent://acme/orders/new/s"
+    c._reported = threading.Event()
     c._kafka_tokens = None
     c._offsets = _Offsets()
     c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
@@ -248,3 +265,33 @@ def test_the_filters_keep_the_last_seen_limit_keys(monkeypatch: pytest.MonkeyPat
     for key in ("a", "b", "b", "c"):
         _remember(seen, key)
     assert list(seen) == ["b", "c"]
+
+
+@pytest.mark.parametrize("settings", [
+    {},
+    {"ackTimeoutMs": 30000},
+    {"ackTimeoutMs": 1000, "maxRedeliverCount": 3,
+     "negativeAckRedeliveryBackoff": {"minDelayMs": 100, "maxDelayMs": 60000,
+                                      "multiplier": 2.0}},
+], ids=["none", "ack-timeout", "all"])
+def test_event_text_is_that_of_json_dumps(monkeypatch: pytest.MonkeyPatch,
+                                          settings: dict[str, object]) -> None:
+    """An event's text, formatted from parts shared by a subscription's events, is the
+    text json.dumps gives of its fields (dwell.acks's contract, byte for byte)."""
+    c, events, _ = _away_consumer(monkeypatch)
+    c._group_s = 1e-6
+    c.subscription = 'b\u00e9"lling'
+    c._event_heads, c._event_tail = _event_parts(c.topic, c.subscription, settings)
+    odd = Message(b"x", None, {}, 'odd"\\id\u00e9', 2, None, None, None, str(c.topic),
+                  TP[0], TP[1], 11)
+    c._emit("delivered", _message(10))
+    c.acknowledge(_message(10))
+    c.negative_acknowledge(odd)
+    assert len(events.raw) == 3
+    for (kind, msg), raw in zip((("delivered", _message(10)), ("ack", _message(10)),
+                                 ("nack", odd)), events.raw):
+        ts = json.loads(raw)["ts"]
+        assert raw == json.dumps({
+            "event": kind, "topic": str(c.topic), "subscription": c.subscription,
+            "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
+            "ts": ts, **settings}).encode()

@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -64,6 +63,8 @@ SEEN_LIMIT = 100_000
 # event while Kafka takes events, and `close` for the queued ones; past it the event is
 # queued (see the module's text).
 EVENT_WAIT_S = 30.0
+# How long librdkafka may hold grouped events (ack_group_time_ms > 0) to batch them.
+EVENT_LINGER_MS = 5
 HEADER_PREFIX = "dwell-"
 
 _K = TypeVar("_K", str, tuple[str, int])
@@ -220,11 +221,18 @@ class Consumer:
                 kafka.partitions(self._bootstrap, name)
             except kafka.KafkaUnavailable:
                 kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
-        self._events = kafka.Producer(self._bootstrap, linger_ms=0)
+        # Grouped events are not waited for: a few ms of linger let librdkafka batch them
+        # instead of waking its broker thread for each.
+        self._events = kafka.Producer(self._bootstrap,
+                                      linger_ms=0 if self._group_s == 0 else EVENT_LINGER_MS)
         # dwell.acks events Kafka has not taken yet, oldest first; how many of them wait to
         # be sent (no Kafka token yet, or refused and to be sent again in their order).
         self._unwritten: deque[_Event] = deque()
         self._unsent = 0
+        # Set by the delivery reports of events, for `_write_events` waiting on one.
+        self._reported = threading.Event()
+        self._event_heads, self._event_tail = _event_parts(self.topic, self.subscription,
+                                                           self._settings_json)
         self._committed_at = 0.0
         self._to_commit = False
         parts = self._parts()
@@ -421,65 +429,76 @@ class Consumer:
         taken it (offsets are committed on the strength of the event). Without grouping
         it waits for that, unless older events are queued (Kafka away): then it joins
         their queue without waiting."""
-        # Settings ride along so the backoff job needs no lookup per event
-        # (ARCHITECTURE.md's dwell.acks row); the tracker's registration is the record.
-        body = {"event": event, "topic": str(self.topic), "subscription": self.subscription,
-                "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
-                "ts": int(time.time() * 1000), **self._settings_json}
-        ev = _Event(msg, json.dumps(body).encode())
+        body = (f"{self._event_heads[event]}{json.dumps(msg.message_id)}, "
+                f'"redeliveryCount": {msg.redelivery_count}, '
+                f'"ts": {int(time.time() * 1000)}{self._event_tail}')
+        ev = _Event(msg, body.encode(), self._reported)
         # Sent now unless an older event waits to be sent (again): events go in order.
         # Kafka refuses a partition's events in the order they were sent, so one it
         # refused is the oldest still queued.
-        head = self._unwritten[0] if self._unwritten else None
-        waiting = self._unsent or (head is not None and head.sent is not None
-                                   and head.sent.done() and head.sent.exception() is not None)
+        unwritten = self._unwritten
+        waiting = self._unsent > 0 or (
+            bool(unwritten) and isinstance(unwritten[0].state, Exception))
         headers = None if waiting else self._event_headers()
-        self._unwritten.append(ev)
+        unwritten.append(ev)
         if headers is None:
             self._unsent += 1
         else:
-            ev.sent = self._send(ev.body, headers)
+            self._send(ev, headers)
         self._write_events(EVENT_WAIT_S if self._group_s == 0 and len(self._unwritten) == 1
                            else 0)
 
-    def _send(self, body: bytes, headers: dict[str, str]) -> Future[tuple[int, int]]:
-        return self._events.send(names.ACKS, body, key=self._event_key,
-                                 headers=headers or None)
+    def _send(self, ev: _Event, headers: dict[str, str]) -> None:
+        # Marked before the send: its report may come before send_then returns.
+        ev.state = _SENT
+        try:
+            self._events.send_then(names.ACKS, ev.body, self._event_key, headers or None,
+                                   ev.reported)
+        except kafka.KafkaUnavailable:
+            ev.state = None  # refused at once: not sent
+            raise
 
     def _write_events(self, wait_s: float) -> None:
         """Settle the events Kafka has taken, oldest first, and commit (`_commit`); send
         the ones not sent yet and send again, in their order, the ones Kafka refused; wait
         up to ``wait_s`` for the oldest."""
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + wait_s if wait_s > 0 else 0.0
+        unwritten = self._unwritten
         try:
-            while self._unwritten:
-                first = self._unwritten[0]
-                sent = first.sent
-                if sent is not None and sent.done() and sent.exception() is None:
-                    self._unwritten.popleft()
+            while unwritten:
+                first = unwritten[0]
+                state = first.state
+                if state is True:
+                    unwritten.popleft()
                     self._settle(first.msg)
                     continue
-                if sent is None or sent.done():  # not sent, or refused: send again
-                    if not self._send_again():
-                        if wait_s > 0:
-                            log.warning("%d dwell.acks events not written yet (no Kafka "
-                                        "token); kept, their offsets wait for them",
-                                        len(self._unwritten))
-                        return
-                    sent = first.sent
-                assert sent is not None  # sent by _send_again
-                try:
-                    sent.result(max(0.0, deadline - time.monotonic()))
-                except FutureTimeout:
+                # Not sent, or refused: send again.
+                if state is not _SENT and not self._send_again():
                     if wait_s > 0:
-                        log.warning("%d dwell.acks events not written yet (Kafka away?); "
-                                    "kept, their offsets wait for them", len(self._unwritten))
+                        log.warning("%d dwell.acks events not written yet (no Kafka "
+                                    "token); kept, their offsets wait for them",
+                                    len(unwritten))
                     return
-                except kafka.KafkaUnavailable as exc:
+                if wait_s <= 0:
+                    return
+                while first.state is _SENT:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    # Cleared before looking, so that a report landing in between still
+                    # ends the wait.
+                    self._reported.clear()
+                    if first.state is _SENT:
+                        self._reported.wait(left)
+                state = first.state
+                if state is _SENT:
+                    log.warning("%d dwell.acks events not written yet (Kafka away?); "
+                                "kept, their offsets wait for them", len(unwritten))
+                    return
+                if isinstance(state, Exception):
                     if time.monotonic() >= deadline:
-                        if wait_s > 0:
-                            log.warning("dwell.acks event not written (%s); sent again "
-                                        "later", exc)
+                        log.warning("dwell.acks event not written (%s); sent again later",
+                                    state)
                         return
                     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         finally:
@@ -492,8 +511,8 @@ class Consumer:
         if headers is None:
             return False
         for ev in self._unwritten:
-            if ev.sent is None or (ev.sent.done() and ev.sent.exception() is not None):
-                ev.sent = self._send(ev.body, headers)
+            if ev.state is None or isinstance(ev.state, Exception):
+                self._send(ev, headers)
         self._unsent = 0
         return True
 
@@ -527,13 +546,41 @@ class Consumer:
         self.close()
 
 
-@dataclass
-class _Event:
-    """A dwell.acks event of ``msg`` (its JSON ``body``), and its write once sent."""
+# `_Event.state` of an event sent and not reported yet.
+_SENT = object()
 
-    msg: Message
-    body: bytes
-    sent: Future[tuple[int, int]] | None = None
+
+class _Event:
+    """A dwell.acks event of ``msg`` (its JSON ``body``) and its ``state``: None until
+    sent, then _SENT, then True once Kafka has it or the KafkaUnavailable it was refused
+    with (set by `reported`, on the thread serving the producer's delivery reports)."""
+
+    __slots__ = ("msg", "body", "state", "_reported")
+
+    def __init__(self, msg: Message, body: bytes, reported: threading.Event) -> None:
+        self.msg = msg
+        self.body = body
+        self.state: object = None
+        self._reported = reported
+
+    def reported(self, error: kafka.KafkaUnavailable | None) -> None:
+        self.state = True if error is None else error
+        self._reported.set()
+
+
+def _event_parts(topic: TopicName, subscription: str, settings: Mapping[str, Any]
+                 ) -> tuple[dict[str, str], str]:
+    """What every dwell.acks event of a subscription shares, per event kind the JSON up
+    to its ``messageId`` and the tail after its ``ts``, so that `Consumer._emit` formats
+    only the three fields of its message: the text ``json.dumps`` gives of
+    ``{"event", "topic", "subscription", "messageId", "redeliveryCount", "ts",
+    **settings}``. Settings ride along so the backoff job needs no lookup per event
+    (docs/architecture.md's dwell.acks row); the tracker's registration is the record."""
+    heads = {event: json.dumps({"event": event, "topic": str(topic),
+                                "subscription": subscription})[:-1] + ', "messageId": '
+             for event in ("delivered", "ack", "nack")}
+    tail = ", " + json.dumps(dict(settings))[1:] if settings else "}"
+    return heads, tail
 
 
 def properties_of(headers: Mapping[str, bytes]) -> dict[str, str]:

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 OnDelivery = Callable[[Optional[KafkaError], Message], None]
 
 
+def _report(then: Callable[[KafkaUnavailable | None], None], err: KafkaError | None,
+            msg: Message) -> None:
+    """`Producer.send_then`'s delivery callback."""
+    then(None if err is None else KafkaUnavailable(f"{msg.topic()}: {err.str()}"))
+
+
 class Producer:
     """An idempotent, acks=all producer whose sends return futures of
     (partition, offset). A background thread serves delivery callbacks (unless
@@ -88,6 +94,22 @@ class Producer:
         record = (topic, value, key, encode_headers(headers), timestamp_ms)
         self._queue((record,), lambda _: _done, -1 if partition is None else partition)
         return fut
+
+    def send_then(self, topic: str, value: bytes | None, key: bytes | None,
+                  headers: Headers | None,
+                  then: Callable[[KafkaUnavailable | None], None]) -> None:
+        """Send one record and call ``then(None)`` once Kafka has it, or ``then(error)``
+        when it refused it; from the thread that serves delivery reports. For a caller
+        sending many records one at a time: no Future (and its lock) per record. Raises
+        KafkaUnavailable when the client refuses the record at once."""
+        on_delivery = functools.partial(_report, then)
+        hdrs = encode_headers(headers)
+        try:
+            self._p.produce(topic, value, key, on_delivery=on_delivery, headers=hdrs)
+        except BufferError:  # the local queue is full: `_queue` waits for room
+            self._queue(((topic, value, key, hdrs, None),), lambda _: on_delivery)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"{topic}: {exc.args[0].str()}") from exc
 
     def send_many(self, records: Sequence[OutRecord], partitions: Sequence[int] | None = None
                   ) -> Future[list[tuple[int, int]]]:
