@@ -529,7 +529,7 @@ def start_dwell(procs: Procs, st: devstack.Stack, redis_url: str, tmp: Path,
     t0 = time.monotonic()
     wait_healthy(procs, tracker)
     wait_line(procs, spark_log, "drain ready")
-    wait_line(procs, spark_log, "backoff ready")
+    wait_line(procs, spark_log, "backoff first batch done")
     print(f"\n   (tracker and Spark app up as processes in {time.monotonic() - t0:.0f} s)")
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     return svc, tracker, metrics_url

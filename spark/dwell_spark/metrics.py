@@ -39,6 +39,10 @@ BACKOFF_WRITE_RETRIES = Counter("dwell_backoff_write_retries_total", "Tries agai
 TOPIC_FAILURES = Counter("dwell_drain_topic_failures_total", "Copies of a topic's due "
                          "messages that failed (its claims come back after the lease)",
                          ["topic"], registry=REGISTRY)
+BACKOFF_LAG = Gauge("dwell_backoff_lag_events", "dwell.acks events the backoff has not "
+                    "applied yet (its end offsets minus the applied marker, summed over "
+                    "partitions), checked every DWELL_REDIS_CHECK_INTERVAL_MS",
+                    registry=REGISTRY)
 FAILING_TOPICS = Gauge("dwell_drain_failing_topics", "Topics whose last drain copy failed, "
                        "retried alone with a growing wait", registry=REGISTRY)
 MESSAGES_LOST = Counter("dwell_messages_lost_total", "Pending messages whose records were "

@@ -8,13 +8,18 @@ writes move it only while it exists), so after a FLUSHALL or a restart without d
 gone even if a batch wrote in between; a marker below what this process saw written means
 Redis rolled back (a restart that lost its last second, a replica that missed writes).
 Each micro-batch checks it before its partitions are written, and a partition's batch that
-finds it gone writes nothing and says so. A rebuild then reads dwell.acks from
-backoff_replay_window_ms ago up to its current end, runs every event through the same
+finds it gone writes nothing and says so. A rebuild then reads dwell.acks from the replay
+window's start (below) up to its current end, runs every event through the same
 checks and decisions as the backoff (dwell_spark.backoff.Pass), in memory, and puts what
 is still pending back into the indexes at its own due time; the marker becomes that end,
 so the backoff takes up from there and skips what the replay covered. An idle app runs no
 micro-batch, so a thread checks the marker on an interval and, when Redis is behind, sends
 the warm-up event to `dwell.acks` to make the query run one.
+
+The replay goes back as far as any registered subscription can put off a redelivery
+(its ack timeout plus backoff, or its negative-ack backoff; read from the compacted
+`dwell.subscriptions`) plus backoff_state_grace_ms, and never further than
+backoff_replay_window_ms.
 
 An entry whose bucket the drain could already have claimed may have been redelivered
 before the loss. It is put back only if its subscription's retry (or dead-letter) topic has
@@ -24,6 +29,7 @@ repeated only if its copy was being written while the rebuild looked (a claim in
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -37,8 +43,10 @@ import redis as redislib
 from dwell import headers, keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
+from dwell.core.backoff import DEFAULT_NACK_DELAY_MS
 from dwell.core.buckets import bucket_due_cutoff
 from dwell.core.positions import parse_message_id
+from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index.redelivery import PendingEntry, SubscriptionIndex
 
@@ -129,6 +137,44 @@ def replay(bootstrap: str, work: Pass, since_ms: int, ends: Mapping[int, int],
         fold(chunk)
     return [Pending(topic, sub, mid, *entry)
             for (topic, sub), entries in state.items() for mid, entry in entries.items()]
+
+
+def redelivery_horizon_ms(s: SubscriptionSettings) -> int:
+    """The longest a subscription's event can put off its redelivery: its ack timeout plus
+    the ack-timeout backoff's longest delay, or the negative-ack backoff's longest delay
+    (Pulsar's 1 min without one)."""
+    ack = 0
+    if s.ack_timeout_ms > 0:
+        extra = s.ack_timeout_redelivery_backoff
+        ack = s.ack_timeout_ms + (extra.max_delay_ms if extra is not None else 0)
+    nack = s.negative_ack_redelivery_backoff
+    return max(ack, nack.max_delay_ms if nack is not None else DEFAULT_NACK_DELAY_MS)
+
+
+def replay_window_ms(bootstrap: str, settings: SparkSettings) -> int:
+    """How far back a rebuild replays dwell.acks: the longest redelivery horizon of any
+    subscription registered on `dwell.subscriptions` (compacted: one record each), plus
+    backoff_state_grace_ms, at most backoff_replay_window_ms."""
+    latest: dict[bytes, bytes | None] = {}
+    for rec in kafka.read_all(bootstrap, names.SUBSCRIPTIONS):
+        if rec.key is not None:
+            latest[rec.key] = rec.value
+    longest = 0
+    for value in latest.values():
+        if value is None:
+            continue
+        try:
+            found = SubscriptionSettings.from_json(json.loads(value))
+        except ValueError:
+            continue  # the tracker skips it too
+        longest = max(longest, redelivery_horizon_ms(found))
+    wanted = longest + settings.backoff_state_grace_ms
+    if wanted > settings.backoff_replay_window_ms:
+        log.warning("a subscription can put off its redeliveries by %d s, longer than "
+                    "DWELL_BACKOFF_REPLAY_WINDOW_MS (%d s): a rebuild replays only that "
+                    "much of dwell.acks", wanted // 1000,
+                    settings.backoff_replay_window_ms // 1000)
+    return min(wanted, settings.backoff_replay_window_ms)
 
 
 def delivered_copies(bootstrap: str, due: list[Pending]) -> set[tuple[str, str, int]]:
@@ -252,8 +298,8 @@ class IndexKeeper:
             s = self.settings
             now = int(time.time() * 1000)
             ends = kafka.end_offsets(s.kafka_bootstrap, names.ACKS)
-            entries = replay(s.kafka_bootstrap, self.work, now - s.backoff_replay_window_ms,
-                             ends, now)
+            window = replay_window_ms(s.kafka_bootstrap, s)
+            entries = replay(s.kafka_bootstrap, self.work, now - window, ends, now)
             read = time.monotonic()
             pending, due, skipped = restore(self.redis, s.kafka_bootstrap, entries,
                                             s.redelivery_tick_ms, int(time.time() * 1000))
@@ -265,8 +311,19 @@ class IndexKeeper:
             log.warning("redelivery indexes %s: rebuilt from dwell.acks (the last %d s, up to "
                         "offsets %s) in %.2fs (replay %.2fs): %d pending put back, %d already "
                         "due put back, %d skipped (on the retry or dead-letter topic)",
-                        reason, s.backoff_replay_window_ms // 1000, ends,
+                        reason, window // 1000, ends,
                         time.monotonic() - started, read - started, pending, due, skipped)
+
+    def measure_lag(self) -> int | None:
+        """The events of dwell.acks the backoff has not applied yet (None while Redis has
+        no marker); also the dwell_backoff_lag_events gauge."""
+        found = self.marker()
+        if found is None:
+            return None
+        ends = kafka.end_offsets(self.settings.kafka_bootstrap, names.ACKS)
+        lag = sum(max(0, end - found.get(p, 0)) for p, end in ends.items())
+        metrics.BACKOFF_LAG.set(lag)
+        return lag
 
     def run(self, stop: threading.Event) -> None:
         """While no micro-batch runs, check the marker on an interval; when Redis is behind,
@@ -274,6 +331,7 @@ class IndexKeeper:
         nudged = 0.0
         while not stop.wait(self.settings.redis_check_interval_ms / 1000):
             try:
+                self.measure_lag()
                 if self.behind() is None:
                     nudged = 0.0
                 elif time.monotonic() - nudged >= NUDGE_EVERY_S:

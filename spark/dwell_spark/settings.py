@@ -54,10 +54,11 @@ class SparkSettings(CommonSettings):
         "Most `dwell.acks` events in one micro-batch of the backoff: a backlog is read a "
         "bounded batch at a time, and the app is ready after the first."))
     backoff_replay_window_ms: int = Field(3_600_000, ge=1000, description=(
-        "Losing Redis: how much of `dwell.acks` the backoff replays to rebuild the pending "
-        "redeliveries. It must cover the longest ack timeout or negative-ack delay, backoff "
-        "included, plus `DWELL_BACKOFF_STATE_GRACE_MS`, and `dwell.acks`'s retention must "
-        "cover it."))
+        "Losing Redis: the most of `dwell.acks` the backoff replays to rebuild the pending "
+        "redeliveries. A rebuild replays as far back as any registered subscription can put "
+        "off a redelivery (ack timeout plus backoff, or negative-ack backoff) plus "
+        "`DWELL_BACKOFF_STATE_GRACE_MS`, up to this; `dwell.acks`'s retention must cover "
+        "it."))
     acks_max_event_bytes: int = Field(64 * 1024, ge=1024, description=(
         "A bigger `dwell.acks` event is malformed and set aside on `dwell.invalid`; the "
         "SDK's are a few hundred bytes."))

@@ -106,7 +106,7 @@ class SparkApp:
             self._wait_for_line("drain ready", timeout)
             # The app's own warm-up event has been through the backoff query: the
             # timed scenarios do not pay for its first Python workers and plans.
-            self._wait_for_line("backoff ready", timeout)
+            self._wait_for_line("backoff first batch done", timeout)
         else:
             # A restart mid-test: both queries running is what there is (the test
             # wants to see the drain resume, not wait for it).

@@ -211,8 +211,8 @@ def fuzz(request: pytest.FixtureRequest) -> Iterator[Fuzz]:
                 stack.start(name)
             # /readyz answers once the drain runs; the ack readers warm up after it.
             spark_log = stack.log_dir / "spark.log"
-            wait_for(lambda: "backoff ready" in spark_log.read_text(errors="replace"),
-                     SPARK_READY_S, "the Spark app's 'backoff ready'")
+            wait_for(lambda: "backoff first batch done" in spark_log.read_text(errors="replace"),
+                     SPARK_READY_S, "the Spark app's 'backoff first batch done'")
             urls = {n: f"http://127.0.0.1:{stack.ports[n]}" for n in SERVICES}
             for tenant in (hs.OWN, hs.VICTIM, "probe"):
                 make_namespace(urls["policy"], tenant)

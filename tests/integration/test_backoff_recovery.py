@@ -6,6 +6,7 @@ dead-letter) topic."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import orjson
@@ -15,13 +16,21 @@ from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
+from dwell.core.backoff import DEFAULT_NACK_DELAY_MS, ExponentialRedeliveryBackoff
 from dwell.core.positions import format_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
+from dwell.tracker.registry import record_key
 from dwell_spark.backoff import Pass
-from dwell_spark.recovery import Pending, replay, restore
+from dwell_spark.recovery import (
+    Pending,
+    redelivery_horizon_ms,
+    replay,
+    replay_window_ms,
+    restore,
+)
 from dwell_spark.settings import SparkSettings
 
 pytestmark = pytest.mark.integration
@@ -138,3 +147,27 @@ def test_replay_rebuilds_what_is_still_pending_from_dwell_acks(redis_url: str,
     idx = SubscriptionIndex(r, topic, "s")
     assert idx.pending([mids[0], mids[1], mids[2]]) == [
         (due_ack, due_ack - due_ack % TICK, 1), None, (due_nack, due_nack - due_nack % TICK, 1)]
+
+
+def test_the_replay_goes_back_as_far_as_a_registered_subscription_reaches(
+        kafka_bootstrap: str, unique: str) -> None:
+    """The window is the longest redelivery horizon on `dwell.subscriptions` plus the
+    grace, capped by backoff_replay_window_ms."""
+    assert redelivery_horizon_ms(SubscriptionSettings(0)) == DEFAULT_NACK_DELAY_MS
+    slow = SubscriptionSettings(90_000, ExponentialRedeliveryBackoff(1000, 30_000, 2))
+    assert redelivery_horizon_ms(slow) == 120_000
+    assert redelivery_horizon_ms(SubscriptionSettings(
+        0, None, ExponentialRedeliveryBackoff(1000, 300_000, 2))) == 300_000
+    kafka.ensure_dwell_topics(kafka_bootstrap)
+    p = kafka.Producer(kafka_bootstrap)
+    try:
+        p.send(names.SUBSCRIPTIONS, json.dumps(slow.to_json()).encode(),
+               key=record_key(f"persistent://{unique}/ns/x", "slow")).result(30)
+    finally:
+        p.close()
+    grace = 60_000
+    settings = SparkSettings(kafka_bootstrap=kafka_bootstrap, backoff_state_grace_ms=grace)
+    # Other tests' subscriptions on the shared log may reach further, never less far.
+    assert replay_window_ms(kafka_bootstrap, settings) >= 120_000 + grace
+    capped = settings.model_copy(update={"backoff_replay_window_ms": 100_000})
+    assert replay_window_ms(kafka_bootstrap, capped) == 100_000
