@@ -260,8 +260,8 @@ def warm_redelivery_path(e2e: Stack, timeout: float = 120) -> None:
     """Messages delivered, redelivered after a 1 s ack timeout, then acked, until a
     redelivery comes within a second and the drain's margin of its due time, as a warm
     backoff brings it (or until ``timeout``). The first consumer events an app reads, and
-    the first keys of its backoff state, take several backoff micro-batches longer than
-    later ones (~2.5 s per batch instead of ~0.5-1 s on this 2-core box, measured, and
+    the first keys it writes, take several backoff micro-batches longer than later ones
+    (~2.5 s per batch instead of ~0.5-1 s on this 2-core box, measured, and
     longer while another process takes a core), which a scenario timing its first
     redeliveries would otherwise measure."""
     ack_timeout_ms = 1000

@@ -66,6 +66,16 @@ def registered(r: Any, topic: str, sub: str = "s",
     subscriptions.put(r, topic, sub, settings or SubscriptionSettings(2000))
 
 
+def subscription_s(redis_url: str, unique: str) -> tuple[Any, str, Pass, SubscriptionIndex]:
+    """Redis, a fresh topic with subscription "s" registered, the applied marker as a
+    rebuild leaves it, the pass, and the subscription's redelivery index."""
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    registered(r, topic)
+    fresh_marker(r)
+    return r, topic, work(redis_url), SubscriptionIndex(r, topic, "s")
+
+
 def test_registry_lookup_reads_and_caches(redis_url: str, unique: str) -> None:
     r = redis_adapter.connect(redis_url)
     topic = f"persistent://{unique}/ns/x"
@@ -156,12 +166,7 @@ def test_the_drain_deletes_only_the_pending_entry_it_claimed(redis_url: str,
 
 
 def test_unacked_past_max_is_indexed_as_a_dead_letter(redis_url: str, unique: str) -> None:
-    r = redis_adapter.connect(redis_url)
-    topic = f"persistent://{unique}/ns/x"
-    registered(r, topic)
-    fresh_marker(r)
-    w = work(redis_url)
-    idx = SubscriptionIndex(r, topic, "s")
+    r, topic, w, idx = subscription_s(redis_url, unique)
     now = int(time.time() * 1000)
     mid = format_message_id("dwell.delayed", 2, 40)
     base = {"topic": topic, "subscription": "s", "messageId": mid, "redeliveryCount": 3,
@@ -188,12 +193,7 @@ def test_a_batch_of_decisions_is_folded_per_message(redis_url: str, unique: str)
     """One batch's decisions are folded per subscription: each message's count in their
     order (a cancel of an entry added in the same batch drops the add), whatever the other
     messages do, and 2,000 schedules in one bucket land in one rewrite of it."""
-    r = redis_adapter.connect(redis_url)
-    topic = f"persistent://{unique}/ns/x"
-    registered(r, topic)
-    fresh_marker(r)
-    w = work(redis_url)
-    idx = SubscriptionIndex(r, topic, "s")
+    r, topic, w, idx = subscription_s(redis_url, unique)
     now = int(time.time() * 1000)
     base = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000}
     # Message 2 had an entry from an earlier batch: the cancel must reach the index.

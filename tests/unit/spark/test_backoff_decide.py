@@ -180,8 +180,9 @@ def test_unacked_past_max_goes_into_the_index_as_a_dead_letter_unless_acked() ->
     pending: Pending = {}
     assert run(pending, sdk_event("delivered", t + 100, 2, ackTimeoutMs=2000,
                                   maxRedeliverCount=2)) == [(DEAD, t + 2100, t + 2100, 2)]
-    # Kept as the index stores the count, -(count + 1) for a dead letter, so that a lost
-    # index can be rebuilt from the pending entries alone (dwell_spark.recovery).
+    # Kept as the index stores the count, -(count + 1) for a dead letter, so that a
+    # rebuild puts back the entry and its count from the pending entry alone
+    # (dwell_spark.recovery).
     assert pending == {MID: (t + 2100, t + 2100, -3)}
     assert run(pending, sdk_event("ack", t + 200, 2)) == [
         (CANCEL, t + 2100, t + 2100, -3), (ACK, t + 200, None, 2)]
