@@ -60,6 +60,8 @@ log = logging.getLogger("dwell.spark.recovery")
 # How often the nudge that makes an idle query run a micro-batch is sent again while Redis
 # stays behind.
 NUDGE_EVERY_S = 5.0
+# How often the lag check reads dwell.acks's partitions again (they can be added).
+PARTITIONS_EVERY_S = 60.0
 # HSET of stored counts, this many messages at a time.
 COUNTS_CHUNK = 10_000
 # dwell.acks records decided at a time by a rebuild.
@@ -241,6 +243,11 @@ class IndexKeeper:
         self._nudge = nudge
         self.error: str | None = None
         self._lock = threading.Lock()
+        # What measure_lag reads end offsets with, kept open: a client per check would
+        # connect to the brokers every second.
+        self._reader: kafka.Consumer | None = None
+        self._partitions: list[int] = []
+        self._partitions_at = 0.0
 
     def marker(self) -> dict[int, int] | None:
         raw = self.redis.hgetall(keys.BACKOFF_APPLIED)
@@ -320,7 +327,18 @@ class IndexKeeper:
         found = self.marker()
         if found is None:
             return None
-        ends = kafka.end_offsets(self.settings.kafka_bootstrap, names.ACKS)
+        bootstrap = self.settings.kafka_bootstrap
+        if time.monotonic() - self._partitions_at > PARTITIONS_EVERY_S:
+            self._partitions = kafka.partitions(bootstrap, names.ACKS)
+            self._partitions_at = time.monotonic()
+        if self._reader is None:
+            self._reader = kafka.Consumer(bootstrap, "dwell-backoff-lag")
+        try:
+            ends = self._reader.end_offsets(names.ACKS, self._partitions)
+        except kafka.KafkaUnavailable:
+            reader, self._reader = self._reader, None  # a new client next time
+            reader.close()
+            raise
         lag = sum(max(0, end - found.get(p, 0)) for p, end in ends.items())
         metrics.BACKOFF_LAG.set(lag)
         return lag

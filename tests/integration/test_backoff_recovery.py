@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import orjson
 import pytest
 
+from conftest import redis_db_url
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -23,8 +25,10 @@ from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.tracker.registry import record_key
+from dwell_spark import metrics
 from dwell_spark.backoff import Pass
 from dwell_spark.recovery import (
+    IndexKeeper,
     Pending,
     redelivery_horizon_ms,
     replay,
@@ -34,6 +38,9 @@ from dwell_spark.recovery import (
 from dwell_spark.settings import SparkSettings
 
 pytestmark = pytest.mark.integration
+
+# A Redis database of its own: the applied marker is one key per database.
+LAG_DB = 1
 
 TICK = 100
 
@@ -171,3 +178,21 @@ def test_the_replay_goes_back_as_far_as_a_registered_subscription_reaches(
     assert replay_window_ms(kafka_bootstrap, settings) >= 120_000 + grace
     capped = settings.model_copy(update={"backoff_replay_window_ms": 100_000})
     assert replay_window_ms(kafka_bootstrap, capped) == 100_000
+
+
+def test_the_lag_is_what_dwell_acks_holds_beyond_the_marker(stack: Any,
+                                                            kafka_bootstrap: str) -> None:
+    r = redis_adapter.connect(redis_db_url(stack, LAG_DB))
+    r.flushdb()
+    settings = SparkSettings(kafka_bootstrap=kafka_bootstrap)
+    keeper = IndexKeeper(settings, r, Pass.of(settings), lambda: None)
+    try:
+        assert keeper.measure_lag() is None  # no marker: Redis holds nothing to measure
+        kafka.ensure_dwell_topics(kafka_bootstrap)
+        ends = kafka.end_offsets(kafka_bootstrap, names.ACKS)
+        behind = {p: min(end, 3) for p, end in ends.items()}
+        r.hset(keys.BACKOFF_APPLIED, mapping={str(p): ends[p] - n for p, n in behind.items()})
+        assert keeper.measure_lag() == sum(behind.values())
+        assert metrics.BACKOFF_LAG._value.get() == sum(behind.values())
+    finally:
+        r.flushdb()
