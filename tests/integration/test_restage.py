@@ -317,7 +317,7 @@ def test_kill_9_of_the_tracker_mid_restage_loses_nothing(
     again = services.start("tracker", env=env, ready=False)
     try:
         wait_for(lambda: idx.restaged_chunk() == target and not r.zcard(idx.keys.claims)
-                 and _count(r, topic) >= n, 60, "the chunk re-filed after the lease")
+                 and _count(r, topic) >= n, 120, "the chunk re-filed after the lease")
         got = _positions(r, topic)
     finally:
         again.stop()

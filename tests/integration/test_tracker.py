@@ -393,7 +393,7 @@ def test_stats_match_what_was_published(services, redis_url, unique, delayed_top
                     return float(row.removeprefix(series))
             return None
 
-        assert wait_for(exported, 30, "the subscription's metric", interval=0.5) == measured
+        assert wait_for(exported, 60, "the subscription's metric", interval=0.5) == measured
         listed = http.get("/v1/stats").json()["topics"]
         assert any(t["topic"] == topic and t["delayedMessages"] == 120 for t in listed)
     finally:
