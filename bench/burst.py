@@ -28,13 +28,15 @@ from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka.admin import ensure_topic_config
 from dwell.core.topics import TopicName
 
-# The tracker trims every 10 s here (60 s by default).
+# The tracker trims every 10 s here (60 s by default), without keeping delivered records.
 TRIM_INTERVAL_MS = 10_000
 
 
 class BurstStack(FaultStack):
     def service_env(self) -> dict[str, str]:
-        return super().service_env() | {"DWELL_TRIM_INTERVAL_MS": str(TRIM_INTERVAL_MS)}
+        # Delivered records go at once: the burst is acknowledged as it is received.
+        return super().service_env() | {"DWELL_TRIM_INTERVAL_MS": str(TRIM_INTERVAL_MS),
+                                        "DWELL_TRIM_KEEP_DELIVERED_MS": "0"}
 
 
 def log_sizes(stack: FaultStack) -> dict[str, tuple[int, int]]:

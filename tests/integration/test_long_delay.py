@@ -70,7 +70,7 @@ def test_messages_due_after_the_retention_are_all_delivered(services, stack, dra
     tracker = services.start("tracker", env={
         "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,
         "DWELL_RESTAGE_ENABLED": "false", "DWELL_LOWMARK_INTERVAL_MS": "500",
-        "DWELL_TRIM_INTERVAL_MS": "1000"})
+        "DWELL_TRIM_INTERVAL_MS": "1000", "DWELL_TRIM_KEEP_DELIVERED_MS": "0"})
     try:
         config = _config(bootstrap, names.DELAYED)
         assert (config["retention.ms"], config["retention.bytes"]) == ("-1", "-1")

@@ -26,18 +26,31 @@ pytestmark = pytest.mark.integration
 DB = 5
 
 
-@pytest.fixture()
-def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
+# How long the second test's tracker keeps delivered records.
+KEEP_MS = 5000
+
+
+def _tracker(services, stack, unique: str, keep_ms: int):  # type: ignore[no-untyped-def]
     env = {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
            "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
            "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
            "DWELL_LOWMARK_INTERVAL_MS": "300", "DWELL_REDIS_CHECK_INTERVAL_MS": "200",
-           "DWELL_TRIM_INTERVAL_MS": "500"}
+           "DWELL_TRIM_INTERVAL_MS": "500", "DWELL_TRIM_KEEP_DELIVERED_MS": str(keep_ms)}
     r = redis_adapter.connect(env["DWELL_REDIS_URL"])
     r.flushdb()
     svc = services.start("tracker", env=env)
     yield svc, r, env["DWELL_DELAYED_TOPIC"], env["DWELL_TRACKER_GROUP_ID"]
     svc.stop()
+
+
+@pytest.fixture()
+def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
+    yield from _tracker(services, stack, unique, 0)
+
+
+@pytest.fixture()
+def keeping_tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
+    yield from _tracker(services, stack, unique, KEEP_MS)
 
 
 def _positions(r, topic: str) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
@@ -120,3 +133,32 @@ def test_trim_gives_disk_back_and_a_flush_still_rebuilds(tracker, kafka_bootstra
     assert not (_positions(r, topic) & (first | second))
     assert f'dwell_tracker_trimmed_records_total{{topic="{log}"}} 500.0' in (
         httpx.get(svc.url + "/metrics").text)
+
+
+def test_delivered_records_stay_for_their_redeliveries(keeping_tracker, kafka_bootstrap: str,
+                                                       unique: str) -> None:
+    """A delivered message may be nacked or time out, and its redelivery is copied from
+    its record: the trim keeps it DWELL_TRIM_KEEP_DELIVERED_MS after the low watermark
+    passed it, then deletes it."""
+    svc, r, log, group = keeping_tracker
+    topic = f"persistent://{unique}/ns/x"
+    publish_delayed(kafka_bootstrap, log, topic, [int(time.time() * 1000) - 5000] * 100)
+    wait_for(lambda: len(_positions(r, topic)) == 100, 30, "100 positions indexed")
+    delivered = time.monotonic()
+    assert len(_drain_due(r, kafka_bootstrap, log, topic)) == 100
+    (part,) = {p for p, n in kafka.end_offsets(kafka_bootstrap, log).items() if n}
+    wait_for(lambda: committed_lowmarks(kafka_bootstrap, group, [(log, part)])[(log, part)]
+             == 100, 30, "the low watermark committed past the delivered records")
+    # The mark moved after the delivery, so no trim may cut below it before KEEP_MS.
+    kept_until = delivered + KEEP_MS / 1000
+    checks = 0
+    while time.monotonic() < kept_until:
+        start = _starts(kafka_bootstrap, log)[part]
+        if time.monotonic() < kept_until:
+            assert start == 0, f"deleted {time.monotonic() - delivered:.1f} s after delivery"
+            checks += 1
+        time.sleep(0.2)
+    assert checks >= 5
+    wait_for(lambda: _starts(kafka_bootstrap, log)[part] == 100, 30,
+             "the delivered records deleted once kept")
+    print(f"\ndeleted {time.monotonic() - delivered:.1f} s after delivery (keep {KEEP_MS} ms)")

@@ -82,7 +82,8 @@ def main() -> None:
     threading.Thread(target=keeper.run, name="tracker-lowmark", daemon=True).start()
     trimmer = Trimmer(settings.kafka_bootstrap, settings.tracker_group_id,
                       delayed_topic=settings.delayed_topic, refiled_topic=settings.refile_log,
-                      interval_s=settings.trim_interval_ms / 1000)
+                      interval_s=settings.trim_interval_ms / 1000,
+                      keep_delivered_s=settings.trim_keep_delivered_ms / 1000)
     if settings.trim_interval_ms:
         threading.Thread(target=trimmer.run, name="tracker-trim", daemon=True).start()
     parts, config = DWELL_TOPIC_DEFAULTS[topics.SUBSCRIPTIONS]

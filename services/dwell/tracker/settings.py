@@ -82,6 +82,13 @@ class TrackerSettings(CommonSettings):
         "How often the records below the committed low watermarks are deleted from the "
         "delay logs and `dwell.delivered`; 0 turns the trim off. Those topics have "
         "`segment.ms=3600000`, so their disk comes back within about an hour."))
+    trim_keep_delivered_ms: int = Field(86_400_000, ge=0, description=(
+        "How long the trim keeps a delay log's records after they were delivered: a "
+        "message received and not yet acknowledged is redelivered (nack, ack timeout) "
+        "from its record in the delay log, so the trim deletes only below the low "
+        "watermarks committed at least this long ago. A redelivery due later than this "
+        "after the first delivery finds its record gone and is counted lost "
+        "(`dwell_messages_lost_total`). 0 deletes below the current low watermarks."))
     # Every call the ingest makes has a shorter deadline of its own; a rebuild's long read
     # of dwell.delivered goes round as records come.
     stall_timeout_ms: int = Field(120_000, ge=1000, description=(

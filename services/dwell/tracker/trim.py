@@ -1,13 +1,17 @@
 """Disk given back as messages are delivered (docs/internals.md, "Retention and trim"):
 the records of the delay logs below their committed low watermarks, and the records of
 `dwell.delivered` that name only positions below them, are deleted (Kafka's
-DeleteRecords). Nothing a pending message or a rebuild needs is below those marks."""
+DeleteRecords). Nothing a pending message or a rebuild needs is below those marks. A
+delivered message may still be redelivered (a nack, an ack timeout), from its record: the
+delay logs are cut only below the marks as they were ``keep_delivered_s`` ago."""
 
 from __future__ import annotations
 
 import base64
 import logging
 import threading
+import time
+from collections import deque
 
 import orjson
 
@@ -28,18 +32,23 @@ _SKIP = 1 << 62  # a start past any end: iter_from leaves that partition out
 
 class Trimmer:
     """Every ``interval_s``, deletes what is below the committed low watermarks of
-    ``delayed_topic`` and ``refiled_topic`` and the marks of `dwell.delivered` no rebuild
-    can need any more."""
+    ``delayed_topic`` and ``refiled_topic`` as they were ``keep_delivered_s`` ago, and the
+    marks of `dwell.delivered` no rebuild can need any more."""
 
     def __init__(self, bootstrap: str, tracker_group: str, *, delayed_topic: str,
-                 refiled_topic: str, interval_s: float) -> None:
+                 refiled_topic: str, interval_s: float, keep_delivered_s: float = 0.0
+                 ) -> None:
         self.bootstrap = bootstrap
         self.tracker_group = tracker_group
         self.delayed_topic = delayed_topic
         self.refiled_topic = refiled_topic
         self.interval_s = interval_s
+        self.keep_delivered_s = keep_delivered_s
         self.error: str | None = None
         self._stop = threading.Event()
+        # The committed low watermarks each round read, (monotonic time, lows), oldest
+        # first: the newest one at least keep_delivered_s old, and every one after it.
+        self._seen: deque[tuple[float, dict[tuple[str, int], int]]] = deque()
 
     def log_of(self, field: int) -> tuple[str, int]:
         refiled, partition = field_partition(field)
@@ -50,11 +59,28 @@ class Trimmer:
         logs = [(t, p) for t in (self.delayed_topic, self.refiled_topic)
                 for p in kafka.partitions(self.bootstrap, t)]
         lows = committed_lowmarks(self.bootstrap, self.tracker_group, logs)
-        deleted = kafka.delete_below(self.bootstrap, lows)
+        deleted = kafka.delete_below(self.bootstrap, self.kept_lows(lows, time.monotonic()))
+        # A mark names positions for a rebuild of the topic indexes, which reads from the
+        # current low watermarks: marks below them are not needed, however recent.
         deleted |= kafka.delete_below(self.bootstrap, self.unneeded_marks(lows))
         for (topic, _), n in deleted.items():
             TRIMMED.labels(topic).inc(n)
         return deleted
+
+    def kept_lows(self, lows: dict[tuple[str, int], int],
+                  now: float) -> dict[tuple[str, int], int]:
+        """What the delay logs may be cut below, given the ``lows`` read at ``now``: the
+        lows read at least ``keep_delivered_s`` before (each no higher than now's), or
+        nothing while no round is that old (the first keep_delivered_s after a start)."""
+        if self.keep_delivered_s <= 0:
+            return lows
+        self._seen.append((now, lows))
+        while len(self._seen) > 1 and now - self._seen[1][0] >= self.keep_delivered_s:
+            self._seen.popleft()
+        at, old = self._seen[0]
+        if now - at < self.keep_delivered_s:
+            return {}
+        return {tp: min(o, lows[tp]) for tp, o in old.items() if tp in lows}
 
     def unneeded_marks(self, lows: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Per partition of `dwell.delivered`, the offset of its first record a rebuild may
