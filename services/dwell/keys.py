@@ -110,6 +110,16 @@ INGESTED = "dwell:trk:ingested"
 # it lost the registry; a value below what the tracker wrote means a rollback
 # (dwell.tracker.registry).
 SUBSCRIPTIONS_APPLIED = "dwell:trk:subs:applied"
+# ZSET per tracker group: the committed low watermarks each trim round read (member: JSON
+# `{"at": ms, "lows": {"<log>:<partition>": offset}}`, score: when), the newest one at
+# least DWELL_TRIM_KEEP_DELIVERED_MS old and every one after it (dwell.tracker.trim). Kept
+# so that a restart does not hold the trim back for a whole keep; losing it only does.
+
+
+def trim_rounds(tracker_group: str) -> str:
+    return f"dwell:trk:trim:{tracker_group}"
+
+
 # HASH partition of dwell.acks -> the offset below which the subscriptions' redelivery
 # indexes hold every event's decisions. Only a rebuild creates it (the backoff's writes
 # move it only while it exists), so a Redis without it lost them; a value below what the

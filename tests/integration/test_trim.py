@@ -14,12 +14,14 @@ import orjson
 import pytest
 
 from conftest import publish_delayed, wait_for
+from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.index.roaring import decode
 from dwell.index.topic import TopicIndex
 from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
+from dwell.tracker.trim import Trimmer
 
 pytestmark = pytest.mark.integration
 
@@ -162,3 +164,28 @@ def test_delivered_records_stay_for_their_redeliveries(keeping_tracker, kafka_bo
     wait_for(lambda: _starts(kafka_bootstrap, log)[part] == 100, 30,
              "the delivered records deleted once kept")
     print(f"\ndeleted {time.monotonic() - delivered:.1f} s after delivery (keep {KEEP_MS} ms)")
+
+
+def test_a_restarted_trim_goes_on_from_the_rounds_it_kept(stack, unique: str) -> None:
+    """The rounds' marks live in Redis: a tracker started again cuts where the one before
+    would have, instead of holding the trim back a whole keep; a Redis that lost them
+    holds it back (nothing is cut that may still be needed)."""
+    r = redis_adapter.connect(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    tp, group = ("dwell.delayed", 0), f"dwell-trk-{unique}"
+
+    def trimmer() -> Trimmer:
+        return Trimmer("127.0.0.1:1", group, delayed_topic="dwell.delayed",
+                       refiled_topic="dwell.delayed.refiled", interval_s=1,
+                       keep_delivered_s=10, redis=r)
+
+    first = trimmer()
+    assert first.kept_lows({tp: 5}, 1000.0) == {}
+    assert first.kept_lows({tp: 8}, 1006.0) == {}
+    again = trimmer()
+    assert again.kept_lows({tp: 9}, 1012.0) == {tp: 5}
+    assert again.kept_lows({tp: 9}, 1016.0) == {tp: 8}
+    # Only what a later cut can use is kept: the round of 1006 and those after it.
+    assert [s for _, s in r.zrange(keys.trim_rounds(group), 0, -1, withscores=True)] == [
+        1006000, 1012000, 1016000]
+    r.delete(keys.trim_rounds(group))
+    assert trimmer().kept_lows({tp: 9}, 1020.0) == {}

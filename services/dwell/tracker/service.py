@@ -83,7 +83,8 @@ def main() -> None:
     trimmer = Trimmer(settings.kafka_bootstrap, settings.tracker_group_id,
                       delayed_topic=settings.delayed_topic, refiled_topic=settings.refile_log,
                       interval_s=settings.trim_interval_ms / 1000,
-                      keep_delivered_s=settings.trim_keep_delivered_ms / 1000)
+                      keep_delivered_s=settings.trim_keep_delivered_ms / 1000,
+                      redis=connect(settings.redis_url))
     if settings.trim_interval_ms:
         threading.Thread(target=trimmer.run, name="tracker-trim", daemon=True).start()
     parts, config = DWELL_TOPIC_DEFAULTS[topics.SUBSCRIPTIONS]

@@ -8,13 +8,16 @@ delay logs are cut only below the marks as they were ``keep_delivered_s`` ago.""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 import time
 from collections import deque
 
 import orjson
+import redis as redislib
 
+from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition
@@ -36,8 +39,8 @@ class Trimmer:
     marks of `dwell.delivered` no rebuild can need any more."""
 
     def __init__(self, bootstrap: str, tracker_group: str, *, delayed_topic: str,
-                 refiled_topic: str, interval_s: float, keep_delivered_s: float = 0.0
-                 ) -> None:
+                 refiled_topic: str, interval_s: float, keep_delivered_s: float = 0.0,
+                 redis: redislib.Redis | None = None) -> None:
         self.bootstrap = bootstrap
         self.tracker_group = tracker_group
         self.delayed_topic = delayed_topic
@@ -46,9 +49,12 @@ class Trimmer:
         self.keep_delivered_s = keep_delivered_s
         self.error: str | None = None
         self._stop = threading.Event()
-        # The committed low watermarks each round read, (monotonic time, lows), oldest
-        # first: the newest one at least keep_delivered_s old, and every one after it.
+        # The committed low watermarks each round read, (time.time(), lows), oldest first:
+        # the newest one at least keep_delivered_s old, and every one after it. Kept in
+        # Redis too (keys.trim_rounds) when given one, and read back by the first round.
         self._seen: deque[tuple[float, dict[tuple[str, int], int]]] = deque()
+        self._redis = redis
+        self._loaded = redis is None
 
     def log_of(self, field: int) -> tuple[str, int]:
         refiled, partition = field_partition(field)
@@ -59,7 +65,7 @@ class Trimmer:
         logs = [(t, p) for t in (self.delayed_topic, self.refiled_topic)
                 for p in kafka.partitions(self.bootstrap, t)]
         lows = committed_lowmarks(self.bootstrap, self.tracker_group, logs)
-        deleted = kafka.delete_below(self.bootstrap, self.kept_lows(lows, time.monotonic()))
+        deleted = kafka.delete_below(self.bootstrap, self.kept_lows(lows, time.time()))
         # A mark names positions for a rebuild of the topic indexes, which reads from the
         # current low watermarks: marks below them are not needed, however recent.
         deleted |= kafka.delete_below(self.bootstrap, self.unneeded_marks(lows))
@@ -69,18 +75,47 @@ class Trimmer:
 
     def kept_lows(self, lows: dict[tuple[str, int], int],
                   now: float) -> dict[tuple[str, int], int]:
-        """What the delay logs may be cut below, given the ``lows`` read at ``now``: the
-        lows read at least ``keep_delivered_s`` before (each no higher than now's), or
-        nothing while no round is that old (the first keep_delivered_s after a start)."""
+        """What the delay logs may be cut below, given the ``lows`` read at ``now``
+        (seconds): the lows read at least ``keep_delivered_s`` before (each no higher than
+        now's), or nothing while no round is that old (the first keep_delivered_s after
+        the rounds were first kept, or lost with Redis)."""
         if self.keep_delivered_s <= 0:
             return lows
+        if not self._loaded:
+            self._seen.extend(sorted(self._stored(now), key=lambda r: r[0]))
+            self._loaded = True
         self._seen.append((now, lows))
+        dropped = 0
         while len(self._seen) > 1 and now - self._seen[1][0] >= self.keep_delivered_s:
             self._seen.popleft()
+            dropped += 1
+        if self._redis is not None:
+            key = keys.trim_rounds(self.tracker_group)
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zadd(key, {json.dumps({"at": int(now * 1000), "lows": {
+                f"{t}:{p}": o for (t, p), o in lows.items()}}): int(now * 1000)})
+            pipe.zremrangebyscore(key, "-inf", f"({int(self._seen[0][0] * 1000)}")
+            pipe.execute()
         at, old = self._seen[0]
         if now - at < self.keep_delivered_s:
             return {}
         return {tp: min(o, lows[tp]) for tp, o in old.items() if tp in lows}
+
+    def _stored(self, now: float) -> list[tuple[float, dict[tuple[str, int], int]]]:
+        """The rounds kept in Redis before ``now`` (an earlier process's, another
+        replica's); one it cannot read is left out."""
+        assert self._redis is not None
+        out = []
+        for raw, score in self._redis.zrangebyscore(keys.trim_rounds(self.tracker_group),
+                                                    "-inf", int(now * 1000),
+                                                    withscores=True):
+            try:
+                lows = {(t, int(p)): int(o) for tp, o in json.loads(raw)["lows"].items()
+                        for t, _, p in [tp.rpartition(":")]}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            out.append((score / 1000, lows))
+        return out
 
     def unneeded_marks(self, lows: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Per partition of `dwell.delivered`, the offset of its first record a rebuild may
