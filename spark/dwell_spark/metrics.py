@@ -153,8 +153,9 @@ def record(stats: CopyStats) -> None:
 # Micro-batches each query has run in this process. The first ones of a session take
 # seconds (planning, Python workers); /readyz answers 200 once every query is past them,
 # so `make up` and the chart's readiness probe wait for a drain that keeps its pace. The
-# backoff runs batches only for events, so it marks itself ready after its first (its
-# warm-up event makes an idle query run one: backoff.warm_up).
+# backoff runs batches only for events, so it marks itself ready when its first starts
+# (its warm-up event makes an idle query run one: backoff.warm_up); a backlog is then
+# worked through, and dwell_backoff_lag_events shows how much is left.
 READY_AFTER_BATCHES = 2
 _batches: dict[str, int] = {}
 _batches_lock = threading.Lock()

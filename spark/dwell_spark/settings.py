@@ -52,7 +52,8 @@ class SparkSettings(CommonSettings):
         "losing Redis (loses no event); `latest` takes up from its end."))
     acks_max_events_per_batch: int = Field(100_000, ge=1, description=(
         "Most `dwell.acks` events in one micro-batch of the backoff: a backlog is read a "
-        "bounded batch at a time, and the app is ready after the first."))
+        "bounded batch at a time. The backoff is ready once its first batch starts; "
+        "`dwell_backoff_lag_events` shows what of a backlog is left."))
     backoff_replay_window_ms: int = Field(3_600_000, ge=1000, description=(
         "Losing Redis: the most of `dwell.acks` the backoff replays to rebuild the pending "
         "redeliveries. A rebuild replays as far back as any registered subscription can put "
