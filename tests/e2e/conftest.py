@@ -72,6 +72,9 @@ DRAIN_LEASE_MS = 5000
 # The tracker re-files a topic's buckets of varied delays this far ahead, 2 s at a time
 # (dwell.tracker.restage; 40 s / 20 s by default): delays of 7 s and more take that path.
 RESTAGE_LEAD_MS, RESTAGE_CHUNK_MS = 4000, 2000
+# The tracker commits its low watermarks and trims the delay logs this often (10 s and
+# 60 s by default).
+LOWMARK_INTERVAL_MS, TRIM_INTERVAL_MS = 500, 1000
 E2E_REDIS_DB = 7
 
 
@@ -169,6 +172,7 @@ class Stack:
     bootstrap: str
     redis_url: str
     spark: SparkApp
+    tracker_group: str = ""
 
 
 def _ok(r: httpx.Response) -> httpx.Response:
@@ -192,7 +196,10 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:
         "DWELL_REDIS_URL": redis_url, "DWELL_TRACKER_GROUP_ID": group,
         "DWELL_RESTAGE_LEAD_MS": str(RESTAGE_LEAD_MS),
         "DWELL_RESTAGE_CHUNK_MS": str(RESTAGE_CHUNK_MS), "DWELL_RESTAGE_LEASE_MS": "3000",
-        "DWELL_RESTAGE_INTERVAL_MS": "200"})
+        "DWELL_RESTAGE_INTERVAL_MS": "200",
+        # The trim goes round often, so that a consumer holds its messages across rounds.
+        "DWELL_LOWMARK_INTERVAL_MS": str(LOWMARK_INTERVAL_MS),
+        "DWELL_TRIM_INTERVAL_MS": str(TRIM_INTERVAL_MS)})
     jars = ",".join(str(p) for p in devstack.spark_kafka_jars())
     log_dir = stack.state / "test-logs"
     env = dict(os.environ) | stack.service_env() | {
@@ -208,7 +215,7 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:
     try:
         spark.start()
         yield Stack(admission.url, strict_admission.url, tracker.url, policy.url,
-                    stack.kafka_bootstrap, redis_url, spark)
+                    stack.kafka_bootstrap, redis_url, spark, group)
     finally:
         spark.stop()
         print(f"spark app start times (s): {[round(s, 1) for s in spark.starts]}")
