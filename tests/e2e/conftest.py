@@ -74,7 +74,7 @@ DRAIN_LEASE_MS = 5000
 RESTAGE_LEAD_MS, RESTAGE_CHUNK_MS = 4000, 2000
 # The tracker commits its low watermarks and trims the delay logs this often (10 s and
 # 60 s by default).
-LOWMARK_INTERVAL_MS, TRIM_INTERVAL_MS = 500, 1000
+LOWMARK_INTERVAL_MS, TRIM_INTERVAL_MS = 2000, 2000
 E2E_REDIS_DB = 7
 
 
