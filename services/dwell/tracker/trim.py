@@ -8,7 +8,6 @@ delay logs are cut only below the marks as they were ``keep_delivered_s`` ago.""
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import threading
 import time
@@ -85,14 +84,13 @@ class Trimmer:
             self._seen.extend(sorted(self._stored(now), key=lambda r: r[0]))
             self._loaded = True
         self._seen.append((now, lows))
-        dropped = 0
         while len(self._seen) > 1 and now - self._seen[1][0] >= self.keep_delivered_s:
             self._seen.popleft()
-            dropped += 1
         if self._redis is not None:
             key = keys.trim_rounds(self.tracker_group)
             pipe = self._redis.pipeline(transaction=False)
-            pipe.zadd(key, {json.dumps({"at": int(now * 1000), "lows": {
+            # "at" keeps each round's member apart from an earlier round with the same lows.
+            pipe.zadd(key, {orjson.dumps({"at": int(now * 1000), "lows": {
                 f"{t}:{p}": o for (t, p), o in lows.items()}}): int(now * 1000)})
             pipe.zremrangebyscore(key, "-inf", f"({int(self._seen[0][0] * 1000)}")
             pipe.execute()
@@ -110,7 +108,7 @@ class Trimmer:
                                                     "-inf", int(now * 1000),
                                                     withscores=True):
             try:
-                lows = {(t, int(p)): int(o) for tp, o in json.loads(raw)["lows"].items()
+                lows = {(t, int(p)): int(o) for tp, o in orjson.loads(raw)["lows"].items()
                         for t, _, p in [tp.rpartition(":")]}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
