@@ -12,8 +12,9 @@ import time
 import httpx
 import orjson
 import pytest
+import redis as redislib
 
-from conftest import publish_delayed, wait_for
+from conftest import free_port, publish_delayed, wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -189,3 +190,19 @@ def test_a_restarted_trim_goes_on_from_the_rounds_it_kept(stack, unique: str) ->
         1006000, 1012000, 1016000]
     r.delete(keys.trim_rounds(group))
     assert trimmer().kept_lows({tp: 9}, 1020.0) == {}
+    # A member no round wrote (not JSON, no lows, an offset that is no number) is passed
+    # over; the good round beside it still counts.
+    r.zadd(keys.trim_rounds(group), {b"not json": 1020000, b'{"lows": 5}': 1020001,
+                                     b'{"at": 1, "lows": {"dwell.delayed:0": "x"}}': 1020002})
+    assert trimmer().kept_lows({tp: 9}, 1031.0) == {tp: 9}
+
+
+def test_a_trim_round_without_redis_cuts_nothing(unique: str) -> None:
+    """Redis gone mid-way: the round fails before any DeleteRecords (the run loop logs it
+    and tries again next interval); nothing is cut on marks it could not keep."""
+    dead = redis_adapter.connect(f"redis://127.0.0.1:{free_port()}/0")
+    t = Trimmer("127.0.0.1:1", f"dwell-trk-{unique}", delayed_topic="dwell.delayed",
+                refiled_topic="dwell.delayed.refiled", interval_s=1, keep_delivered_s=10,
+                redis=dead)
+    with pytest.raises(redislib.ConnectionError):
+        t.kept_lows({("dwell.delayed", 0): 5}, 1000.0)
