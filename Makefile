@@ -60,7 +60,7 @@ test: install chart-tools ## every test suite but tests/images, against real Red
 test-unit: install ## the unit tests only (no servers)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-client-matrix: install ## dwell-client on Python 3.9-3.13 (scripts/client_matrix.py): a fresh venv each, its unit tests, an end to end on the test stack, its install's size
+client-matrix: install ## dwell-client on Python 3.9-3.13 (dwell_dev.client_matrix): a fresh venv each, its unit tests, an end to end on the test stack, its install's size
 	$(PY) -m pytest tests/e2e/test_client_matrix.py -s $(PYTEST_ARGS)
 
 dist: install ## the wheels and sdists of dwell-client (client/) and dwell (the root) in dist/
@@ -84,13 +84,13 @@ lint: install chart-tools ## ruff on everything, mypy --strict on dwell.core and
 	.dwell/cache/bin/helm lint charts/dwell --strict
 
 docs-settings: install ## rewrite README.md's configuration tables from the settings classes
-	$(PY) scripts/settings_table.py
+	$(PY) -m dwell_dev.settings_table
 
 docs: install ## the SDK's documentation site (mkdocs.yml, docs/client) into site/; any warning fails it
 	$(PY) -m mkdocs build --strict
 
 chart: install chart-tools ## the chart's checks: values schema, helm lint/template, Kubernetes schemas, rules
-	$(PY) scripts/chart_schema.py --check
+	$(PY) -m dwell_dev.chart_schema --check
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
 # bench/workload.py and bench/sdk_reader.py are the fault suite's and the soak's parts;

@@ -34,8 +34,6 @@ import gc
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -46,7 +44,6 @@ from typing import Any
 import httpx
 import orjson
 
-import devstack
 from dwell.adapters import kafka
 from dwell.admission.__main__ import GC_THRESHOLDS
 from dwell.admission.settings import AdmissionSettings
@@ -54,7 +51,9 @@ from dwell.auth.tokens import create_secret_key, create_token
 from dwell.core import topics as names
 from dwell.core.admit import admit
 from dwell.core.policy import EffectivePolicy
-from testkit import free_port
+from dwell_dev import devstack
+from dwell_dev.procs import Child
+from dwell_dev.testkit import free_port
 
 try:  # the client side of (b) on the same event loop as the server's
     from uvloop import run as run_async
@@ -89,25 +88,21 @@ TARGETS = {"admit_per_s": 500_000, "http_msgs_per_s": 20_000, "ratio_http_to_raw
 
 
 def start_service(name: str, env: dict[str, str], log: Path,
-                  argv: list[str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+                  argv: list[str] | None = None) -> tuple[Child, str]:
     """`python -m dwell.<name>` (or `argv`) on a free port, once its /readyz answers 200."""
     port = free_port()
-    out = open(log, "ab")  # noqa: SIM115 - the child keeps writing to it
-    proc = subprocess.Popen(argv or [sys.executable, "-m", f"dwell.{name}"],
-                            env=dict(os.environ) | env | {"DWELL_HTTP_PORT": str(port)},
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    child = Child.spawn(name, argv or [sys.executable, "-m", f"dwell.{name}"], log,
+                        env | {"DWELL_HTTP_PORT": str(port)})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited; see {log}")
+
+    def ready() -> bool:
         try:
             with urllib.request.urlopen(url + "/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
+                return bool(r.status == 200)
         except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{name} not ready in 60 s; see {log}")
+            return False
+    child.wait_until(ready, 60, "ready")
+    return child, url
 
 
 def messages(batch_no: int) -> list[dict[str, Any]]:
@@ -347,7 +342,7 @@ def median(items: list[Any], key: Any) -> Any:
 def main() -> None:
     stack = devstack.Stack("test")
     started = [n for n in ("redis", "kafka") if stack.start_empty(n) is not None]
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Child] = []
     log_dir = stack.state / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -441,8 +436,7 @@ def main() -> None:
         ingress = bench_ingress(stack.kafka_bootstrap, topic)
     finally:
         for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
+            proc.stop()
         # Others may be using servers this run had to start: keep them when asked to.
         if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
             stack.down(started)

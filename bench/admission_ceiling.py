@@ -25,14 +25,14 @@ import argparse
 import gc
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from typing import Any
 
 import admission as bench
 import orjson
+
+from dwell_dev.procs import Child
 
 ROOT = bench.ROOT
 TOPIC = "persistent://bench/ceiling/load"
@@ -87,7 +87,7 @@ def main() -> None:
     log_dir = stack.state / "bench-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     ready = bench.names.TopicName.parse(TOPIC).kafka_topic
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Child | None = None
     try:
         bootstrap = stack.kafka_bootstrap
         bench.kafka.ensure_dwell_topics(bootstrap)
@@ -113,8 +113,7 @@ def main() -> None:
             rounds.append((http_n, raw_n))
     finally:
         if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
+            proc.stop()
         if os.environ.get("DWELL_TEST_KEEP_SERVERS") != "1":
             stack.down(started)
             for name in started:

@@ -64,15 +64,15 @@ from typing import Any
 
 import numpy as np
 import redis as redislib
-from procs import BENCH_REDIS_DB, SPAWN, Procs, free_port, load_avg, now_ms, wait_healthy, wait_line
+from procs import BENCH_REDIS_DB, SPAWN, Procs, load_avg, wait_healthy, wait_line
 
-import devstack
-import devtools
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.tracker import recovery
+from dwell_dev import devstack, devtools
+from dwell_dev.testkit import free_port, now_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,8 +1,11 @@
 """How the code is laid out, at two git revisions side by side: the ten largest modules,
 how many times each Kafka header name and the subscription-settings shape are spelled as
 string literals in the code (services/, spark/, and native/src/ at revisions that had
-the Rust extension), and the number of `sys.path.insert` lines. Reads the revisions
-with `git`; needs no server.
+the Rust extension), the number of `sys.path.insert` lines, and the development
+tooling's shape: import cycles among its modules (lazy imports too), the places that start
+a child process in a session of its own (each one a process supervisor), the helpers
+defined more than once, the imports of helpers from a conftest and the `.pth` files the
+install writes. Reads the revisions with `git`; needs no server.
 
     .venv/bin/python bench/layout.py                      # HEAD~ against HEAD
     .venv/bin/python bench/layout.py --before 674203e --after HEAD
@@ -10,9 +13,11 @@ with `git`; needs no server.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -25,6 +30,10 @@ HEADER = re.compile(r"""["'](dwell-(?:deliver-at|tick-time|key|message-id|origin
                     r"""publish-time|producer|sequence-id|redelivery-count|subscription|"""
                     r"""version))["']""")
 SYS_PATH = re.compile(r"^\s*sys\.path\.insert\(", re.M)
+SESSION = re.compile(r"start_new_session=True")
+CONFTEST_IMPORT = re.compile(r"^\s*(?:from conftest import|import conftest\b)", re.M)
+PTH = re.compile(r"""\.pth["']""")
+HELPERS = ("free_port", "now_ms", "wait_for", "say")
 # The subscription settings' field names, quoted.
 SETTINGS = re.compile(r"""["'](ackTimeoutMs|ackTimeoutRedeliveryBackoff|"""
                       r"""negativeAckRedeliveryBackoff|maxRedeliverCount)["']""")
@@ -56,7 +65,53 @@ def measure(rev: str) -> dict[str, object]:
             shape[name] = n
     return {"largest": largest, "headers": headers, "shape": shape,
             "sys_path": {n: len(SYS_PATH.findall(t)) for n, t in everything.items()
-                         if SYS_PATH.search(t)}}
+                         if SYS_PATH.search(t)},
+            "tooling": tooling(everything)}
+
+
+def tooling(everything: dict[str, str]) -> dict[str, object]:
+    """The development tooling's shape in ``everything`` (path -> text)."""
+    py = {n: t for n, t in everything.items() if n.endswith(".py")}
+    mods = {Path(n).stem: t for n, t in py.items()
+            if n.startswith("scripts/") and Path(n).stem != "__init__"}
+    graph = {m: _tool_imports(t, set(mods)) - {m} for m, t in mods.items()}
+    cycles = sorted({" -> ".join(c) for m in graph if (c := _cycle(graph, m))})
+    helpers = {h: sorted(n for n, t in py.items() if re.search(rf"^def {h}\(", t, re.M))
+               for h in HELPERS}
+    return {"cycles": cycles,
+            "spawners": sorted(n for n, t in py.items() if SESSION.search(t)),
+            "helpers": helpers,
+            "conftest_imports": sorted(n for n, t in py.items() if CONFTEST_IMPORT.search(t)),
+            "pth": sorted(n for n, t in py.items() if PTH.search(t))}
+
+
+def _tool_imports(text: str, mods: set[str]) -> set[str]:
+    """The tooling modules ``text`` imports, at its top or inside a function."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[-1] for a in node.names} & mods
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "dwell_dev" and len(parts) == 1:
+                out |= {a.name for a in node.names} & mods
+            elif parts[-1] in mods:
+                out.add(parts[-1])
+    return out
+
+
+def _cycle(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """An import path from ``start`` back to itself, shortest first, if any; named from
+    its alphabetically first module so that each cycle is reported once."""
+    paths = [[start]]
+    while paths:
+        path = paths.pop(0)
+        for nxt in sorted(graph.get(path[-1], ())):
+            if nxt == start:
+                return path + [start] if start == min(path) else None
+            if nxt not in path:
+                paths.append(path + [nxt])
+    return None
 
 
 def main(before: str = typer.Option("HEAD~", help="the revision to compare from"),
@@ -90,6 +145,23 @@ def main(before: str = typer.Option("HEAD~", help="the revision to compare from"
         tests = sum(n for f, n in lines.items() if f.startswith("tests/"))
         out.print(f"sys.path.insert lines at {rev}: {sum(lines.values())} ({tests} in tests/; "
                   f"{', '.join(sorted(f for f in lines if not f.startswith('tests/')))})")
+    t = Table(title="the development tooling")
+    for col in ("", before, after):
+        t.add_column(col)
+    bt: dict[str, Any] = b["tooling"]  # type: ignore[assignment]
+    at: dict[str, Any] = a["tooling"]  # type: ignore[assignment]
+
+    def listed(xs: list[str]) -> str:
+        return f"{len(xs)}: " + ", ".join(xs) if xs else "0"
+    t.add_row("import cycles", listed(bt["cycles"]), listed(at["cycles"]))
+    t.add_row("files starting children in sessions of their own", listed(bt["spawners"]),
+              listed(at["spawners"]))
+    for h in HELPERS:
+        t.add_row(f"def {h}", listed(bt["helpers"][h]), listed(at["helpers"][h]))
+    t.add_row("files importing from a conftest by name", str(len(bt["conftest_imports"])),
+              str(len(at["conftest_imports"])))
+    t.add_row("files writing a .pth", listed(bt["pth"]), listed(at["pth"]))
+    out.print(t)
 
 
 if __name__ == "__main__":

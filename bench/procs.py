@@ -8,7 +8,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -18,13 +17,11 @@ from typing import Any
 
 import orjson
 
-import devstack
 from dwell.adapters import kafka
 from dwell.core import topics as names
-
-# Re-exported: the benches take them from procs.
-from testkit import free_port as free_port
-from testkit import now_ms as now_ms
+from dwell_dev import devstack
+from dwell_dev.procs import Child
+from dwell_dev.testkit import free_port, now_ms
 
 # The benches' Redis database on the test profile (flushed by them; the shared policy
 # service keeps the profile's own database).
@@ -33,23 +30,19 @@ SPAWN = mp.get_context("spawn")  # no fork after librdkafka started its threads
 
 
 class Procs:
-    """Processes the bench started; ``stop_all`` ends each by its own process group."""
+    """Processes the bench started (dwell_dev.procs children); ``stop_all`` ends each."""
 
     def __init__(self, logs: Path) -> None:
         self.logs = logs
-        self.popen: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+        self.children: list[Child] = []
         self.workers: list[Any] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str],
               cwd: Path | None = None, program: str = sys.executable) -> Path:
         """Runs ``program argv`` (Python by default), its output in ``<logs>/<name>.log``."""
-        log = self.logs / f"{name}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen([program, *argv], cwd=cwd, env=dict(os.environ) | env,
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        self.popen.append((name, proc, log))
-        return log
+        child = Child.spawn(name, [program, *argv], self.logs / f"{name}.log", env, cwd=cwd)
+        self.children.append(child)
+        return child.log
 
     def worker(self, target: Any, *args: Any) -> Any:
         w = SPAWN.Process(target=target, args=args, daemon=True)
@@ -58,50 +51,39 @@ class Procs:
         return w
 
     def check(self) -> None:
-        for name, proc, log in self.popen:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited {proc.returncode}:\n"
-                                   + log.read_text(errors="replace")[-3000:])
+        for child in self.children:
+            if not child.running():
+                raise RuntimeError(f"{child.name} exited {child.returncode}:\n{child.tail()}")
 
     def peak_rss_mib(self, name: str) -> float:
         """The peak resident memory of process ``name`` so far (Linux's VmHWM)."""
-        pid = next(p.pid for n, p, _ in self.popen if n == name)
+        pid = self._child(name).pid
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
         raise RuntimeError(f"no VmHWM for {name} (pid {pid})")
 
     def kill(self, name: str) -> None:
-        """``kill -9`` of process ``name`` as a pod's end would be: SIGKILL to every process
-        of its session (started with ``start_new_session``), the Spark app's JVM and its
-        Python worker daemons too, which PySpark puts in process groups of their own;
-        returns once none runs."""
-        i, proc = next((i, p) for i, (n, p, _) in enumerate(self.popen) if n == name)
-        deadline = time.monotonic() + 30
-        while left := session_members(proc.pid):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: processes {left} still run after SIGKILL")
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        proc.wait()
-        del self.popen[i]
+        """``kill -9`` of process ``name`` and everything of its session (the Spark app's
+        JVM and Python workers too); returns once none runs."""
+        child = self._child(name)
+        child.kill()
+        self.children.remove(child)
+
+    def _child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
 
     def stop_all(self) -> None:
         for w in self.workers:
             if w.is_alive():
                 w.terminate()
             w.join(5)
-        for _, proc, _ in self.popen:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for _, proc, _ in self.popen:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        # All asked at once, then each waited for: they stop side by side.
+        for child in self.children:
+            if child.running():
+                child.signal(signal.SIGTERM)
+        for child in self.children:
+            child.stop()
 
 
 @contextlib.contextmanager
@@ -117,20 +99,6 @@ def test_servers(stack: devstack.Stack) -> Iterator[None]:
             stack.down(started)
             for name in started:
                 stack.discard(name)
-
-
-def session_members(sid: int) -> list[int]:
-    """The processes of session ``sid`` that still run (Linux's /proc; a zombie whose
-    parent died may wait there for a reaper, but runs nothing)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, _, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
-        except (OSError, ValueError):
-            continue
-        if int(session) == sid and state != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 def spark_env(stack: devstack.Stack, redis_url: str, checkpoints: Path) -> dict[str, str]:

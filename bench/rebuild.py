@@ -36,7 +36,6 @@ import numpy as np
 from pyroaring import BitMap64
 from tracker import BATCH, PARTITIONS, T0, TICK, start_redis
 
-import devstack
 from dwell import keys
 from dwell.adapters.kafka import (
     BulkProducer,
@@ -53,6 +52,7 @@ from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import HEADERS
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks
+from dwell_dev import devstack
 
 TOPICS = 8
 # Buckets per claim, as the drain's default round (dwell_spark.settings.drain_max_buckets).

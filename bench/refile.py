@@ -26,7 +26,6 @@ import uuid
 import numpy as np
 from tracker import BATCH, start_redis
 
-import devstack
 from dwell.adapters.kafka import BulkProducer, Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
 from dwell.core.positions import format_message_id
@@ -34,6 +33,7 @@ from dwell.headers import MESSAGE_ID, ORIGIN
 from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.restage import Restager
+from dwell_dev import devstack
 
 LEAD_MS, CHUNK_MS = 40_000, 20_000
 # Ten minutes ahead: nothing comes due while the bench runs; rounds are given their `now`.

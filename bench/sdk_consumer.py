@@ -27,12 +27,13 @@ import time
 import uuid
 from pathlib import Path
 
-from procs import Procs, free_port, load_avg, test_servers, wait_healthy
+from procs import Procs, load_avg, test_servers, wait_healthy
 
-import devstack
 from dwell.adapters import kafka
 from dwell.client import Consumer
 from dwell.core.topics import TopicName
+from dwell_dev import devstack
+from dwell_dev.testkit import free_port
 
 ACK_TIMEOUT_MS = 30_000
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,8 +22,8 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import redis as redislib
 
-import devstack
 from dwell.adapters.kafka import Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
 from dwell.core.subscriptions import SubscriptionSettings
@@ -32,7 +31,9 @@ from dwell.index import buckets, subscriptions
 from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.ingest import HEADERS
 from dwell.tracker.ingest_loop import IngestLoop
-from testkit import free_port
+from dwell_dev import devstack
+from dwell_dev.procs import Child
+from dwell_dev.testkit import free_port
 
 OUT = Path(__file__).parent / "out"
 PARTITIONS = 4
@@ -41,21 +42,22 @@ BATCH = 50_000
 T0 = 1_900_000_000_000
 
 
-def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
+def start_redis() -> tuple[Child, str, str]:
     port = free_port()
     d = tempfile.mkdtemp(prefix="dwell-bench-redis-")
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", d],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = Child.spawn("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                  "--save", "", "--appendonly", "no", "--dir", d],
+                        Path(d) / "redis.log")
     url = f"redis://127.0.0.1:{port}/0"
     r = connect(url)
-    for _ in range(100):
+
+    def answers() -> bool:
         try:
-            r.ping()
-            return proc, url, d
-        except Exception:
-            time.sleep(0.05)
-    raise RuntimeError("bench redis-server did not start")
+            return bool(r.ping())
+        except redislib.RedisError:
+            return False
+    child.wait_until(answers, 5, "answering", poll_s=0.05)
+    return child, url, d
 
 
 def workload(kind: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -288,8 +290,7 @@ def main() -> None:
         plot(ours, per_sub, [1, args.zset_copies])
         print(f"wrote {OUT / 'tracker-memory.png'}")
     finally:
-        proc.terminate()
-        proc.wait(10)
+        proc.stop(timeout=10)
         shutil.rmtree(d, ignore_errors=True)
 
 

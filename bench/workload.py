@@ -10,10 +10,7 @@ answered with."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -26,12 +23,13 @@ import httpx
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, TopicPartition
 
-import devstack
 from dwell.adapters import kafka
 from dwell.core.topics import TopicName
+from dwell_dev import devstack
+from dwell_dev.procs import Child
 
 # Re-exported: the fault suite and the soak take it from workload.
-from testkit import now_ms as now_ms
+from dwell_dev.testkit import now_ms
 
 SDK_READER = Path(__file__).resolve().parent / "sdk_reader.py"
 TICK_MS = 1000
@@ -73,10 +71,10 @@ class FaultStack(devstack.Stack):
     def kill9(self, name: str) -> None:
         pid = self.pid(name)
         assert pid, f"{name} is not running"
-        os.killpg(pid, signal.SIGKILL)
+        # Its whole session: its forks (Redis' rewrite child) hold the listening socket.
+        Child(name, pid, self.log_dir / f"{name}.log").kill()
         port = self.ports.get(name)
-        # Its forks (Redis' rewrite child) hold the listening socket until they are gone.
-        while devstack._alive(pid) or (port and devstack._port_open(port)):
+        while port and devstack.port_open(port):
             time.sleep(0.05)
         self._pidfile(name).unlink(missing_ok=True)
 
@@ -363,26 +361,21 @@ class SdkReader:
         self.subscription = subscription
         self.env = env
         self.out = log_dir / f"sdk-{subscription}-{uuid.uuid4().hex[:6]}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SDK_READER), self.topic, self.subscription,
-             str(self.out)], env=dict(os.environ) | self.env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=open(str(self.out) + ".err", "ab"))  # noqa: SIM115
+        self.child = Child.spawn(f"sdk reader {self.subscription}",
+                                 [sys.executable, str(SDK_READER), self.topic,
+                                  self.subscription, str(self.out)],
+                                 Path(str(self.out) + ".err"), self.env)
 
     def kill(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        assert self.child is not None
+        self.child.kill()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.child is not None:
+            self.child.stop(timeout=15)
 
     def duplicates(self) -> tuple[int, int]:
         """(ids received, ids the SDK handed over again after their first copy was

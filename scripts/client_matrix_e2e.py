@@ -1,5 +1,5 @@
 """One delayed message through a running dwell, with nothing but dwell-client installed:
-the part of scripts/client_matrix.py that runs inside each Python version's virtualenv.
+the part of dwell_dev.client_matrix that runs inside each Python version's virtualenv.
 Standard library and dwell-client only, and Python 3.9 syntax.
 
 It subscribes to ``--topic`` with dwell.client.Consumer, publishes one message with

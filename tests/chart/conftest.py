@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import devinstall
+from dwell_dev import devinstall
 
 
 @pytest.fixture(scope="session")

@@ -22,10 +22,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-import chart_schema
-import devinstall
 from dwell import endpoints
 from dwell.settings import CommonSettings
+from dwell_dev import chart_schema, devinstall
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "charts" / "dwell"
@@ -197,7 +196,7 @@ def test_the_helper_gives_each_named_port_and_refuses_an_unknown_name(helm: str,
 
 def test_values_schema_is_what_the_settings_say() -> None:
     """values.schema.json is generated from the settings classes: re-run the script."""
-    assert chart_schema.main(["--check"]) == 0, "run .venv/bin/python scripts/chart_schema.py"
+    assert chart_schema.main(["--check"]) == 0, "run .venv/bin/python -m dwell_dev.chart_schema"
 
 
 def test_every_value_is_described_in_the_schema() -> None:

@@ -1,7 +1,7 @@
 """The chart's own Kafka locked down (kafka.auth.enabled, issue 28): SASL on both
 listeners, KRaft's StandardAuthorizer with no rule for anyone else, the broker's own
 login its only super-user, and the ACLs of files/kafka-acls.txt, which
-scripts/kafka_acls.py writes from its table (their one owner). Checked as rendered, then
+dwell_dev.kafka_acls writes from its table (their one owner). Checked as rendered, then
 for real: the rendered server.properties, start script, ACL file and acls container run
 against Apache Kafka's own jars on this machine, and a user principal is refused what its
 tenant does not need while dwell's components do their jobs."""
@@ -27,11 +27,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.chart.test_chart import CHART, by_kind, render
 from tests.hostile.test_kafka_acls import admin_error, consume, produce, refused
 
-import devinstall
-import kafka_acls
 from dwell.adapters.kafka import acls
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
+from dwell_dev import devinstall, kafka_acls
 
 KAFKA = "rel-dwell-kafka"
 USERS_SECRET = "rel-dwell-kafka-users"
@@ -72,10 +71,10 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_charts_acl_file_is_what_kafka_acls_writes() -> None:
-    """One owner: the committed file is `kafka_acls.py chart`'s output, and its component
+    """One owner: the committed file is `dwell_dev.kafka_acls chart`'s output, and its component
     rules are component_rules() exactly."""
     assert kafka_acls.CHART_FILE.read_text() == kafka_acls.chart_file(), \
-        "stale: run .venv/bin/python scripts/kafka_acls.py chart"
+        "stale: run .venv/bin/python -m dwell_dev.kafka_acls chart"
     rows = acls.parse(kafka_acls.CHART_FILE.read_text())
     component_rows = [r for r in rows if r[0] in {f"User:{c}" for c in kafka_acls.COMPONENTS}]
     assert sorted(component_rows) == sorted(astuple(r) for r in kafka_acls.component_rules())

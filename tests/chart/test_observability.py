@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-import devinstall
+from dwell_dev import devinstall
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FILES = ROOT / "charts" / "dwell" / "files"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import devinstall
+from dwell_dev import devinstall
 
 HERE = Path(__file__).resolve().parent
 TOOL = "org.apache.pulsar.admin.cli.PulsarAdminTool"

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-import devinstall
-import devtools
+from dwell_dev import devinstall, devtools
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = "/opt/venv/lib/python3.11/site-packages/dwell"

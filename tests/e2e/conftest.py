@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -39,12 +38,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-import devstack
-from conftest import free_port, now_ms
 from dwell.adapters import redis as redis_adapter
 from dwell.client import Consumer, Message, Producer
 from dwell.core import topics as names
 from dwell.tracker import recovery
+from dwell_dev import devstack
+from dwell_dev.procs import Child
+from dwell_dev.testkit import free_port, now_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,44 +80,48 @@ E2E_REDIS_DB = 7
 
 @dataclass
 class SparkApp:
-    """`python -m dwell_spark` as a process group: start, kill -9, start again on the same
-    checkpoint (the crash a test wants to survive)."""
+    """`python -m dwell_spark` as a dwell_dev.procs child: start, kill -9, start again on
+    the same checkpoint (the crash a test wants to survive)."""
 
     env: dict[str, str]
     log_dir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    log: Path | None = None
+    child: Child | None = None
     strict: bool = False
     starts: list[float] = field(default_factory=list)
     metrics_port: int = 0
+
+    @property
+    def log(self) -> Path | None:
+        return None if self.child is None else self.child.log
 
     def start(self, *, strict: bool = False, timeout: float = 300,
               warm: bool | None = None) -> None:
         """Start the app; with `warm` (the default for the first start) wait until both
         queries have been through their warm-up, else only until both run."""
         self.strict = strict
-        self.log = self.log_dir / f"spark-{uuid.uuid4().hex[:6]}.log"
         self.metrics_port = free_port()
         env = self.env | {"DWELL_DELAYED_DELIVERY_DELIVER_AT_TIME_STRICT": str(strict).lower(),
                           "DWELL_SPARK_METRICS_PORT": str(self.metrics_port)}
         t0 = time.monotonic()
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "dwell_spark"],
-                                         cwd=ROOT / "spark", env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.child = Child.spawn("spark app", [sys.executable, "-m", "dwell_spark"],
+                                 self.log_dir / f"spark-{uuid.uuid4().hex[:6]}.log", env,
+                                 cwd=ROOT / "spark")
         if warm if warm is not None else not self.starts:
-            self._wait_for_line("drain ready", timeout)
+            self.child.wait_for_line("drain ready", timeout)
             # The app's own warm-up event has been through the backoff query: the
             # timed scenarios do not pay for its first Python workers and plans.
-            self._wait_for_line("backoff first batch done", timeout)
+            self.child.wait_for_line("backoff first batch done", timeout)
         else:
             # A restart mid-test: both queries running is what there is (the test
             # wants to see the drain resume, not wait for it).
-            self._wait_for_line("dwell spark app running", timeout)
+            self.child.wait_for_line("dwell spark app running", timeout)
         self.starts.append(time.monotonic() - t0)
 
+    def running(self) -> bool:
+        return self.child is not None and self.child.running()
+
     def ensure(self, *, strict: bool) -> None:
-        if self.proc is not None and self.proc.poll() is None and self.strict == strict:
+        if self.running() and self.strict == strict:
             return
         self.stop()
         # A mode change between tests: the next test starts on an app as warm as the
@@ -125,42 +129,23 @@ class SparkApp:
         self.start(strict=strict, warm=True)
 
     def kill(self) -> None:
-        """kill -9 of the driver (and its JVM and Python workers: one process group)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        """kill -9 of the driver, its JVM and its Python workers (its whole session)."""
+        if self.child is not None:
+            self.child.kill()
 
     def freeze(self) -> None:
         """SIGSTOP the driver, its JVM and its Python workers: what they have done stays
         as it is while a test looks (a kill takes a while, and the drain goes on)."""
-        assert self.proc is not None and self.proc.poll() is None
-        os.killpg(self.proc.pid, signal.SIGSTOP)
+        assert self.running() and self.child is not None
+        self.child.signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGCONT)
+        assert self.child is not None
+        self.child.signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def _wait_for_line(self, line: str, timeout: float) -> None:
-        assert self.proc is not None and self.log is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.log.read_text(errors="replace")
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"spark app exited {self.proc.returncode}:\n{text[-4000:]}")
-            if line in text:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"spark app not running after {timeout}s:\n"
-                           + self.log.read_text(errors="replace")[-4000:])
+        if self.child is not None:
+            self.child.stop()
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""dwell-client on Python 3.9 to 3.13 (scripts/client_matrix.py) against this package's
+"""dwell-client on Python 3.9 to 3.13 (dwell_dev.client_matrix) against this package's
 delivery stack: per version a fresh virtualenv with the built wheel (the sdist on 3.9), one
 message published with a delay, received on time, nacked and received again, and the
 client's unit tests; and what the client's install brings next to the services' full
@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import client_matrix
+from dwell_dev import client_matrix
 
 from .conftest import SPARK_MARGIN_MS, Stack, redelivery_margin_ms, warm_redelivery_path
 

@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import read_until
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import invalid
 from dwell.core import topics as names
+from dwell_dev.testkit import read_until
 
 from .conftest import Stack, new_tenant, now_ms
 
@@ -91,7 +91,7 @@ def test_poison_ack_events_go_to_dwell_invalid_and_the_backoff_goes_on(e2e: Stac
     while set(good) - {m.decode() for m in r.hkeys(counts_key)}:
         assert time.monotonic() < deadline, sorted(
             set(good) - {m.decode() for m in r.hkeys(counts_key)})
-        assert e2e.spark.proc is not None and e2e.spark.proc.poll() is None, "app died"
+        assert e2e.spark.running(), "app died"
         time.sleep(0.2)
     assert all(v == b"1" for v in r.hvals(counts_key))
 
@@ -117,7 +117,7 @@ def test_poison_ack_events_go_to_dwell_invalid_and_the_backoff_goes_on(e2e: Stac
     while r.hlen(counts_key):
         assert time.monotonic() < deadline, f"{r.hlen(counts_key)} acks not applied"
         time.sleep(0.2)
-    assert e2e.spark.proc is not None and e2e.spark.proc.poll() is None
+    assert e2e.spark.running()
 
     url = f"http://127.0.0.1:{e2e.spark.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:

@@ -25,11 +25,10 @@ import pytest
 import yaml
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-import devstack
-import promserver
 from dwell.adapters import kafka
 from dwell.client import ExponentialRedeliveryBackoff, NotAllowedError, Producer
 from dwell.core.topics import TopicName, dlq_topic
+from dwell_dev import devstack, promserver
 
 from .conftest import Stack, consumer, free_port, make_topic, new_tenant
 

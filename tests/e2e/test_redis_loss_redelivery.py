@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 
-from conftest import wait_for
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.client import ExponentialRedeliveryBackoff, Producer
 from dwell.index.redelivery import SubscriptionIndex
+from dwell_dev.testkit import wait_for
 
 from .conftest import (
     Stack,

@@ -11,11 +11,11 @@ import time
 
 import httpx
 
-from conftest import wait_for
 from dwell.client import ExponentialRedeliveryBackoff, Producer
 from dwell.core import topics as names
 from dwell.core.positions import parse_message_id
 from dwell.tracker.recovery import committed_lowmarks
+from dwell_dev.testkit import wait_for
 
 from .conftest import (
     Stack,

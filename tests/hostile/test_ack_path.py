@@ -17,8 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-import devstack
-from conftest import local_spark, now_ms, read_until, redis_db_url, spark_app_env, wait_for
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
@@ -30,6 +28,8 @@ from dwell.core.positions import format_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index import subscriptions
+from dwell_dev import devstack
+from dwell_dev.testkit import local_spark, now_ms, read_until, redis_db_url, spark_app_env, wait_for
 from dwell_spark import metrics
 from dwell_spark.backoff import DEAD, SCHEDULE, WARM_UP_TOPIC, Decided, Decision, Pass, decide
 from dwell_spark.drain import Drainer
@@ -227,9 +227,9 @@ def test_an_overflowing_ack_event_does_not_stop_delivery(
                                   ).encode(), f"{topic}/s".encode()).result(15)
     p.close()
     copies = read_until(bootstrap, retry, {},
-                        lambda got: bool(got) or app.proc is None or app.proc.poll() is not None,
+                        lambda got: bool(got) or not app.running(),
                         120)
-    assert app.proc is not None and app.proc.poll() is None, "the Spark app exited"
+    assert app.running(), "the Spark app exited"
     assert [x.value for x in copies] == [b"still-delivered"]
     assert copies[0].header(hdr.AUTHORIZATION) is None
 

@@ -14,10 +14,10 @@ import httpx
 import orjson
 import pytest
 
-from conftest import Service, read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import topics as names
+from dwell_dev.testkit import Service, read_until, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +43,9 @@ class RssWatch:
     the machine's memory."""
 
     def __init__(self, svc: Service, bound: int) -> None:
-        assert svc.proc is not None
+        assert svc.child is not None
         self.svc = svc
-        self.pid = svc.proc.pid
+        self.pid = svc.child.pid
         self.before = rss(self.pid)
         self.peak = self.before
         self.killed = False

@@ -17,13 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Service, read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.policy.settings import PolicySettings
 from dwell.policy.store import PolicyStore, TenantInfo
+from dwell_dev.testkit import Service, read_until, wait_for
 
 from .test_bounded_inputs import MIB, rss
 
@@ -122,7 +122,7 @@ def test_headers_are_bounded_as_they_arrive_not_once_they_end(policy_svc: Servic
     # Found: the limit was checked once uvicorn had parsed the whole header block, and
     # httptools keeps every byte of it until then: a header that never ends grew the
     # service's memory without bound.
-    pid = policy_svc.proc.pid  # type: ignore[union-attr]
+    pid = policy_svc.child.pid  # type: ignore[union-attr]
     before = rss(pid, "VmHWM")
     sent, answer = stream_headers(policy_svc.port, 256 * MIB)
     grew = rss(pid, "VmHWM") - before

@@ -13,10 +13,10 @@ import httpx
 import orjson
 import pytest
 
-from conftest import read_until, wait_for
 from dwell.adapters import kafka
 from dwell.auth.tokens import create_secret_key
 from dwell.core import topics as names
+from dwell_dev.testkit import read_until, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -40,12 +40,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import devstack
-from conftest import free_port, private_stack, read_until, wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
+from dwell_dev import devstack
+from dwell_dev.procs import alive
+from dwell_dev.testkit import free_port, private_stack, read_until, wait_for
 
 from . import strategies as hs
 
@@ -115,7 +116,7 @@ class Watch:
     def sample(self) -> None:
         for name, pid in self.pids.items():
             st_ = _status(pid)
-            if not st_ or not devstack._alive(pid):
+            if not st_ or not alive(pid):
                 self.died.add(name)
                 continue
             self.peak_kib[name] = max(self.peak_kib.get(name, 0), st_.get("VmRSS", 0),

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ServiceFactory, free_port
 from dwell.auth.guard import Guard
 from dwell.auth.tokens import create_key_pair, create_secret_key, create_token
 from dwell.settings import CommonSettings
+from dwell_dev.testkit import ServiceFactory, free_port
 
 SECRET = create_secret_key()
 SECRET_B64 = base64.b64encode(SECRET).decode()

@@ -1,5 +1,5 @@
 """Kafka locked down with ACLs (issue 28, finding 3): on the secured stack (devstack
-`--secure`, KRaft's StandardAuthorizer, scripts/kafka_acls.py) a user's principal is
+`--secure`, KRaft's StandardAuthorizer, dwell_dev.kafka_acls) a user's principal is
 refused by Kafka everything but what its tenant needs: it cannot write `dwell.policies`
 (make itself a tenant's admin) or `dwell.delayed` (have the drain deliver to a victim),
 read the requests and ack events other clients sent (their tokens ride in the headers),
@@ -32,13 +32,11 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-import devstack
-import kafka_acls
-import secure_stack
-from conftest import free_port
 from dwell import headers as hdr
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
+from dwell_dev import devstack, kafka_acls, secure_stack
+from dwell_dev.testkit import free_port
 
 TIMEOUT_S = 20
 # A publish over dwell.publish goes through admission's ingress and a transaction before

@@ -24,7 +24,6 @@ import httpx
 import orjson
 import pytest
 
-from conftest import ServiceFactory, read_until
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
@@ -35,6 +34,7 @@ from dwell.core import topics as names
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName
 from dwell.index import subscriptions
+from dwell_dev.testkit import ServiceFactory, read_until
 from dwell_spark.invalid import LOG_APPEND_TIME, AckAuth, SubscriptionCheck, check_records
 from dwell_spark.settings import SparkSettings
 

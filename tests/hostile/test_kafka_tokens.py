@@ -20,7 +20,6 @@ import orjson
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from conftest import ServiceFactory, read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -31,6 +30,7 @@ from dwell.core import topics as names
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName
 from dwell.index import subscriptions
+from dwell_dev.testkit import ServiceFactory, read_until, wait_for
 
 # Kafka tokens short enough to outlive in a test, and long enough for a loaded machine to
 # write a record with one before it expires (their times are whole seconds).

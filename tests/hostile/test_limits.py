@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import ServiceFactory, free_port, redis_db_url, wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -24,6 +23,7 @@ from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName
 from dwell.http import ApiError
 from dwell.tracker.registry import SubscriptionRegistry
+from dwell_dev.testkit import ServiceFactory, free_port, redis_db_url, wait_for
 
 MAX_PARTITIONS = 8
 MAX_SUBSCRIPTIONS = 3

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import devstack
-from conftest import read_until, redis_db_url, spark_app_env
 from dwell import headers as hdr
 from dwell import keys
 from dwell.adapters import kafka
@@ -22,6 +20,8 @@ from dwell.core import topics as names
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName, retry_topic
 from dwell.index import subscriptions
+from dwell_dev import devstack
+from dwell_dev.testkit import read_until, redis_db_url, spark_app_env
 from dwell_spark.backoff import WARM_UP_TOPIC
 from dwell_spark.invalid import SubscriptionCheck, check_records
 from e2e.conftest import SparkApp

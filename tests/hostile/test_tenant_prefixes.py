@@ -1,5 +1,5 @@
 """Kafka ACL prefixes and tenant names: the prefixes a tenant's users are granted
-(scripts/kafka_acls.py) start none of another tenant's Kafka names and none of dwell's
+(dwell_dev.kafka_acls) start none of another tenant's Kafka names and none of dwell's
 own topics and groups, for every tenant the policy service lets be created; and the names
 that would break this are refused by the policy service, with Pulsar's 412."""
 
@@ -13,8 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kafka_acls
-from conftest import Service
 from dwell.core.topics import (
     DOMAINS,
     InvalidTopicName,
@@ -26,6 +24,8 @@ from dwell.core.topics import (
     validate_tenant,
 )
 from dwell.tracker.recovery import lowmark_group
+from dwell_dev import kafka_acls
+from dwell_dev.testkit import Service
 
 # Pulsar's tenant alphabet, weighted towards the characters Kafka names escape.
 TENANT = st.text(st.sampled_from("ab-_.:=0Z"), min_size=1, max_size=8)

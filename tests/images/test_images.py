@@ -1,15 +1,14 @@
 """`make images` as a test (`make images-test`; `make test` leaves it out, since a cold
 build takes many minutes): the two images built from docker/ with podman on a base made
 with mmdebstrap, saved as OCI archives with their digests recorded, and run against the
-real Redis and Kafka of the test profile (scripts/image_check.py)."""
+real Redis and Kafka of the test profile (dwell_dev.image_check)."""
 
 from __future__ import annotations
 
 import json
 import tarfile
 
-import image_check
-import images
+from dwell_dev import image_check, images
 
 
 def test_build_save_and_record() -> None:

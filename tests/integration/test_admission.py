@@ -14,7 +14,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import (
+from dwell.adapters import kafka
+from dwell.client import AsyncProducer, Consumer, Producer
+from dwell.core import topics as names
+from dwell_dev.testkit import (
     make_namespace,
     now_ms,
     ok,
@@ -23,9 +26,6 @@ from conftest import (
     wait_for,
     wait_ingress,
 )
-from dwell.adapters import kafka
-from dwell.client import AsyncProducer, Consumer, Producer
-from dwell.core import topics as names
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ import httpx
 import orjson
 import pytest
 
-import devstack
-from conftest import private_stack, wait_ingress
 from dwell.adapters import kafka
 from dwell.core import topics as names
+from dwell_dev import devstack
+from dwell_dev.testkit import private_stack, wait_ingress
 
 ROOT = Path(__file__).resolve().parents[2]
 

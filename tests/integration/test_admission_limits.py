@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import read_answers
 from dwell.adapters import kafka
 from dwell.core import topics as names
+from dwell_dev.testkit import read_answers
 
 pytestmark = pytest.mark.integration
 

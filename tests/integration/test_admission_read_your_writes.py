@@ -16,9 +16,9 @@ import httpx
 import orjson
 import pytest
 
-from conftest import make_tenant, ok
 from dwell.adapters import kafka
 from dwell.core import topics as names
+from dwell_dev.testkit import make_tenant, ok
 
 pytestmark = pytest.mark.integration
 

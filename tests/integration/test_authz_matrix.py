@@ -21,7 +21,6 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import Route
 
-from conftest import ServiceFactory, wait_for
 from dwell.admission.app import build_app as admission_app
 from dwell.admission.settings import AdmissionSettings
 from dwell.auth.tokens import create_kafka_token, create_secret_key, create_token
@@ -31,6 +30,7 @@ from dwell.policy.app import build_app as policy_app
 from dwell.policy.settings import PolicySettings
 from dwell.tracker.app import build_app as tracker_app
 from dwell.tracker.settings import TrackerSettings
+from dwell_dev.testkit import ServiceFactory, wait_for
 
 SUPER, ADMIN, OTHER_ADMIN = "root", "own-admin", "other-admin"
 PRODUCER, CONSUMER = "own-producer", "own-consumer"

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from procs import Procs, send_ack_events, spark_env, wait_line
 
-import devstack
-from conftest import wait_for
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
+from dwell_dev import devstack
+from dwell_dev.testkit import wait_for
 from dwell_spark.backoff import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import redis_db_url
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -25,6 +24,7 @@ from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.tracker.registry import record_key
+from dwell_dev.testkit import redis_db_url
 from dwell_spark import metrics
 from dwell_spark.backoff import Pass
 from dwell_spark.recovery import (

@@ -6,7 +6,6 @@ app's restart replays the batch."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,11 +16,12 @@ import orjson
 import pytest
 import redis as redislib
 
-import devinstall
-from conftest import free_port
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.index.redelivery import SubscriptionIndex
+from dwell_dev import devinstall
+from dwell_dev.procs import Child
+from dwell_dev.testkit import free_port
 from dwell_spark.backoff import Pass
 from dwell_spark.settings import SparkSettings
 
@@ -32,26 +32,24 @@ class OwnRedis:
     def __init__(self, port: int, folder: Path) -> None:
         self.port = port
         self.folder = folder
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [devinstall.redis_server_bin(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        self.child = Child.spawn(
+            "redis", [devinstall.redis_server_bin(), "--port", str(self.port), "--bind",
+                      "127.0.0.1", "--save", "", "--appendonly", "no",
+                      "--dir", str(self.folder)], self.folder / "redis.log")
+
+        def answers() -> bool:
             try:
-                redislib.Redis(port=self.port, socket_connect_timeout=0.2).ping()
-                return
+                return bool(redislib.Redis(port=self.port, socket_connect_timeout=0.2).ping())
             except redislib.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+                return False
+        self.child.wait_until(answers, 10, "answering", poll_s=0.05)
 
     def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
+        assert self.child is not None
+        self.child.kill()
 
 
 @pytest.fixture
@@ -59,7 +57,7 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server = OwnRedis(free_port(), tmp_path)
     server.start()
     yield server
-    if server.proc is not None and server.proc.poll() is None:
+    if server.child is not None and server.child.running():
         server.kill()
 
 

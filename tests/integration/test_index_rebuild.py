@@ -12,12 +12,12 @@ import time
 import httpx
 import pytest
 
-from conftest import publish_delayed, wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.index.topic import TopicIndex
 from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
+from dwell_dev.testkit import publish_delayed, wait_for
 
 pytestmark = pytest.mark.integration
 

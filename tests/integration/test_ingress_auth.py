@@ -17,11 +17,11 @@ import httpx
 import orjson
 import pytest
 
-from conftest import read_until, wait_for
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.auth.tokens import create_kafka_token, create_secret_key, create_token
 from dwell.core import topics as names
+from dwell_dev.testkit import read_until, wait_for
 
 pytestmark = pytest.mark.integration
 

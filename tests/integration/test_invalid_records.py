@@ -17,11 +17,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import read_until
 from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.core import invalid
 from dwell.core import topics as names
+from dwell_dev.testkit import read_until
 
 pytestmark = pytest.mark.integration
 

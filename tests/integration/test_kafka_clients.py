@@ -19,10 +19,10 @@ import kafka as kafka_python
 import orjson
 import pytest
 
-from conftest import make_namespace, ok
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
+from dwell_dev.testkit import make_namespace, ok
 
 pytestmark = pytest.mark.integration
 

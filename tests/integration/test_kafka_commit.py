@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from conftest import private_stack
 from dwell.adapters import kafka
+from dwell_dev.testkit import private_stack
 
 pytestmark = pytest.mark.integration
 

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from conftest import wait_for
 from dwell import keys
 from dwell.adapters.redis import connect
 from dwell.index.buckets import LEASE_MISMATCH, NOT_CLAIMED, RENEWED
 from dwell.index.leases import LeaseKeeper, RoundExpired
 from dwell.index.topic import TopicIndex
+from dwell_dev.testkit import wait_for
 
 pytestmark = pytest.mark.integration
 TICK = 1000

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-import devstack
-from conftest import local_spark, wait_for
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.tracker import recovery
+from dwell_dev import devstack
+from dwell_dev.testkit import local_spark, wait_for
 from dwell_spark.drain import Drainer
 
 pytestmark = pytest.mark.integration

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-import devstack
-from conftest import local_spark
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.index.topic import TopicIndex
+from dwell_dev import devstack
+from dwell_dev.testkit import local_spark
 from dwell_spark import metrics
 from dwell_spark.drain import Drainer
 from dwell_spark.settings import SparkSettings

@@ -14,7 +14,6 @@ import pytest
 import redis as redislib
 from pyroaring import BitMap64
 
-from conftest import wait_for
 from dwell import keys
 from dwell.adapters.kafka import KafkaUnavailable
 from dwell.adapters.redis import connect
@@ -26,6 +25,7 @@ from dwell.tracker.recovery import (
     committed_lowmarks,
     pending_minimums,
 )
+from dwell_dev.testkit import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import httpx
 import orjson
 import pytest
 
-from conftest import make_namespace, ok
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.admit import DELAY_LIMIT_MS
 from dwell.core.policy import MAX_LONG
+from dwell_dev.testkit import make_namespace, ok
 
 pytestmark = pytest.mark.integration
 

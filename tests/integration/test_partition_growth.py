@@ -18,11 +18,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import make_namespace, ok, read_results, wait_ingress
 from dwell.adapters import kafka
 from dwell.client import Consumer, Producer
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
+from dwell_dev.testkit import make_namespace, ok, read_results, wait_ingress
 
 pytestmark = pytest.mark.integration
 

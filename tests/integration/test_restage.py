@@ -13,7 +13,6 @@ import pytest
 import redis as redislib
 from prometheus_client import REGISTRY
 
-from conftest import wait_for
 from dwell.adapters.kafka import BulkProducer, Consumer, Producer, ensure_topic, read_from
 from dwell.adapters.redis import connect
 from dwell.core.positions import REFILED_FIELD_BASE, format_message_id
@@ -21,6 +20,7 @@ from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.restage import PIECE_RECORDS, Restager
+from dwell_dev.testkit import wait_for
 
 pytestmark = pytest.mark.integration
 TICK = 1000

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-import devstack
-from conftest import local_spark, wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.core import topics as names
@@ -24,6 +22,8 @@ from dwell.core.positions import format_message_id, index_field
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
+from dwell_dev import devstack
+from dwell_dev.testkit import local_spark, wait_for
 from dwell_spark.drain import Drainer
 from dwell_spark.settings import SparkSettings
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-import devstack
-from conftest import private_stack
+from dwell_dev import devstack
+from dwell_dev.testkit import private_stack
 
 
 @pytest.fixture()

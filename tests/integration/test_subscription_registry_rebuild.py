@@ -11,12 +11,12 @@ import json
 import httpx
 import pytest
 
-from conftest import wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics
 from dwell.tracker.registry import record_key
+from dwell_dev.testkit import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from pyroaring import BitMap64
 
-from conftest import wait_for
 from dwell import keys, liveness
 from dwell.adapters.kafka import (
     Columns,
@@ -31,6 +30,7 @@ from dwell.tracker import recovery
 from dwell.tracker.ingest import HEADERS, Ingest
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.stats import HISTOGRAM_BOUNDS_MS
+from dwell_dev.testkit import wait_for
 
 pytestmark = pytest.mark.integration
 TICK = 1000

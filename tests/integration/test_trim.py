@@ -14,7 +14,6 @@ import orjson
 import pytest
 import redis as redislib
 
-from conftest import free_port, publish_delayed, wait_for
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -23,6 +22,7 @@ from dwell.index.roaring import decode
 from dwell.index.topic import TopicIndex
 from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
 from dwell.tracker.trim import Trimmer
+from dwell_dev.testkit import free_port, publish_delayed, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The kube tier for tests/kube, started once per session (scripts/kubestack.py, test
+"""The kube tier for tests/kube, started once per session (dwell_dev.kubestack, test
 profile): a real etcd, kube-apiserver, kube-controller-manager and kube-scheduler, and kwok
 as the kubelet, on 127.0.0.1. kwok reports pods Running and Ready without running their
 containers: these tests prove what the API server accepts and what the controllers, helm
@@ -21,9 +21,7 @@ import httpx
 import pytest
 import yaml
 
-import conftest
-import devinstall
-import kubestack
+from dwell_dev import devinstall, kubestack, testkit
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dwell"
@@ -42,7 +40,7 @@ SCENARIOS = {name: args if name in VALUES_FILES and VALUES_FILES[name].parent.na
              for name, args in SCENARIOS.items()}
 
 # Each poll is a call to the API server: a slower beat than the other suites'.
-wait_for = functools.partial(conftest.wait_for, interval=0.3)
+wait_for = functools.partial(testkit.wait_for, interval=0.3)
 
 
 @dataclass

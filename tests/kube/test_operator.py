@@ -1,6 +1,6 @@
 """spark.mode operator: the SparkApplication the chart renders is accepted and stored by
 the API server once the Kubeflow Spark Operator's CRDs (from its published Go module, see
-scripts/kubestack.py) are installed. No operator controller runs here, so nothing acts on
+dwell_dev.kubestack) are installed. No operator controller runs here, so nothing acts on
 it: this proves the object is what the operator's schema wants."""
 
 from __future__ import annotations

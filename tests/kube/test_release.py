@@ -26,7 +26,7 @@ from typing import Any
 import pyspark
 import pytest
 
-from conftest import free_port
+from dwell_dev.testkit import free_port
 
 from .conftest import CHART, SCENARIOS, Kube, wait_for
 

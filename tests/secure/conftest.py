@@ -1,6 +1,6 @@
 """The secured stack for tests/secure, started once for the package: Kafka with only
 SASL_SSL listeners, the StandardAuthorizer and one principal per dwell component
-(scripts/kafka_acls.py), Redis on a TLS port with an ACL user (default user off), and
+(dwell_dev.kafka_acls), Redis on a TLS port with an ACL user (default user off), and
 policy, admission, tracker and the Spark app serving HTTPS, all with certificates and
 passwords made at start (devstack `--secure`, profile `secure`).
 
@@ -17,9 +17,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient
 
-import devstack
-import kafka_acls
-import secure_stack
+from dwell_dev import devstack, kafka_acls, secure_stack
 
 
 @pytest.fixture(scope="package")

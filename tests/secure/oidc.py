@@ -20,7 +20,7 @@ from pathlib import Path
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-import secure_stack
+from dwell_dev import secure_stack
 
 TOKEN_LIFETIME_S = 300
 

@@ -6,7 +6,7 @@ DWELL_KAFKA_SASL_OAUTHBEARER_* settings, and the broker checks each token's sign
 issuer and audience against the stack's JWKS. A wrong client secret gets no token, and a
 token signed by a key the broker does not know, or made for another audience, gets no
 connection (Kafka 4.1 checks neither unless the broker names its JWT validator:
-scripts/secure_stack.py)."""
+dwell_dev.secure_stack)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,6 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-import devinstall
-import devstack
-import kafka_acls
-import secure_stack
 from dwell.adapters import kafka
 from dwell.security import (
     KafkaSecurity,
@@ -31,6 +27,7 @@ from dwell.security import (
     java_oauth_system_properties,
     librdkafka_config,
 )
+from dwell_dev import devinstall, devstack, kafka_acls, secure_stack
 from secure.conftest import broker_admin
 from secure.oidc import TokenEndpoint
 
@@ -39,7 +36,7 @@ JAVA_SOURCE = Path(__file__).parent / "java" / "KafkaRoundTrip.java"
 
 
 # The OIDC client's principal (its tokens' `sub`) is a user of this tenant: it reads the
-# tenant's topics in the tenant's groups and creates nothing (scripts/kafka_acls.py). The
+# tenant's topics in the tenant's groups and creates nothing (dwell_dev.kafka_acls). The
 # round trips below also write those topics, which a dwell user leaves to dwell.
 TENANT = "oidc"
 

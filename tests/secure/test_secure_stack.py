@@ -21,12 +21,11 @@ import redis as redislib
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-import devstack
-import secure_stack
-from conftest import now_ms
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, Producer
 from dwell.core.topics import TopicName
 from dwell.security import KafkaSecurity, kafka_python_config
+from dwell_dev import devstack, secure_stack
+from dwell_dev.testkit import now_ms
 from secure.conftest import tenant_user
 
 TICK_MS = 1000

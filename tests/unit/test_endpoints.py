@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import devstack
 from dwell import endpoints
+from dwell_dev import devstack
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = {endpoints.POLICY_PORT, endpoints.ADMISSION_PORT, endpoints.TRACKER_PORT,

@@ -1,5 +1,5 @@
 """README.md's and docs/configuration.md's configuration tables are what
-scripts/settings_table.py makes of the settings classes, and every settings field carries
+dwell_dev.settings_table makes of the settings classes, and every settings field carries
 the description they print."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings
 
-import settings_table
+from dwell_dev import settings_table
 
 
 def test_every_setting_has_a_description() -> None:

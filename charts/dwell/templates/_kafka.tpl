@@ -1,6 +1,6 @@
 {{/* The in-chart Kafka locked down (kafka.auth.enabled): SASL on its listeners, KRaft's
      StandardAuthorizer, the ACLs of files/kafka-acls.txt (written by
-     scripts/kafka_acls.py, their one owner), one SCRAM-SHA-512 principal per dwell
+     dwell_dev.kafka_acls, their one owner), one SCRAM-SHA-512 principal per dwell
      component, passwords in a Secret. */}}
 
 {{- define "dwell.kafkaLocked" -}}

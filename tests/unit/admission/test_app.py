@@ -22,9 +22,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conftest import read_answers
 from dwell.admission.app import PublishFront, add_publish_routes
 from dwell.http import BodyLimit, create_app
+from dwell_dev.testkit import read_answers
 
 SLOW_S = 0.3
 LIMIT = 2 * 1024 * 1024

@@ -1,6 +1,6 @@
 """Kafka ACLs and SCRAM users as dwell applies them, over the admin API: rows of
 (principal, resource, name, pattern, operation), each an ALLOW from any host.
-scripts/kafka_acls.py owns which rows a secured dwell needs and applies them to the
+dwell_dev.kafka_acls owns which rows a secured dwell needs and applies them to the
 local secured stack through these functions; the chart's in-chart Kafka runs this module
 beside the broker (`python -m dwell.adapters.kafka.acls`) on the rows of
 charts/dwell/files/kafka-acls.txt, a file that script writes."""

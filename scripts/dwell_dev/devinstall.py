@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from dwell_dev import ROOT, say
+
 STATE_ROOT = ROOT / ".dwell"
 CACHE = STATE_ROOT / "cache"
 VENV = ROOT / ".venv"
@@ -25,9 +26,6 @@ VENV_PY = VENV / "bin" / "python"
 KAFKA_DIR = ROOT / "scripts" / "kafka"
 PULSAR_DIR = ROOT / "scripts" / "pulsar"
 SPARK_DIR = ROOT / "spark"
-
-def say(msg: str) -> None:
-    print(f"dwell: {msg}", flush=True)
 
 
 # ---------------------------------------------------------------- install
@@ -37,37 +35,34 @@ def _stamp_ok(stamp: Path, digest: str) -> bool:
     return stamp.exists() and stamp.read_text() == digest
 
 
-def _dev_paths() -> None:
-    """Make the local stack (scripts/devstack.py) and the Spark app (spark/dwell_spark)
-    importable in .venv, as the editable install does for dwell itself, so that tests,
-    benches and scripts import them without touching sys.path."""
-    for site in VENV.glob("lib/python3*/site-packages"):
-        pth = site / "dwell-dev-paths.pth"
-        want = f"{ROOT / 'scripts'}\n{SPARK_DIR}\n"
-        if not pth.exists() or pth.read_text() != want:
-            pth.write_text(want)
+def _drop_old_paths() -> None:
+    """A venv made before the tooling was a package found it through a .pth file; the
+    editable installs replace it."""
+    for pth in VENV.glob("lib/python3*/site-packages/dwell-dev-paths.pth"):
+        pth.unlink()
 
 
 def install_python(extras: str = "dev,spark") -> None:
-    """Create .venv and install dwell-client (client/) and dwell with its extras, both
-    editable, at constraints.txt's versions, once per change of the three files."""
-    inputs = ("pyproject.toml", "client/pyproject.toml", "constraints.txt")
+    """Create .venv and install, editable and at constraints.txt's versions, dwell-client
+    (client/), dwell with its extras, the Spark app (spark/) and this tooling (scripts/),
+    once per change of their pyproject files or the constraints."""
+    inputs = ("pyproject.toml", "client/pyproject.toml", "spark/pyproject.toml",
+              "scripts/pyproject.toml", "constraints.txt")
     digest = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in inputs)
                             + extras.encode()).hexdigest()
     stamp = VENV / ".dwell-installed"
     if VENV_PY.exists() and _stamp_ok(stamp, digest):
-        _dev_paths()
         return
     t0 = time.monotonic()
     if not VENV_PY.exists():
         say("creating .venv")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    say(f"pip install -c constraints.txt -e client -e '.[{extras}]' "
+    say(f"pip install -c constraints.txt -e client -e '.[{extras}]' -e spark -e scripts "
         "(first run downloads ~600 MB)")
     subprocess.run([str(VENV_PY), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                    "-c", "constraints.txt", "-e", "./client", "-e", f".[{extras}]"],
-                   check=True, cwd=ROOT)
-    _dev_paths()
+                    "-c", "constraints.txt", "-e", "./client", "-e", f".[{extras}]",
+                    "-e", "./spark", "-e", "./scripts"], check=True, cwd=ROOT)
+    _drop_old_paths()
     stamp.write_text(digest)
     say(f"python packages ready in {time.monotonic() - t0:.0f}s")
 
@@ -174,14 +169,6 @@ def promtool_bin() -> Path:
     # The package starts its own server where it can; dwell only wants the checker.
     apt_install("prometheus", "promtool")
     return Path("/usr/bin/promtool")
-
-
-def install_chart_tools() -> None:
-    import promserver  # scripts/: the Prometheus server of tests/e2e/test_prometheus.py
-
-    helm_bin()
-    promtool_bin()
-    promserver.prometheus_bin()
 
 
 def install(with_python: bool = True) -> None:

@@ -27,10 +27,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import devinstall
-import devstack
-from devinstall import CACHE, ROOT, say
-from devstack import Proc, Stack
+from dwell_dev import devinstall, devstack
+from dwell_dev.devinstall import CACHE, ROOT, say
+from dwell_dev.devstack import Proc, Stack
 
 KUBE_MODULES = ROOT / "scripts" / "kube"
 KUBE_CACHE = CACHE / "kube"

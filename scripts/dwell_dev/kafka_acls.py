@@ -18,7 +18,6 @@ import json
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import astuple, dataclass
-from pathlib import Path
 
 from confluent_kafka.admin import AclBinding, AdminClient
 
@@ -36,12 +35,13 @@ from dwell.core.topics import (
     escape_kafka_part,
 )
 from dwell.smoke import TENANT as SMOKE_TENANT
+from dwell_dev import ROOT
 
 # The principal of each dwell process (SCRAM user names); `User:` is Kafka's type.
 COMPONENTS = ("dwell-policy", "dwell-admission", "dwell-tracker", "dwell-spark")
-# The in-chart Kafka's rules (`kafka_acls.py chart` writes them): the components' and the
+# The in-chart Kafka's rules (`dwell_dev.kafka_acls chart` writes them): the components' and the
 # user principal of the chart's `helm test` hook (python -m dwell.smoke, its own tenant).
-CHART_FILE = Path(__file__).resolve().parent.parent / "charts" / "dwell" / "files" / \
+CHART_FILE = ROOT / "charts" / "dwell" / "files" / \
     "kafka-acls.txt"
 CHART_USERS = {"app-dwell-smoke": SMOKE_TENANT}
 DWELL_TOPICS = (POLICIES, PUBLISH, PUBLISH_RESULTS, DELAYED, REFILED, ACKS, DELIVERED,
@@ -163,7 +163,7 @@ def chart_file() -> str:
     """charts/dwell/files/kafka-acls.txt: the rules of table(CHART_USERS), one a line, as
     dwell.adapters.kafka.acls reads them."""
     return ("# The in-chart Kafka's ACLs (templates/kafka-statefulset.yaml applies them).\n"
-            "# Written by `python scripts/kafka_acls.py chart` from its table: do not edit.\n"
+            "# Written by `python -m dwell_dev.kafka_acls chart` from its table: do not edit.\n"
             "# principal resource name pattern operation\n"
             + acls.format_rows(astuple(r) for r in table(CHART_USERS)))
 

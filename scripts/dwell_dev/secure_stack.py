@@ -2,7 +2,7 @@
 start with openssl, Kafka with SASL_SSL listeners only (the controller's too) and KRaft's
 StandardAuthorizer: the broker's own PLAIN login is its only super-user, each dwell
 component has its own SCRAM-SHA-512 principal and example users have theirs
-(scripts/kafka_acls.py holds their ACLs and creates them); OAUTHBEARER tokens signed by
+(dwell_dev.kafka_acls holds their ACLs and creates them); OAUTHBEARER tokens signed by
 the stack's OIDC key are accepted too, checked against `jwks.json`. Redis on a TLS port
 with an ACL user and the default user off, HTTPS on the services' and the Spark app's
 ports, token authentication and authorization on the services (an HS256 key made at
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 KAFKA_MECHANISM = "SCRAM-SHA-512"
-# One Kafka principal per dwell process (scripts/kafka_acls.py COMPONENTS).
+# One Kafka principal per dwell process (dwell_dev.kafka_acls COMPONENTS).
 KAFKA_COMPONENTS = {"policy": "dwell-policy", "admission": "dwell-admission",
                     "tracker": "dwell-tracker", "spark": "dwell-spark"}
 # Example users' principals and their tenants, made with the stack: what `devstack env`
@@ -186,7 +186,7 @@ def kafka_properties(d: Path, port: int, controller_port: int) -> str:
     scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
     oauth = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
     return "\n".join([
-        "", "# --secure (scripts/secure_stack.py)",
+        "", "# --secure (dwell_dev.secure_stack)",
         f"listeners=SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         f"advertised.listeners=SASL_SSL://127.0.0.1:{port}",
         # The controller's listener authenticates too: an anonymous principal there would
@@ -225,7 +225,7 @@ def kafka_properties(d: Path, port: int, controller_port: int) -> str:
 
 
 def acl_spec(d: Path, bootstrap: str) -> dict[str, Any]:
-    """What scripts/kafka_acls.py applies: the broker's login to connect with, the SCRAM
+    """What dwell_dev.kafka_acls applies: the broker's login to connect with, the SCRAM
     users and their passwords, the example users' tenants."""
     return {"admin": broker_librdkafka_config(d, bootstrap),
             "passwords": {u: kafka_password_file(d, u).read_text()

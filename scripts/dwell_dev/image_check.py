@@ -21,13 +21,12 @@ from dataclasses import dataclass
 
 import httpx
 
-import devstack
-import images
 from dwell.adapters.kafka import ensure_dwell_topics
 from dwell.client import Consumer
 from dwell.core import topics as names
 from dwell.tracker import recovery
-from testkit import wait_for
+from dwell_dev import devstack, images, say
+from dwell_dev.testkit import wait_for
 
 # The services' ports in these checks: the test profile's, 300 up, so that a test
 # suite's own services on that profile can run at the same time.
@@ -35,9 +34,6 @@ PORT_SHIFT = 300
 REDIS_DB = 9
 DELAY_MS = 3000
 
-
-def say(msg: str) -> None:
-    print(f"dwell: {msg}", flush=True)
 
 
 @dataclass

@@ -6,8 +6,8 @@ starting with a default. Each key is described: a chart key by its `## @param` c
 values.yaml, a setting by its env var and its field's description. tests/chart checks
 the file is what this script writes, and that every `@param` names a key of the schema.
 
-    .venv/bin/python scripts/chart_schema.py          # rewrite the file
-    .venv/bin/python scripts/chart_schema.py --check  # exit 1 if it is stale
+    .venv/bin/python -m dwell_dev.chart_schema          # rewrite the file
+    .venv/bin/python -m dwell_dev.chart_schema --check  # exit 1 if it is stale
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from dwell.admission.settings import AdmissionSettings
@@ -23,9 +22,9 @@ from dwell.policy.settings import PolicySettings
 from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
 from dwell.settings import CommonSettings
 from dwell.tracker.settings import TrackerSettings
+from dwell_dev import ROOT
 from dwell_spark.settings import SparkSettings
 
-ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "charts" / "dwell" / "values.schema.json"
 VALUES = ROOT / "charts" / "dwell" / "values.yaml"
 PARAM = re.compile(r"^## @param (\S+) ?(.*)$")
@@ -104,7 +103,7 @@ def component(name: str, extra: dict[str, Any]) -> dict[str, Any]:
 def schema() -> dict[str, Any]:
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
-        "title": "dwell chart values (written by scripts/chart_schema.py)",
+        "title": "dwell chart values (written by dwell_dev.chart_schema)",
         **obj({
             "nameOverride": STR,
             "fullnameOverride": STR,
@@ -275,7 +274,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not SCHEMA.exists() or SCHEMA.read_text() != text:
-            print(f"{SCHEMA.relative_to(ROOT)} is stale: run scripts/chart_schema.py",
+            print(f"{SCHEMA.relative_to(ROOT)} is stale: run dwell_dev.chart_schema",
                   file=sys.stderr)
             return 1
         return 0

@@ -12,7 +12,7 @@ virtualenv, next to those of the services' full install (the image's
 ``pip install -c constraints.txt``, wheels of both distributions) in a fresh Python 3.11
 virtualenv. Exits 1 if any cell fails.
 
-    .venv/bin/python scripts/client_matrix.py [--sizes] [--dist dist] \\
+    .venv/bin/python -m dwell_dev.client_matrix [--sizes] [--dist dist] \\
         [--policy-url URL --admission-url URL --tracker-url URL --bootstrap HOST:PORT]
 
 The addresses default to the DWELL_POLICY_URL, DWELL_ADMISSION_URL, DWELL_TRACKER_URL and
@@ -41,8 +41,8 @@ from xml.etree import ElementTree
 
 import httpx
 
-from devinstall import ROOT
 from dwell import endpoints
+from dwell_dev.devinstall import ROOT
 
 VERSIONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
 # The oldest Python installs from the sdist: it builds there with whatever setuptools pip

@@ -5,8 +5,8 @@ docs/configuration.md holds every setting (one set of tables for what every proc
 shares, one table per process of what it adds), README.md the few a deployment sets
 first. tests/unit/test_settings_table.py checks both are what this script writes.
 
-    .venv/bin/python scripts/settings_table.py          # rewrite both (make docs-settings)
-    .venv/bin/python scripts/settings_table.py --check  # exit 1 if either is stale
+    .venv/bin/python -m dwell_dev.settings_table          # rewrite both (make docs-settings)
+    .venv/bin/python -m dwell_dev.settings_table --check  # exit 1 if either is stale
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dwell.policy.settings import PolicySettings
 from dwell.security import KafkaSecurity, RedisSecurity, TlsSettings
 from dwell.settings import CommonSettings
 from dwell.tracker.settings import TrackerSettings
+from dwell_dev import ROOT
 from dwell_spark.settings import SparkSettings
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
 BEGIN = "<!-- settings:begin -->"
@@ -124,7 +124,7 @@ def render() -> str:
     wrong = sorted((set(CommonSettings.model_fields) ^ set(grouped))
                    | {n for n in grouped if grouped.count(n) > 1})
     if wrong:
-        raise SystemExit("scripts/settings_table.py: place each CommonSettings field in "
+        raise SystemExit("dwell_dev.settings_table: place each CommonSettings field in "
                          f"exactly one COMMON_GROUPS entry ({', '.join(wrong)})")
     lines = ["", "### Every process", ""]
     for title, names in COMMON_GROUPS:

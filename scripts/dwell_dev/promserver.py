@@ -7,12 +7,8 @@ Standard library only, like devstack: `make chart-tools` installs the package th
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -21,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import devinstall
-import devstack
+from dwell_dev import devinstall, devstack
+from dwell_dev.procs import Child, ChildFailed
 
 # Prometheus' own port, shifted like the other ports of a profile (test: 19090 by default).
 BASE_PORT = 9090
@@ -67,7 +63,7 @@ class Prometheus:
         self.targets = targets
         self.rule_files = list(rule_files)
         self.interval_s = interval_s
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     @property
     def url(self) -> str:
@@ -78,7 +74,7 @@ class Prometheus:
         return self.state / "prometheus.log"
 
     def start(self, timeout: float = 60.0) -> Prometheus:
-        if devstack._port_open(self.port):
+        if devstack.port_open(self.port):
             raise RuntimeError(f"port {self.port} for prometheus is taken")
         data = self.state / "data"
         if data.exists():
@@ -89,34 +85,24 @@ class Prometheus:
         argv = [str(prometheus_bin()), f"--config.file={cfg}",
                 f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=1h",
                 f"--web.listen-address=127.0.0.1:{self.port}"]
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited {self.proc.returncode}:\n"
-                                   + devstack._tail(self.log))
+        self.child = Child.spawn("prometheus", argv, self.log)
+
+        def ready() -> bool:
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
+                    return bool(r.status == 200)
             except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"prometheus not ready in {timeout}s:\n" + devstack._tail(self.log))
+                return False
+        try:
+            self.child.wait_until(ready, timeout, "ready")
+        except ChildFailed:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.child is not None:
+            self.child.stop()
 
     def wait_up(self, timeout: float = 30.0) -> None:
         """Until every target has been scraped successfully (service discovery hands
