@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
+SELF = "bench/layout.py"
 CODE = ("services", "client/src", "spark", "native/src")
 # A quoted header name: "dwell-deliver-at" or 'dwell-deliver-at' (not the process names).
 HEADER = re.compile(r"""["'](dwell-(?:deliver-at|tick-time|key|message-id|origin|topic|"""
@@ -71,9 +72,14 @@ def measure(rev: str) -> dict[str, object]:
 
 def tooling(everything: dict[str, str]) -> dict[str, object]:
     """The development tooling's shape in ``everything`` (path -> text)."""
-    py = {n: t for n, t in everything.items() if n.endswith(".py")}
+    # This file names what it looks for.
+    py = {n: t for n, t in everything.items() if n.endswith(".py") and n != SELF}
+    # The tooling's importable modules: the dwell_dev package's where there is one (the
+    # scripts beside it only run it), else every module of scripts/.
+    package = [n for n in py if n.startswith("scripts/dwell_dev/")]
     mods = {Path(n).stem: t for n, t in py.items()
-            if n.startswith("scripts/") and Path(n).stem != "__init__"}
+            if (n in package if package else n.startswith("scripts/"))
+            and Path(n).stem != "__init__"}
     graph = {m: _tool_imports(t, set(mods)) - {m} for m, t in mods.items()}
     cycles = sorted({" -> ".join(c) for m in graph if (c := _cycle(graph, m))})
     helpers = {h: sorted(n for n, t in py.items() if re.search(rf"^def {h}\(", t, re.M))
@@ -82,7 +88,20 @@ def tooling(everything: dict[str, str]) -> dict[str, object]:
             "spawners": sorted(n for n, t in py.items() if SESSION.search(t)),
             "helpers": helpers,
             "conftest_imports": sorted(n for n, t in py.items() if CONFTEST_IMPORT.search(t)),
-            "pth": sorted(n for n, t in py.items() if PTH.search(t))}
+            "pth": sorted(n for n, t in py.items() if PTH.search(t) and _writes_pth(t))}
+
+
+def _writes_pth(text: str) -> bool:
+    """Whether a function of ``text`` both names a `.pth` file and writes a file."""
+    for fn in ast.walk(ast.parse(text)):
+        if isinstance(fn, ast.FunctionDef):
+            nodes = list(ast.walk(fn))
+            if any(isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and n.value.endswith(".pth") for n in nodes) and any(
+                    isinstance(n, ast.Attribute) and n.attr in ("write_text", "write")
+                    for n in nodes):
+                return True
+    return False
 
 
 def _tool_imports(text: str, mods: set[str]) -> set[str]:

@@ -85,6 +85,16 @@ class Child:
         return self.wait_until(lambda: line in self.tail(1 << 30), timeout,
                                f"logging {line!r}")
 
+    def wait_exit(self, timeout: float) -> bool:
+        """Whether the child exited (on its own) within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        self._reap()
+        return True
+
     # -- ending
 
     def signal(self, sig: signal.Signals) -> None:

@@ -12,7 +12,6 @@ import base64
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from dwell.adapters.kafka import acls
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell_dev import devinstall, kafka_acls
+from dwell_dev.procs import Child
 
 KAFKA = "rel-dwell-kafka"
 USERS_SECRET = "rel-dwell-kafka-users"
@@ -206,10 +206,8 @@ def locked_kafka(helm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     env |= {"KAFKA_PROPERTIES": str(work / "server.properties"),
             "KAFKA_BROKER_SECRET_FILE": str(work / "users" / "broker"),
             "KAFKA_HOME": str(work), "KAFKA_WORK_DIR": str(work / "run")}
-    log = (work / "kafka.log").open("w")
-    proc = subprocess.Popen(["nice", "-n", "10", "bash", str(work / "start.sh")],
-                            env=dict(os.environ) | env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = Child.spawn("kafka", ["nice", "-n", "10", "bash", str(work / "start.sh")],
+                       work / "kafka.log", env)
     bootstrap = f"127.0.0.1:{PORT}"
     try:
         broker_conf = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
@@ -217,7 +215,7 @@ def locked_kafka(helm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                        "sasl.password": passwords["broker"]}
         deadline = time.monotonic() + START_S
         while True:
-            assert proc.poll() is None, (work / "kafka.log").read_text()[-3000:]
+            assert proc.running(), proc.tail()
             try:
                 # Quiet: librdkafka logs each refused connection until the broker listens.
                 if AdminClient({**broker_conf, "log_level": 0}).list_topics(
@@ -247,13 +245,7 @@ def locked_kafka(helm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         print(done.stderr.strip().splitlines()[-1])
         yield {"bootstrap": bootstrap, "passwords": passwords, "broker": broker_conf}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
+        proc.stop(timeout=30)
         shutil.rmtree(work / "data", ignore_errors=True)
 
 

@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from typing import Any
 import pyspark
 import pytest
 
+from dwell_dev.procs import Child
 from dwell_dev.testkit import free_port
 
 from .conftest import CHART, SCENARIOS, Kube, wait_for
@@ -182,13 +182,11 @@ def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
     log = tmp_path / "spark-submit.log"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     env.pop("SPARK_HOME", None)
-    with open(log, "wb") as out:
-        app = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                               stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    app = Child.spawn("spark-submit", argv, log, env)
     selector = "spark-role=executor"
     try:
         executors = wait_for(lambda: [p for p in pods(kube, ns, selector) if ready(p)]
-                             if app.poll() is None else _fail(log), 180,
+                             if app.running() else _fail(log), 180,
                              "Spark's executor pods")
         chart_pod = driver["spec"]
         chart_container = driver["spec"]["containers"][0]
@@ -228,11 +226,8 @@ def test_spark_submit_in_client_mode_creates_and_deletes_the_executor_pods(
         assert len(executors) == 1  # spark.executor.instances of the minimal scenario
     finally:
         stop.touch()
-        try:
-            app.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(app.pid, 9)
-            app.wait()
+        if not app.wait_exit(90):
+            app.kill()
     text = log.read_text(errors="replace")
     assert app.returncode == 0, text[-4000:]
     assert "spark_app: stopped" in text
