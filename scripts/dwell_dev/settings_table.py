@@ -69,6 +69,20 @@ PROCESSES: list[tuple[str, type[CommonSettings]]] = [
 ALL_CLASSES: list[type[BaseSettings]] = [CommonSettings, *(c for _, c in PROCESSES)]
 
 
+def declared_twice() -> dict[str, list[str]]:
+    """Settings two process classes each introduce: field -> the classes. A field a
+    process redeclares from one of its bases (its own default port) is not counted; a
+    setting two processes share belongs in a base both take."""
+    where: dict[str, list[str]] = {}
+    for _, cls in PROCESSES:
+        inherited = {name for base in cls.__mro__[1:]
+                     for name in getattr(base, "model_fields", {})}
+        for name in cls.__dict__.get("__annotations__", {}):
+            if name not in inherited:
+                where.setdefault(name, []).append(cls.__name__)
+    return {name: classes for name, classes in where.items() if len(classes) > 1}
+
+
 def undocumented() -> list[str]:
     """`Class.field` of every settings field without a description."""
     return [f"{cls.__name__}.{name}" for cls in ALL_CLASSES

@@ -39,6 +39,43 @@ def dwell_group(setting: str, group: str) -> str:
 INSECURE_NAMES: Final = ("auth", "kafka-plaintext", "redis-plaintext", "http-plaintext")
 
 
+class ServiceSettings(BaseSettings):
+    """What the HTTP services (policy, admission, tracker) take beyond CommonSettings."""
+
+    model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
+
+    max_request_bytes: int = Field(64 * 1024, ge=1024, description=(
+        "A request body above this is answered 413 before it is read whole."))
+
+
+class RedisLossSettings(BaseSettings):
+    """What the processes that find out Redis lost their data (the tracker, the Spark app)
+    take."""
+
+    model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
+
+    redis_check_interval_ms: int = Field(1000, ge=50, description=(
+        "Losing Redis: how often the process checks that Redis still holds what it wrote "
+        "(the tracker: the index it ingested, `dwell.tracker.recovery`; the Spark app, "
+        "while idle: the redelivery indexes, `dwell_spark.recovery`)."))
+
+
+class ReadyTopicSettings(BaseSettings):
+    """How the processes that create ready topics (admission, the tracker) create them."""
+
+    model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
+
+    allow_auto_topic_creation: bool = Field(True, description=(
+        "Pulsar's `allowAutoTopicCreation`: a topic's ready topic is created on first use, "
+        "by admission's first publish or the tracker's first subscription to it. `false`: "
+        "a publish is answered 404 `Topic persistent://t/ns/x not found` until the topic "
+        "is created (`pulsar-admin topics create`), and registering a subscription does "
+        "not create it; a subscription's retry topic, which users' principals may not "
+        "create, is made always."))
+    ready_topic_partitions: int = Field(4, ge=1, description=(
+        "Partitions of the ready topics admission and the tracker create."))
+
+
 class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
 

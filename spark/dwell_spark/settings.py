@@ -7,10 +7,10 @@ from typing import Literal
 from pydantic import Field
 
 from dwell import endpoints
-from dwell.settings import CommonSettings
+from dwell.settings import CommonSettings, RedisLossSettings
 
 
-class SparkSettings(CommonSettings):
+class SparkSettings(RedisLossSettings, CommonSettings):
     spark_jars: str = Field("", description=(
         "Comma-separated jar paths for `spark.jars` (the Kafka connector, see "
         "`spark/pom.xml`)."))
@@ -77,8 +77,5 @@ class SparkSettings(CommonSettings):
         "How long a backoff micro-batch retries its (idempotent) writes while Redis or "
         "Kafka does not answer; then the app exits and its restart replays the batch from "
         "the checkpoint."))
-    redis_check_interval_ms: int = Field(1000, ge=50, description=(
-        "Losing Redis: how often an idle app checks that Redis still holds the redelivery "
-        "indexes (`dwell_spark.recovery`)."))
     topic_partitions: int = Field(4, ge=1, description=(
         "Partitions of the retry and DLQ topics the app creates on first use."))

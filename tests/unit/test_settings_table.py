@@ -17,6 +17,12 @@ def test_every_setting_has_a_description() -> None:
     assert settings_table.undocumented() == []
 
 
+def test_no_setting_is_declared_by_two_processes() -> None:
+    """A setting two processes read is declared once, in a base both take
+    (dwell.settings.ReadyTopicSettings), so its default and description cannot drift."""
+    assert settings_table.declared_twice() == {}
+
+
 def test_the_readme_tables_are_generated_from_the_settings() -> None:
     assert settings_table.stale() is None
 

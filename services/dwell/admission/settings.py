@@ -7,10 +7,16 @@ import socket
 from pydantic import Field, field_validator
 
 from dwell import endpoints
-from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
+from dwell.settings import (
+    GROUP_SCHEMA,
+    CommonSettings,
+    ReadyTopicSettings,
+    ServiceSettings,
+    dwell_group,
+)
 
 
-class AdmissionSettings(CommonSettings):
+class AdmissionSettings(ServiceSettings, ReadyTopicSettings, CommonSettings):
     http_port: int = Field(endpoints.ADMISSION_PORT, ge=1, le=65535,
                            description="The service's HTTP port.")
 
@@ -24,13 +30,6 @@ class AdmissionSettings(CommonSettings):
         "decoding (more is 400)."))
     max_messages_per_request: int = Field(1000, ge=1, description=(
         "The most messages one publish request may carry (more is 400)."))
-
-    allow_auto_topic_creation: bool = Field(True, description=(
-        "Pulsar's `allowAutoTopicCreation`: the first publish to a topic creates its ready "
-        "topic; `false` answers 404 `Topic persistent://t/ns/x not found` until the topic "
-        "is created (`pulsar-admin topics create`)."))
-    ready_topic_partitions: int = Field(4, ge=1, description=(
-        "Partitions of the ready topics admission creates on first use."))
 
     producer_linger_ms: int = Field(1, ge=0, description=(
         "The producer's batching linger. A publish waits for its acks, so every request "

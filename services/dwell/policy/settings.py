@@ -5,10 +5,10 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from dwell import endpoints
-from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
+from dwell.settings import GROUP_SCHEMA, CommonSettings, ServiceSettings, dwell_group
 
 
-class PolicySettings(CommonSettings):
+class PolicySettings(ServiceSettings, CommonSettings):
     http_port: int = Field(endpoints.POLICY_PORT, ge=1, le=65535,
                            description="The service's HTTP port.")
     max_request_bytes: int = Field(1024 * 1024, ge=1024, description=(

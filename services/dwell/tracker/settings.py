@@ -6,14 +6,19 @@ from pydantic import Field, field_validator, model_validator
 
 from dwell import endpoints
 from dwell.core import topics
-from dwell.settings import GROUP_SCHEMA, CommonSettings, dwell_group
+from dwell.settings import (
+    GROUP_SCHEMA,
+    CommonSettings,
+    ReadyTopicSettings,
+    RedisLossSettings,
+    ServiceSettings,
+    dwell_group,
+)
 
 
-class TrackerSettings(CommonSettings):
+class TrackerSettings(ServiceSettings, ReadyTopicSettings, RedisLossSettings, CommonSettings):
     http_port: int = Field(endpoints.TRACKER_PORT, ge=1, le=65535,
                            description="The service's HTTP port.")
-    max_request_bytes: int = Field(64 * 1024, ge=1024, description=(
-        "A request body above this is answered 413 before it is read whole."))
     delayed_topic: str = Field(topics.DELAYED, description=(
         "Where admission writes delayed messages, which the tracker indexes."))
     refiled_topic: str = Field("", description=(
@@ -21,12 +26,6 @@ class TrackerSettings(CommonSettings):
         "`<delayed_topic>.refiled` for another delayed topic."))
     tracker_group_id: str = Field("dwell-tracker", json_schema_extra=GROUP_SCHEMA, description=(
         "The consumer group that indexes the delayed topic; must start with `dwell-`."))
-    allow_auto_topic_creation: bool = Field(True, description=(
-        "Pulsar's `allowAutoTopicCreation`: registering a subscription creates its topic's "
-        "ready topic, as admission's first publish would (its retry topic, which users' "
-        "principals may not create, is made always)."))
-    ready_topic_partitions: int = Field(4, ge=1, description=(
-        "Partitions of the ready topics the tracker creates."))
     # One batch is one Redis pipeline: larger batches mean fewer APPENDs per message, which
     # matters most when delays are random (each bucket gets a few positions per batch).
     ingest_batch_max: int = Field(50000, ge=1, description=(
@@ -73,9 +72,6 @@ class TrackerSettings(CommonSettings):
     restage_interval_ms: int = Field(1000, ge=10, description=(
         "How often the restage looks for a chunk to re-file."))
 
-    redis_check_interval_ms: int = Field(1000, ge=50, description=(
-        "Losing Redis: how often the ingest checks that Redis still holds what it indexed "
-        "(`dwell.tracker.recovery`)."))
     lowmark_interval_ms: int = Field(10_000, ge=100, description=(
         "How often the low watermarks are committed to Kafka."))
     trim_interval_ms: int = Field(60_000, ge=0, description=(
