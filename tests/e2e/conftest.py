@@ -149,7 +149,9 @@ class SparkApp:
 
 
 @dataclass
-class Stack:
+class Dwell:
+    """The e2e suite's running dwell: its services' URLs, Kafka, Redis and the Spark app."""
+
     admission: str
     strict_admission: str
     tracker: str
@@ -166,7 +168,7 @@ def _ok(r: httpx.Response) -> httpx.Response:
 
 
 @pytest.fixture(scope="package")
-def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:
+def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Dwell]:
     redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{E2E_REDIS_DB}"
     redis_adapter.connect(redis_url).flushdb()
     group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
@@ -199,7 +201,7 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Stack]:
     spark = SparkApp(env, log_dir)
     try:
         spark.start()
-        yield Stack(admission.url, strict_admission.url, tracker.url, policy.url,
+        yield Dwell(admission.url, strict_admission.url, tracker.url, policy.url,
                     stack.kafka_bootstrap, redis_url, spark, group)
     finally:
         spark.stop()
@@ -217,7 +219,7 @@ def make_namespace(policy: httpx.Client, tenant: str) -> None:
                           "maxDeliveryDelayInMillis": 60000}))
 
 
-def make_topic(e2e: Stack, tenant: str, admission: str | None = None) -> str:
+def make_topic(e2e: Dwell, tenant: str, admission: str | None = None) -> str:
     """A namespace with delayed delivery (tickTime 1 s, max delay 60 s) and its topic,
     once ``admission`` (default: the main one) has the policy from the feed."""
     with httpx.Client(base_url=e2e.policy, timeout=10) as policy:
@@ -243,12 +245,12 @@ def new_tenant() -> str:
     return "t" + uuid.uuid4().hex[:10]
 
 
-def consumer(e2e: Stack, topic: str, sub: str, **kw) -> Consumer:
+def consumer(e2e: Dwell, topic: str, sub: str, **kw) -> Consumer:
     return Consumer(topic, sub, bootstrap=e2e.bootstrap, tracker_url=e2e.tracker,
                     initial_position="earliest", **kw)
 
 
-def warm_redelivery_path(e2e: Stack, timeout: float = 120) -> None:
+def warm_redelivery_path(e2e: Dwell, timeout: float = 120) -> None:
     """Messages delivered, redelivered after a 1 s ack timeout, then acked, until a
     redelivery comes within a second and the drain's margin of its due time, as a warm
     backoff brings it (or until ``timeout``). The first consumer events an app reads, and

@@ -11,14 +11,14 @@ from pathlib import Path
 
 from dwell_dev import client_matrix
 
-from .conftest import SPARK_MARGIN_MS, Stack, redelivery_margin_ms, warm_redelivery_path
+from .conftest import SPARK_MARGIN_MS, Dwell, redelivery_margin_ms, warm_redelivery_path
 
 # Dependencies of the services that an application installing dwell-client must not get.
 SERVICES_ONLY = {"fastapi", "uvicorn", "redis", "numpy", "pyroaring", "msgspec", "orjson",
                  "prometheus-client"}
 
 
-def test_the_client_works_on_every_python_it_supports(e2e: Stack, tmp_path: Path) -> None:
+def test_the_client_works_on_every_python_it_supports(e2e: Dwell, tmp_path: Path) -> None:
     # The first redeliveries of a cold Spark app take several backoff batches longer.
     warm_redelivery_path(e2e)
     stack = client_matrix.Endpoints(e2e.policy, e2e.admission, e2e.tracker, e2e.bootstrap)

@@ -33,8 +33,8 @@ from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from .conftest import (
     SPARK_MARGIN_MS,
     TICK_MS,
+    Dwell,
     Received,
-    Stack,
     consumer,
     make_topic,
     new_tenant,
@@ -64,7 +64,7 @@ def gaps_between(received: list[Received]) -> list[int]:
 
 # -- scenarios (each returns what it measured; run concurrently by the `runs` fixture)
 
-def delays_scenario(e2e: Stack) -> dict[str, Any]:
+def delays_scenario(e2e: Dwell) -> dict[str, Any]:
     topic = make_topic(e2e, new_tenant())
     subs = {s: consumer(e2e, topic, s) for s in ("billing", "audit")}
     try:
@@ -84,13 +84,13 @@ def delays_scenario(e2e: Stack) -> dict[str, Any]:
             c.close()
 
 
-def restaged_total(e2e: Stack) -> float:
+def restaged_total(e2e: Dwell) -> float:
     text = httpx.get(f"{e2e.tracker}/metrics", timeout=10).text
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith("dwell_tracker_restaged_total "))
 
 
-def refiled_scenario(e2e: Stack) -> dict[str, Any]:
+def refiled_scenario(e2e: Dwell) -> dict[str, Any]:
     """Delays that vary (not in deliverAt order): the tracker re-files their buckets
     before they are due (RESTAGE_LEAD_MS), and they still arrive once, on time, with the
     ids the producer got."""
@@ -110,7 +110,7 @@ def refiled_scenario(e2e: Stack) -> dict[str, Any]:
         c.close()
 
 
-def ack_timeout_scenario(e2e: Stack) -> dict[str, Any]:
+def ack_timeout_scenario(e2e: Dwell) -> dict[str, Any]:
     topic = make_topic(e2e, new_tenant())
     c = consumer(e2e, topic, "slow", ack_timeout_ms=ACK_TIMEOUT_MS,
                  ack_timeout_redelivery_backoff=PIP130)
@@ -129,7 +129,7 @@ def ack_timeout_scenario(e2e: Stack) -> dict[str, Any]:
         c.close()
 
 
-def unacked_dead_letter_scenario(e2e: Stack) -> dict[str, Any]:
+def unacked_dead_letter_scenario(e2e: Dwell) -> dict[str, Any]:
     """maxRedeliverCount 1 and no ack: the original, one redelivery, then the DLQ once
     the redelivery's own ack timeout (plus backoff) has run out."""
     topic = make_topic(e2e, new_tenant())
@@ -157,7 +157,7 @@ def unacked_dead_letter_scenario(e2e: Stack) -> dict[str, Any]:
         reader.close()
 
 
-def nack_scenario(e2e: Stack) -> dict[str, Any]:
+def nack_scenario(e2e: Dwell) -> dict[str, Any]:
     topic = make_topic(e2e, new_tenant())
     c = consumer(e2e, topic, "work", negative_ack_redelivery_backoff=NACK,
                  max_redeliver_count=MAX_REDELIVER)
@@ -225,7 +225,7 @@ def _line(proc: subprocess.Popen[str], prefix: str, timeout: float) -> list[str]
     raise AssertionError(f"consumer process printed no {prefix} within {timeout}s")
 
 
-def consumer_killed_scenario(e2e: Stack) -> dict[str, Any]:
+def consumer_killed_scenario(e2e: Dwell) -> dict[str, Any]:
     topic = make_topic(e2e, new_tenant())
     b = KILL_BACKOFF
     proc = subprocess.Popen(
@@ -260,7 +260,7 @@ def consumer_killed_scenario(e2e: Stack) -> dict[str, Any]:
         c.close()
 
 
-def plain_kafka_scenario(e2e: Stack) -> dict[str, Any]:
+def plain_kafka_scenario(e2e: Dwell) -> dict[str, Any]:
     """A consumer without the SDK: registers over the tracker's HTTP API, reads the ready
     and retry topics with a bare Kafka consumer, and posts events without settings."""
     topic = make_topic(e2e, new_tenant())
@@ -317,7 +317,7 @@ def plain_kafka_scenario(e2e: Stack) -> dict[str, Any]:
         events.close()
 
 
-SCENARIOS: dict[str, Callable[[Stack], dict[str, Any]]] = {
+SCENARIOS: dict[str, Callable[[Dwell], dict[str, Any]]] = {
     "delays": delays_scenario, "ack_timeout": ack_timeout_scenario, "nack": nack_scenario,
     "consumer_killed": consumer_killed_scenario, "plain_kafka": plain_kafka_scenario,
     "unacked_dead_letter": unacked_dead_letter_scenario, "refiled": refiled_scenario,
@@ -325,7 +325,7 @@ SCENARIOS: dict[str, Callable[[Stack], dict[str, Any]]] = {
 
 
 @pytest.fixture(scope="module")
-def runs(e2e: Stack) -> Iterator[dict[str, Future[dict[str, Any]]]]:
+def runs(e2e: Dwell) -> Iterator[dict[str, Future[dict[str, Any]]]]:
     warm_redelivery_path(e2e)
     pool = ThreadPoolExecutor(max_workers=len(SCENARIOS), thread_name_prefix="scenario")
     futures = {name: pool.submit(fn, e2e) for name, fn in SCENARIOS.items()}
@@ -372,14 +372,14 @@ def test_refiled_delays_arrive_once_on_time(runs) -> None:
     print(f"re-filed, lateness ms by delay: {dict(sorted(lateness.items()))}")
 
 
-def test_max_delay_rejection_is_typed(e2e: Stack, unique: str) -> None:
+def test_max_delay_rejection_is_typed(e2e: Dwell, unique: str) -> None:
     topic = make_topic(e2e, unique)
     with Producer(topic, admission_url=e2e.admission) as p, \
             pytest.raises(NotAllowedError, match="Exceeds max allowed delivery delay"):
         p.send(b"x", deliver_after=120000)
 
 
-def test_a_redelivery_behind_its_ack_is_dropped(e2e: Stack, unique: str) -> None:
+def test_a_redelivery_behind_its_ack_is_dropped(e2e: Dwell, unique: str) -> None:
     """The backoff job read a delivered event in one micro-batch and its ack in the next,
     so the redelivery it scheduled from the first reaches the retry topic after the ack
     (the copies here are what the drain writes then). The consumer that acked drops that
@@ -413,7 +413,7 @@ def test_a_redelivery_behind_its_ack_is_dropped(e2e: Stack, unique: str) -> None
         c2.close()
 
 
-def test_grouped_acknowledgements_redeliver_only_what_was_not_acked(e2e: Stack,
+def test_grouped_acknowledgements_redeliver_only_what_was_not_acked(e2e: Dwell,
                                                                      unique: str) -> None:
     """A consumer with ``ack_group_time_ms`` (its events sent without waiting, offsets
     committed every 100 ms): of 300 messages received with an ack timeout, the one it did
@@ -445,7 +445,7 @@ def test_grouped_acknowledgements_redeliver_only_what_was_not_acked(e2e: Stack,
         c2.close()
 
 
-def test_a_consumer_of_one_partition_reads_that_partition_alone(e2e: Stack,
+def test_a_consumer_of_one_partition_reads_that_partition_alone(e2e: Dwell,
                                                                  unique: str) -> None:
     """A consumer of `x-partition-1` gets what was published to that partition, at once,
     delayed and redelivered after a nack, and nothing of partition 0: both are Kafka
@@ -574,7 +574,7 @@ while True:
 """
 
 
-def test_a_grouped_consumer_killed_mid_stream_loses_nothing(e2e: Stack, unique: str) -> None:
+def test_a_grouped_consumer_killed_mid_stream_loses_nothing(e2e: Dwell, unique: str) -> None:
     """A consumer with ``ack_group_time_ms=100`` in its own process, killed with SIGKILL
     while it acknowledges a stream of 600 messages: a consumer of the subscription then
     receives every message the first did not acknowledge, none is lost, and of those it

@@ -25,7 +25,7 @@ from .conftest import (
     DRAIN_LEASE_MS,
     SPARK_MARGIN_MS,
     TICK_MS,
-    Stack,
+    Dwell,
     consumer,
     make_topic,
     now_ms,
@@ -38,7 +38,7 @@ CRASH_MESSAGES = 20000
 PER_REQUEST = 1000  # admission's max_messages_per_request
 
 
-def publish_batch(e2e: Stack, topic: str, deliver_at: list[int]) -> list[str]:
+def publish_batch(e2e: Dwell, topic: str, deliver_at: list[int]) -> list[str]:
     t = TopicName.parse(topic)
     ids: list[str] = []
     with httpx.Client(base_url=e2e.admission, timeout=30) as client:
@@ -55,7 +55,7 @@ def publish_batch(e2e: Stack, topic: str, deliver_at: list[int]) -> list[str]:
 
 
 def test_spark_driver_killed_mid_drain_loses_and_shows_nothing_twice(
-        e2e: Stack, unique: str) -> None:
+        e2e: Dwell, unique: str) -> None:
     topic = make_topic(e2e, unique)
     ready = TopicName.parse(topic).kafka_topic
     c = consumer(e2e, topic, "all")
@@ -143,7 +143,7 @@ def test_spark_driver_killed_mid_drain_loses_and_shows_nothing_twice(
     assert written_total > CRASH_MESSAGES
 
 
-def test_strict_mode_never_delivers_early(e2e: Stack, unique: str) -> None:
+def test_strict_mode_never_delivers_early(e2e: Dwell, unique: str) -> None:
     e2e.spark.ensure(strict=True)
     topic = make_topic(e2e, unique, admission=e2e.strict_admission)
     c = consumer(e2e, topic, "strict")

@@ -22,12 +22,12 @@ from dwell.core import invalid
 from dwell.core import topics as names
 from dwell_dev.testkit import read_until
 
-from .conftest import Stack, new_tenant, now_ms
+from .conftest import Dwell, new_tenant, now_ms
 
 ACK_TIMEOUT_MS = 60000  # far beyond the test: no redelivery comes due while it runs
 
 
-def test_poison_ack_events_go_to_dwell_invalid_and_the_backoff_goes_on(e2e: Stack) -> None:
+def test_poison_ack_events_go_to_dwell_invalid_and_the_backoff_goes_on(e2e: Dwell) -> None:
     tenant = new_tenant()
     topic, sub = f"persistent://{tenant}/ns/acks", "s"
     ready = f"{tenant}.ns.acks"

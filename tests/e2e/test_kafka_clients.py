@@ -12,12 +12,12 @@ import kafka as kafka_python
 
 from dwell.core.topics import TopicName
 
-from .conftest import Stack, make_topic, new_tenant
+from .conftest import Dwell, make_topic, new_tenant
 
 COUNT = 5
 
 
-def test_drained_messages_read_with_kafka_python_defaults(e2e: Stack) -> None:
+def test_drained_messages_read_with_kafka_python_defaults(e2e: Dwell) -> None:
     topic = make_topic(e2e, new_tenant())
     _, rest = topic.split("://")
     messages = ([{"payload": f"now {i}", "key": f"now-{i}"} for i in range(COUNT)]

@@ -19,7 +19,7 @@ from dwell.core.topics import TopicName
 from .conftest import (
     SPARK_MARGIN_MS,
     TICK_MS,
-    Stack,
+    Dwell,
     consumer,
     make_namespace,
     new_tenant,
@@ -35,7 +35,7 @@ def _ok(r: httpx.Response) -> httpx.Response:
     return r
 
 
-def test_a_delayed_message_to_a_partition_is_drained_to_it_when_due(e2e: Stack) -> None:
+def test_a_delayed_message_to_a_partition_is_drained_to_it_when_due(e2e: Dwell) -> None:
     tenant = new_tenant()
     x = TopicName.parse(f"persistent://{tenant}/ns/x")
     with httpx.Client(base_url=e2e.policy, timeout=10) as policy:
@@ -101,7 +101,7 @@ REFRESH_MARGIN_MS = 5000
 
 
 def test_partitions_added_under_load_are_written_and_read_with_nothing_lost(
-        e2e: Stack) -> None:
+        e2e: Dwell) -> None:
     """`update-partitioned-topic` from 2 to 4 partitions while immediate and delayed
     messages are published to x and an SDK subscription (started at the latest offsets)
     reads them: every message arrives once, none early, and admission (immediate ones),

@@ -30,7 +30,7 @@ from dwell.client import ExponentialRedeliveryBackoff, NotAllowedError, Producer
 from dwell.core.topics import TopicName, dlq_topic
 from dwell_dev import devstack, promserver
 
-from .conftest import Stack, consumer, free_port, make_topic, new_tenant
+from .conftest import Dwell, consumer, free_port, make_topic, new_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "charts" / "dwell" / "files"
@@ -72,7 +72,7 @@ def unavailable_admission(services) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def prom(e2e: Stack, unavailable_admission: str,
+def prom(e2e: Dwell, unavailable_admission: str,
          stack: devstack.Stack) -> Iterator[promserver.Prometheus]:
     targets = {"policy": [host(e2e.policy)],
                "admission": [host(u) for u in (e2e.admission, e2e.strict_admission,
@@ -126,7 +126,7 @@ def unavailable(admission: str, ns: str) -> None:
     assert r.status_code == 503, r.text
 
 
-def drive(e2e: Stack, prom: promserver.Prometheus, unavailable_admission: str) -> Workload:
+def drive(e2e: Dwell, prom: promserver.Prometheus, unavailable_admission: str) -> Workload:
     tenant = new_tenant()
     main = make_topic(e2e, tenant)  # its probe is a max-delay rejection
     ns = f"{tenant}/ns"
@@ -206,7 +206,7 @@ def drive(e2e: Stack, prom: promserver.Prometheus, unavailable_admission: str) -
 
 
 @pytest.fixture(scope="module")
-def workload(e2e: Stack, prom: promserver.Prometheus,
+def workload(e2e: Dwell, prom: promserver.Prometheus,
              unavailable_admission: str) -> Iterator[Workload]:
     w = drive(e2e, prom, unavailable_admission)
     yield w

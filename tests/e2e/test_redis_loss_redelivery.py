@@ -15,7 +15,7 @@ from dwell.index.redelivery import SubscriptionIndex
 from dwell_dev.testkit import wait_for
 
 from .conftest import (
-    Stack,
+    Dwell,
     consumer,
     make_topic,
     new_tenant,
@@ -35,7 +35,7 @@ NACK = ExponentialRedeliveryBackoff(min_delay_ms=NACK_DELAY_MS, max_delay_ms=NAC
                                     multiplier=2)
 
 
-def test_nack_redeliveries_survive_redis_flush(e2e: Stack) -> None:
+def test_nack_redeliveries_survive_redis_flush(e2e: Dwell) -> None:
     topic = make_topic(e2e, new_tenant())
     r = redis_adapter.connect(e2e.redis_url)
     idx = SubscriptionIndex(r, topic, "work")

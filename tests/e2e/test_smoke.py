@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 
-from .conftest import Stack
+from .conftest import Dwell
 
 
-def test_smoke_publishes_a_delayed_message_and_sees_it_arrive(e2e: Stack) -> None:
+def test_smoke_publishes_a_delayed_message_and_sees_it_arrive(e2e: Dwell) -> None:
     env = dict(os.environ, DWELL_POLICY_URL=e2e.policy, DWELL_ADMISSION_URL=e2e.admission,
                DWELL_KAFKA_BOOTSTRAP=e2e.bootstrap, DWELL_TRACKER_URL=e2e.tracker)
     got = subprocess.run([sys.executable, "-m", "dwell.smoke", "--delay-ms", "2000",

@@ -18,7 +18,7 @@ from dwell.tracker.recovery import committed_lowmarks
 from dwell_dev.testkit import wait_for
 
 from .conftest import (
-    Stack,
+    Dwell,
     consumer,
     make_topic,
     new_tenant,
@@ -29,14 +29,14 @@ from .conftest import (
 NACK_DELAY_MS = 500
 
 
-def trim_rounds(e2e: Stack) -> int:
+def trim_rounds(e2e: Dwell) -> int:
     text = httpx.get(f"{e2e.tracker}/metrics", timeout=10).text
     found = re.search(r'^dwell_tracker_trim_rounds_total\{outcome="ok"\} ([0-9.e+]+)$', text,
                       re.MULTILINE)
     return int(float(found.group(1))) if found else 0
 
 
-def test_a_message_held_across_trim_rounds_is_redelivered(e2e: Stack) -> None:
+def test_a_message_held_across_trim_rounds_is_redelivered(e2e: Dwell) -> None:
     topic = make_topic(e2e, new_tenant())
     c = consumer(e2e, topic, "held", negative_ack_redelivery_backoff=(
         ExponentialRedeliveryBackoff(NACK_DELAY_MS, NACK_DELAY_MS, 2.0)))
