@@ -36,7 +36,7 @@ from tracker import PARTITIONS, T0, TICK, start_redis
 
 from dwell import keys
 from dwell.adapters.redis import connect
-from dwell.index import buckets
+from dwell.index import bucket_index
 from dwell.index.roaring import encode
 from dwell.index.topic import TICK_FIELD, TopicIndex, append_positions
 
@@ -56,7 +56,7 @@ def used_memory(r) -> int:
 def fill(r, n: int, span_ms: int, rng: np.random.Generator) -> float:
     """Index n positions arriving in offset order (partition i % PARTITIONS), each due
     at a uniform time in [T0, T0 + span_ms); returns seconds taken."""
-    scripts = buckets.scripts(r)
+    scripts = bucket_index.scripts(r)
     t = time.perf_counter()
     for s in range(0, n, FILL_BATCH):
         i = np.arange(s, min(s + FILL_BATCH, n), dtype=np.int64)

@@ -48,10 +48,11 @@ from dwell.adapters.kafka import (
 from dwell.adapters.redis import connect
 from dwell.core.buckets import bucket_starts
 from dwell.core.positions import index_field
+from dwell.index.marks import mark_record, write_marks
 from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import HEADERS
 from dwell.tracker.ingest_loop import IngestLoop
-from dwell.tracker.recovery import LowmarkKeeper, mark_record, write_marks
+from dwell.tracker.recovery import LowmarkKeeper
 from dwell_dev import devstack
 
 TOPICS = 8

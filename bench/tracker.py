@@ -27,7 +27,7 @@ import redis as redislib
 from dwell.adapters.kafka import Consumer, Producer, ensure_topic
 from dwell.adapters.redis import connect
 from dwell.core.subscriptions import SubscriptionSettings
-from dwell.index import buckets, subscriptions
+from dwell.index import bucket_index, subscriptions
 from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker.ingest import HEADERS
 from dwell.tracker.ingest_loop import IngestLoop
@@ -79,7 +79,7 @@ def index_only(url: str, topic: str, cols: tuple[np.ndarray, ...]) -> dict[str, 
     t = time.perf_counter()
     for s in range(0, n, BATCH):
         pipe = r.pipeline(transaction=False)
-        append_positions(pipe, buckets.scripts(r), topic, *(c[s:s + BATCH] for c in cols))
+        append_positions(pipe, bucket_index.scripts(r), topic, *(c[s:s + BATCH] for c in cols))
         pipe.execute()
     append_s = time.perf_counter() - t
     idx = TopicIndex(r, topic)

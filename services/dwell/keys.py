@@ -7,7 +7,7 @@ touch them together.
 
 from __future__ import annotations
 
-# -- the shared per-topic index (tracker; ARCHITECTURE.md "Redis keys")
+# -- the shared per-topic index (tracker; docs/architecture.md "Redis keys")
 
 
 def index(topic: str) -> str:
@@ -87,14 +87,14 @@ def namespace_topic_policies(ns: str) -> str:
     return f"dwell:policy:nstopics:{ns}"
 
 
-# -- tracker: keys beyond ARCHITECTURE.md's list (owner: dwell.tracker).
+# -- tracker: keys beyond docs/architecture.md's list (owner: dwell.tracker).
 # Per-topic keys keep the `{topic}` hash tag; `index_keys()` bundles the shapes one
 # index (a topic's, or one subscription's redeliveries) uses, so one Lua script and
 # one Python class serve both.
 
 TOPICS = "dwell:topics"  # SET of Pulsar topics the tracker has indexed (no hash tag: global)
 # ZSET topic -> earliest bucketStart holding messages or an outstanding claim; a hint
-# for due_topics(). Global (no hash tag): an addition to ARCHITECTURE.md's list, and
+# for due_topics(). Global (no hash tag): an addition to docs/architecture.md's list, and
 # the one key the claim/complete scripts touch outside the topic's slot.
 DUE = "dwell:due"
 DUE_SUBSCRIPTIONS = "dwell:due:subs"  # ZSET "<topic> <sub>" -> earliest redelivery bucket

@@ -87,7 +87,7 @@ from dwell.core.buckets import bucket_start
 from dwell.core.positions import parse_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import subscriptions as registry
-from dwell.index.buckets import scripts as index_scripts
+from dwell.index.bucket_index import scripts as index_scripts
 from dwell.index.redelivery import PendingEntry, SubscriptionIndex
 from dwell.security import spark_kafka_options
 

@@ -26,11 +26,11 @@ from dwell.core import topics as names
 from dwell.core.buckets import bucket_due_cutoff
 from dwell.core.positions import field_partition, format_message_id
 from dwell.core.topics import TopicName, dlq_topic, retry_topic
-from dwell.index.buckets import ClaimedBucket
+from dwell.index.bucket_index import ClaimedBucket
 from dwell.index.leases import LeaseKeeper
+from dwell.index.marks import mark_record, write_marks
 from dwell.index.redelivery import SubscriptionIndex, due_subscriptions
 from dwell.index.topic import TopicIndex, due_topics
-from dwell.tracker.recovery import mark_record, write_marks
 
 from . import metrics
 from .records import (

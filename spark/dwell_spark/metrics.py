@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from dwell import liveness, memory
 from dwell.http import ApiError
-from dwell.tracker.metrics import MARKS_WRITTEN
+from dwell.index.marks import MARKS_WRITTEN
 
 from .records import LATENESS_BOUNDS_MS, CopyStats
 
@@ -135,8 +135,8 @@ class _Lateness(Collector):
 LATENESS = _Lateness()
 REGISTRY.register(LATENESS)
 REGISTRY.register(memory.ALLOCATOR)
-# The drain writes its completed buckets to dwell.delivered with the tracker's helper,
-# which counts them in the process-wide counter: this app serves it from its own registry.
+# The drain writes its completed buckets to dwell.delivered (dwell.index.marks), which
+# counts them in the process-wide counter: this app serves it from its own registry.
 REGISTRY.register(MARKS_WRITTEN)
 
 

@@ -3,7 +3,7 @@ rendered object against the Kubernetes schemas of the oldest and newest supporte
 (kubernetes-validate, offline, strict), values.schema.json refusing bad values, and the
 contracts between the chart and the code: each container's environment is accepted by
 that process's real settings class, the values' defaults equal the code's, ports are
-ARCHITECTURE.md's, and every pod runs non-root on a read-only root filesystem."""
+docs/architecture.md's, and every pod runs non-root on a read-only root filesystem."""
 
 from __future__ import annotations
 

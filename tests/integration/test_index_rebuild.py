@@ -15,8 +15,9 @@ import pytest
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
+from dwell.index.marks import mark_record, write_marks
 from dwell.index.topic import TopicIndex
-from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
+from dwell.tracker.recovery import committed_lowmarks
 from dwell_dev.testkit import publish_delayed, wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 
 from dwell import keys
 from dwell.adapters.redis import connect
-from dwell.index.buckets import LEASE_MISMATCH, NOT_CLAIMED, RENEWED
+from dwell.index.bucket_index import LEASE_MISMATCH, NOT_CLAIMED, RENEWED
 from dwell.index.leases import LeaseKeeper, RoundExpired
 from dwell.index.topic import TopicIndex
 from dwell_dev.testkit import wait_for

@@ -18,9 +18,10 @@ from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
+from dwell.index.marks import mark_record, write_marks
 from dwell.index.roaring import decode
 from dwell.index.topic import TopicIndex
-from dwell.tracker.recovery import committed_lowmarks, mark_record, write_marks
+from dwell.tracker.recovery import committed_lowmarks
 from dwell.tracker.trim import Trimmer
 from dwell_dev.testkit import free_port, publish_delayed, wait_for
 

@@ -1,5 +1,6 @@
-"""The layers hold: dwell.core imports no I/O, and no service imports another (what two
-services share lives outside them: dwell.policy_feed, dwell.index, dwell.adapters, ...)."""
+"""The layers hold: dwell.core imports no I/O, and no service imports another, nor the
+Spark app a service (what two of them share lives outside them: dwell.policy_view,
+dwell.index, dwell.adapters, ...)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,8 @@ def imported(package: str) -> dict[str, set[str]]:
 def _imported(root: Path, package: str) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for path in sorted((root / package).rglob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module)
-        out[str(path.relative_to(REPO))] = {n for n in names if n.startswith("dwell.")}
+        (_, names), = _imported_file(path).items()
+        out[str(path.relative_to(REPO))] = names
     return out
 
 
@@ -49,6 +45,28 @@ def test_a_service_imports_no_other_service(package: str) -> None:
     found = {f: sorted(n for n in names if n.split(".")[1] in FORBIDDEN[package])
              for f, names in imported(package).items()}
     assert {f: n for f, n in found.items() if n} == {}
+
+
+def test_the_spark_app_imports_no_service() -> None:
+    """The Spark app (spark/dwell_spark) shares the index layer with the tracker; it
+    imports no module of a service (the delivered marks are dwell.index.marks)."""
+    found = {}
+    for path in sorted((REPO / "spark" / "dwell_spark").rglob("*.py")):
+        (_, names), = _imported_file(path).items()
+        bad = sorted(n for n in names if n.split(".")[1] in SERVICES)
+        if bad:
+            found[str(path.relative_to(REPO))] = bad
+    assert found == {}
+
+
+def _imported_file(path: Path) -> dict[str, set[str]]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return {str(path): {n for n in names if n.startswith("dwell.")}}
 
 
 def test_core_imports_nothing_outside_core() -> None:

@@ -1,5 +1,5 @@
 """Every Kafka header name dwell writes or reads, spelled here and nowhere else
-(ARCHITECTURE.md "Kafka topics"). Python imports the names; the Spark SQL in
+(docs/architecture.md "Kafka topics"). Python imports the names; the Spark SQL in
 `dwell_spark.drain` builds its expressions from them; tests/unit/test_headers.py finds
 a second spelling.
 

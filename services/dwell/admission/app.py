@@ -35,7 +35,7 @@ from dwell.http import (
     internal_error,
     too_large,
 )
-from dwell.policy_feed import PolicyCache, PolicyFollower
+from dwell.policy_view import PolicyCache, PolicyFollower
 
 from . import metrics
 from .ingress import Ingress

@@ -50,7 +50,7 @@ from dwell.headers import (
     TICK_TIME,
     TOPIC,
 )
-from dwell.policy_feed import PolicyCache
+from dwell.policy_view import PolicyCache
 
 from .schema import PublishError, PublishRequest, parse_request, too_many
 from .settings import AdmissionSettings

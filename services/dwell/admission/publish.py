@@ -22,7 +22,7 @@ from dwell.cache import BoundedCache
 from dwell.core import topics as names
 from dwell.core.policy import MAX_TOPICS_FIELD, TOPICS_OVER_MAX, applied_limit, over_limit
 from dwell.core.topics import InvalidTopicName, TopicName
-from dwell.policy_feed import PolicyCache
+from dwell.policy_view import PolicyCache
 
 from . import metrics
 from .deliveries import Deliveries

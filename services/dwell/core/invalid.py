@@ -46,7 +46,7 @@ FAILED: Final = "failed"
 KINDS: Final = (NOT_JSON, WRONG_TYPE, FIELD, HEADER, EVENT_KIND, OVERSIZED, UNAUTHENTICATED,
                 UNAUTHORIZED, UNKNOWN_SUBSCRIPTION, FAILED)
 
-# The dwell.acks event kinds (ARCHITECTURE.md, "Kafka topics").
+# The dwell.acks event kinds (docs/architecture.md, "Kafka topics").
 DELIVERED: Final = "delivered"
 ACK: Final = "ack"
 NACK: Final = "nack"

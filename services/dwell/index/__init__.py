@@ -22,8 +22,9 @@ keys in one script and `TopicIndex.claim` merges them client-side, so a claim al
 returns every position indexed before it, compacted or not. Everything is a set
 union, so replays after a crash and duplicate adds change nothing.
 
-Modules: `roaring` (blob and delta codecs), `buckets` (what every index shares: claim,
+Modules: `roaring` (blob and delta codecs), `bucket_index` (what every index shares: claim,
 complete, compaction), `topic` (a topic's shared index, the ingest's appends),
 `redelivery` (one subscription's redelivery index), `subscriptions` (the registry of
-subscriptions' redelivery settings); `lua/` holds the scripts.
+subscriptions' redelivery settings), `marks` (what was delivered, on `dwell.delivered`);
+`lua/` holds the scripts.
 """

@@ -13,7 +13,7 @@ from typing import Any, Final, Protocol
 
 import redis as redislib
 
-from dwell.index.buckets import RENEWED, BucketIndex, ClaimedBucket
+from dwell.index.bucket_index import RENEWED, BucketIndex, ClaimedBucket
 
 log = logging.getLogger("dwell.index.leases")
 

@@ -12,7 +12,7 @@ from pyroaring import BitMap64
 
 from dwell import keys
 from dwell.core.buckets import bucket_start as bucket_of
-from dwell.index.buckets import MERGED, BucketIndex, ClaimedBucket
+from dwell.index.bucket_index import MERGED, BucketIndex, ClaimedBucket
 from dwell.index.roaring import bucket_digest, decode, encode, unpack_deltas
 
 DUE_SUBSCRIPTIONS: Final = keys.DUE_SUBSCRIPTIONS

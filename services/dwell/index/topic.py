@@ -13,7 +13,7 @@ import redis as redislib
 from dwell import keys
 from dwell.adapters.redis import Scripts
 from dwell.core.buckets import bucket_due_cutoff, bucket_starts, is_bucket_due
-from dwell.index.buckets import BucketIndex, ClaimedBucket
+from dwell.index.bucket_index import BucketIndex, ClaimedBucket
 from dwell.index.roaring import DELTA_DTYPE, pack_deltas
 
 TICK_FIELD: Final = "tickTimeMs"
@@ -83,7 +83,7 @@ APPEND_CHUNK: Final = 1000
 def append_positions(pipe: Any, scripts: Scripts, topic: str, partitions: np.ndarray,
                      offsets: np.ndarray, deliver_at: np.ndarray, tick_ms: np.ndarray) -> None:
     """Queue on `pipe` (a pipeline of the client `scripts` were loaded on,
-    dwell.index.buckets.scripts) the commands that index these positions of `topic`
+    dwell.index.bucket_index.scripts) the commands that index these positions of `topic`
     (numpy int64 columns of equal length): one append-2.lua call per chunk of buckets (APPEND each
     bucket's deltas, ZADD the index and the dirty set), the due hint, the topic set and
     the tick. The caller executes the pipeline."""

@@ -22,7 +22,7 @@ from dwell.core import invalid, topics
 from dwell.core.policy import BrokerDefaults
 from dwell.policy.feed import record_version
 from dwell.policy.store import scope_key, unreadable
-from dwell.policy_feed import PolicyCache, scope_of
+from dwell.policy_view import PolicyCache, scope_of
 
 log = logging.getLogger("dwell.policy.audit")
 

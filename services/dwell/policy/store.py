@@ -17,7 +17,7 @@ import pydantic
 import redis.asyncio as aredis
 from pydantic import ConfigDict
 
-from dwell import keys, policy_feed
+from dwell import keys, policy_view
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics
 from dwell.core.authz import AuthAction, Grants, auth_policies, namespace_auth
@@ -92,7 +92,7 @@ Change = tuple[str, int]  # (scope, version) of one write, to publish on the fee
 
 # Bounds of a tenant's lists, so that every tenant record fits on dwell.policies and
 # costs its readers (admission, the tracker, the authorization checks) little.
-MAX_ADMIN_ROLES: Final = policy_feed.MAX_ADMIN_ROLES
+MAX_ADMIN_ROLES: Final = policy_view.MAX_ADMIN_ROLES
 MAX_ALLOWED_CLUSTERS: Final = 100
 MAX_NAME_CHARS: Final = 256
 Name = Annotated[str, pydantic.StringConstraints(max_length=MAX_NAME_CHARS)]

@@ -21,7 +21,7 @@ from dwell.core.policy import MAX_SUBSCRIPTIONS_FIELD, applied_limit
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, retry_topic, validate_subscription
 from dwell.http import ApiError, BodyLimit, create_app, errors
-from dwell.policy_feed import PolicyCache, PolicyFollower
+from dwell.policy_view import PolicyCache, PolicyFollower
 from dwell.tracker import metrics
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper

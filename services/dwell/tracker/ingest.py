@@ -21,7 +21,7 @@ from dwell.adapters.kafka import Columns
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
 from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.headers import DELIVER_AT, TICK_TIME
-from dwell.index import buckets
+from dwell.index import bucket_index
 from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker import LUA_DIR
 from dwell.tracker.metrics import (
@@ -158,7 +158,7 @@ class Ingest:
                  field_base: int = 0) -> None:
         self.redis = r
         self._scripts = redis_adapter.Scripts(r, LUA_DIR)
-        self._index_scripts = buckets.scripts(r)
+        self._index_scripts = bucket_index.scripts(r)
         self.source = source
         self.field_base = field_base
         self._fixed: dict[str, _FixedDelay] = {}

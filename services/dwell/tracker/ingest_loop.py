@@ -22,10 +22,11 @@ from pyroaring import BitMap64
 
 from dwell import keys, memory
 from dwell.adapters.kafka import Consumer, KafkaUnavailable
+from dwell.index.marks import read_marks
 from dwell.liveness import Heartbeat
 from dwell.tracker.ingest import HEADERS, Decoded, Ingest, decode, last_offsets
 from dwell.tracker.metrics import REBUILDS
-from dwell.tracker.recovery import committed_lowmarks, read_marks
+from dwell.tracker.recovery import committed_lowmarks
 
 # Records read from Kafka per call (see _poll).
 POLL_CHUNK: Final = 5000

@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dwell.core.topics import TopicName
+from dwell.index import marks
 
 INGESTED = Counter("dwell_tracker_ingested_total", "Positions indexed from dwell.delayed")
 INVALID = Counter("dwell_tracker_invalid_records_total",
@@ -60,8 +61,8 @@ TRIMMED = Counter("dwell_tracker_trimmed_records_total",
                   ["topic"])
 TRIM_ROUNDS = Counter("dwell_tracker_trim_rounds_total", "Rounds of the trim, by outcome",
                       ["outcome"])
-MARKS_WRITTEN = Counter("dwell_delivered_marks_total",
-                        "Completed buckets whose positions went to dwell.delivered")
+# Declared with the marks (the Spark app writes them too); served here.
+MARKS_WRITTEN = marks.MARKS_WRITTEN
 
 _TOPIC = ["cluster", "namespace", "topic"]
 _SUBSCRIPTION = [*_TOPIC, "subscription"]

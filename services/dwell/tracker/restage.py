@@ -57,8 +57,9 @@ from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import REFILED_FIELD_BASE, field_partition, format_message_id
 from dwell.headers import AUTHORIZATION, MESSAGE_ID, ORIGIN
-from dwell.index.buckets import ClaimedBucket
+from dwell.index.bucket_index import ClaimedBucket
 from dwell.index.leases import LeaseKeeper
+from dwell.index.marks import mark_record, write_marks
 from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD, SOURCE_FIELD
 from dwell.tracker.metrics import (
@@ -68,7 +69,6 @@ from dwell.tracker.metrics import (
     RESTAGE_SECONDS,
     RESTAGED,
 )
-from dwell.tracker.recovery import mark_record, write_marks
 
 log = logging.getLogger("dwell.tracker.restage")
 

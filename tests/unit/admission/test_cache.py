@@ -6,7 +6,7 @@ import orjson
 
 from dwell.core.policy import BrokerDefaults, EffectivePolicy
 from dwell.core.topics import TopicName
-from dwell.policy_feed import PolicyCache
+from dwell.policy_view import PolicyCache
 
 TOPIC = TopicName.parse("persistent://acme/orders/new")
 

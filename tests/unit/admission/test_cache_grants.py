@@ -2,7 +2,7 @@ import orjson
 
 from dwell.core.authz import NO_GRANTS, AuthAction, Grants
 from dwell.core.policy import BrokerDefaults
-from dwell.policy_feed import PolicyCache
+from dwell.policy_view import PolicyCache
 
 
 def record(version: int, scope: str, **fields: object) -> bytes:

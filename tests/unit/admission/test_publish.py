@@ -24,7 +24,7 @@ from dwell.admission.schema import (
 )
 from dwell.admission.settings import AdmissionSettings
 from dwell.core import topics as names
-from dwell.policy_feed import PolicyCache
+from dwell.policy_view import PolicyCache
 
 NOW_MS = 1_700_000_000_000
 DEAD_KAFKA = "127.0.0.1:1"

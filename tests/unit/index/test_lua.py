@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dwell.adapters.redis import script_source
-from dwell.index.buckets import LUA_DIR
+from dwell.index.bucket_index import LUA_DIR
 
 SCRIPTS = sorted(LUA_DIR.glob("*.lua"))
 

@@ -45,7 +45,7 @@ from dwell.core.policy import (
 from dwell.core.topics import TopicName
 from dwell.headers import VERSION
 
-log = logging.getLogger("dwell.policy_feed")
+log = logging.getLogger("dwell.policy_view")
 
 SKIPPED = Counter("dwell_policy_records_skipped_total",
                   "dwell.policies records this process could not apply and skipped (the "
