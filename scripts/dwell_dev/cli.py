@@ -118,11 +118,3 @@ def _run_foreground(stack: Stack, demo: bool) -> int:
         stack.down([n for n in ["spark", *reversed(SERVICES), "kafka", "redis"]
                     if n not in started_before])
     return 0
-
-
-def run() -> int:
-    """`main` as a command: a failed step ends with its message, not a traceback."""
-    try:
-        return main()
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
-        sys.exit(f"dwell: {exc}")

@@ -111,11 +111,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(build(TOOLS[args.name]))
     return 0
-
-
-def run() -> int:
-    """`main` as a command: a failed build ends with its message, not a traceback."""
-    try:
-        return main()
-    except subprocess.CalledProcessError as exc:
-        sys.exit(f"dwell: {exc}")

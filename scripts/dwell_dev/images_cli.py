@@ -5,8 +5,6 @@ build, save and record the images (dwell_dev.images), and run them (dwell_dev.im
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 
 from dwell_dev import ROOT, images, say
 
@@ -42,11 +40,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(images.DIGESTS.read_text() if images.DIGESTS.exists() else "{}", end="")
     return 0
-
-
-def run() -> int:
-    """`main` as a command: a failed step ends with its message, not a traceback."""
-    try:
-        return main()
-    except subprocess.CalledProcessError as exc:
-        sys.exit(f"dwell: {exc}")
