@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Writes charts/dwell/values.schema.json: the chart's own keys, plus, for every `config:`
 map, the settings fields of that process (types, bounds, enums from the pydantic models),
 so that `helm install --set tracker.config.restage_lead=...` fails on the typo instead of

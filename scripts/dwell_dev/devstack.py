@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The local stack: installs what is missing (devinstall.py) and runs Redis, Apache Kafka
 (KRaft) and dwell's processes on 127.0.0.1, with pid files and logs under `.dwell/`.
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Tools built from their Go modules into `.dwell/cache/dev-tools/` (one folder per
 version): the inner-loop tools, skaffold and tilt, for `make dev-tools` and the test that
 checks the top-level `skaffold.yaml` and `Tiltfile`; and kms, the Go Kafka scheduler

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """`make images`: builds the two images from docker/dwell.Dockerfile and
 docker/spark.Dockerfile with Debian's podman, on a bookworm base made each run with
 mmdebstrap from the machine's own Debian sources, saves them as OCI archives and

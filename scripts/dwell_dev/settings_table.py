@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Writes the configuration tables, between `<!-- settings:begin -->` and
 `<!-- settings:end -->`, from the settings classes' fields and their descriptions:
 docs/configuration.md holds every setting (one set of tables for what every process
