@@ -93,8 +93,7 @@ chart: install chart-tools ## the chart's checks: values schema, helm lint/templ
 	$(PY) -m dwell_dev.chart_schema --check
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
-# bench/workload.py and bench/sdk_reader.py are the fault suite's and the soak's parts;
-# the soak runs on its own (make soak).
+# The soak runs on its own (make soak).
 BENCHES := admission admission_ceiling tracker delivery backoff rebuild refile sdk_producer sdk_consumer
 
 bench: install ## the benchmarks under bench/ (they start their own servers)

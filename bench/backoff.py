@@ -47,13 +47,20 @@ from pathlib import Path
 from typing import Any
 
 from delivery import ROOT
-from procs import BENCH_REDIS_DB, Procs, load_avg, send_ack_events, spark_env, wait_line
 
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell_dev import devstack
+from dwell_dev.benchkit import (
+    BENCH_REDIS_DB,
+    Procs,
+    load_avg,
+    send_ack_events,
+    spark_env,
+    wait_line,
+)
 
 FAR_MS = 600_000  # an ack timeout nothing in the run reaches
 BATCH_LINE = re.compile(r"backoff: (\d+) decisions from \d+ events.*decided in (\d+) ms, "

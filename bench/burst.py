@@ -21,13 +21,13 @@ import time
 import uuid
 
 import httpx
-from workload import Checker, FaultStack, Generator
 
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.adapters.kafka.admin import ensure_topic_config
 from dwell.core.topics import TopicName
 from dwell_dev.testkit import now_ms
+from dwell_dev.workload import Checker, FaultStack, Generator
 
 # The tracker trims every 10 s here (60 s by default), without keeping delivered records.
 TRIM_INTERVAL_MS = 10_000

@@ -64,7 +64,6 @@ from typing import Any
 
 import numpy as np
 import redis as redislib
-from procs import BENCH_REDIS_DB, SPAWN, Procs, load_avg, wait_healthy, wait_line
 
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
@@ -72,6 +71,7 @@ from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.tracker import recovery
 from dwell_dev import devstack, devtools
+from dwell_dev.benchkit import BENCH_REDIS_DB, SPAWN, Procs, load_avg, wait_healthy, wait_line
 from dwell_dev.testkit import free_port, now_ms
 
 ROOT = Path(__file__).resolve().parent.parent

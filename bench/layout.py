@@ -5,7 +5,8 @@ the Rust extension), the number of `sys.path.insert` lines, and the development
 tooling's shape: import cycles among its modules (lazy imports too), the places that start
 a child process in a session of its own (each one a process supervisor), the helpers
 defined more than once, the imports of helpers from a conftest and the `.pth` files the
-install writes. Reads the revisions with `git`; needs no server.
+install writes, and the tests that import a bench's module. Reads the revisions with
+`git`; needs no server.
 
     .venv/bin/python bench/layout.py                      # HEAD~ against HEAD
     .venv/bin/python bench/layout.py --before 674203e --after HEAD
@@ -84,7 +85,10 @@ def tooling(everything: dict[str, str]) -> dict[str, object]:
     cycles = sorted({" -> ".join(c) for m in graph if (c := _cycle(graph, m))})
     helpers = {h: sorted(n for n, t in py.items() if re.search(rf"^def {h}\(", t, re.M))
                for h in HELPERS}
-    return {"cycles": cycles,
+    benches = {Path(n).stem for n in py if n.startswith("bench/")}
+    from_bench = sorted(n for n, t in py.items() if n.startswith("tests/")
+                        and _tool_imports(t, benches))
+    return {"cycles": cycles, "from_bench": from_bench,
             "spawners": sorted(n for n, t in py.items() if SESSION.search(t)),
             "helpers": helpers,
             "conftest_imports": sorted(n for n, t in py.items() if CONFTEST_IMPORT.search(t)),
@@ -180,6 +184,8 @@ def main(before: str = typer.Option("HEAD~", help="the revision to compare from"
     t.add_row("files importing from a conftest by name", str(len(bt["conftest_imports"])),
               str(len(at["conftest_imports"])))
     t.add_row("files writing a .pth", listed(bt["pth"]), listed(at["pth"]))
+    t.add_row("tests importing a bench module", listed(bt["from_bench"]),
+              listed(at["from_bench"]))
     out.print(t)
 
 

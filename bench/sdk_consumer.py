@@ -27,12 +27,11 @@ import time
 import uuid
 from pathlib import Path
 
-from procs import Procs, load_avg, test_servers, wait_healthy
-
 from dwell.adapters import kafka
 from dwell.client import Consumer
 from dwell.core.topics import TopicName
 from dwell_dev import devstack
+from dwell_dev.benchkit import Procs, load_avg, test_servers, wait_healthy
 from dwell_dev.testkit import free_port
 
 ACK_TIMEOUT_MS = 30_000

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import Procs, load_avg, test_servers, wait_healthy
 
 from dwell.adapters import kafka
 from dwell.client import AsyncProducer, Producer
 from dwell_dev import devstack
+from dwell_dev.benchkit import Procs, load_avg, test_servers, wait_healthy
 from dwell_dev.testkit import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

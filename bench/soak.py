@@ -21,7 +21,9 @@ import sys
 import time
 import uuid
 
-from workload import (
+from dwell.adapters import redis as redis_adapter
+from dwell.core.topics import TopicName
+from dwell_dev.workload import (
     Checker,
     FaultStack,
     Generator,
@@ -31,9 +33,6 @@ from workload import (
     outcome,
     wait_delivered,
 )
-
-from dwell.adapters import redis as redis_adapter
-from dwell.core.topics import TopicName
 
 KILLABLE = FaultStack.DWELL
 WARM_S = 60.0  # load a process has had when its warm RSS is taken

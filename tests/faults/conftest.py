@@ -3,7 +3,7 @@ app as real processes of devstack's `faults` profile (ports 500 above the test p
 state in .dwell/faults), so the faults it injects (kill -9, FLUSHALL, Kafka stopped)
 never reach the other suites' servers. Started once for the package, stopped after.
 
-Its processes run with bench/workload.py's PROCESS_SETTINGS: a short drain lease and
+Its processes run with dwell_dev.workload's PROCESS_SETTINGS: a short drain lease and
 restage lead, so that the short scenarios (delays 0-10 s) exercise the re-filing and a
 killed drain's lease."""
 
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from workload import (
+
+from dwell.core.topics import TopicName
+from dwell_dev.workload import (
     Checker,
     FaultStack,
     Generator,
@@ -28,8 +30,6 @@ from workload import (
     outcome,
     wait_delivered,
 )
-
-from dwell.core.topics import TopicName
 
 ROOT = Path(__file__).resolve().parents[2]
 

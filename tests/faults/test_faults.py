@@ -17,9 +17,9 @@ import time
 import httpx
 import pytest
 import redis
-from workload import FaultStack
 
 from dwell_dev.testkit import now_ms, wait_for
+from dwell_dev.workload import FaultStack
 
 from .conftest import Run, at_fault, rest_of_run
 

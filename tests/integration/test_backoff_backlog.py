@@ -15,12 +15,11 @@ import re
 import uuid
 from pathlib import Path
 
-from procs import Procs, send_ack_events, spark_env, wait_line
-
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell_dev import devstack
+from dwell_dev.benchkit import Procs, send_ack_events, spark_env, wait_line
 from dwell_dev.testkit import wait_for
 from dwell_spark.backoff import CHECKPOINT
 

@@ -1,6 +1,6 @@
-"""The processes a bench starts, and the small helpers the benches share: each measured
-part runs as its own process (no two share a GIL), and ``Procs.stop_all`` ends them all on
-exit, failure or Ctrl-C (services run in their own process groups)."""
+"""The processes a bench (and a test timing one) starts, and the small helpers the benches
+share: each measured part runs as its own process (no two share a GIL), and
+``Procs.stop_all`` ends them all on exit, failure or Ctrl-C (dwell_dev.procs children)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,6 @@ from dwell_dev.procs import Child
 # Re-exported: the fault suite and the soak take it from workload.
 from dwell_dev.testkit import now_ms
 
-SDK_READER = Path(__file__).resolve().parent / "sdk_reader.py"
 TICK_MS = 1000
 
 
@@ -352,7 +351,7 @@ class Checker(threading.Thread):
 
 
 class SdkReader:
-    """dwell's SDK Consumer in a process of its own (``bench/sdk_reader.py``): it receives and
+    """dwell's SDK Consumer in a process of its own (dwell_dev.sdk_reader): it receives and
     acknowledges everything and logs each id as received, then as acknowledged, so the
     suite can kill -9 it and count what the SDK let through twice."""
 
@@ -365,7 +364,7 @@ class SdkReader:
 
     def start(self) -> None:
         self.child = Child.spawn(f"sdk reader {self.subscription}",
-                                 [sys.executable, str(SDK_READER), self.topic,
+                                 [sys.executable, "-m", "dwell_dev.sdk_reader", self.topic,
                                   self.subscription, str(self.out)],
                                  Path(str(self.out) + ".err"), self.env)
 

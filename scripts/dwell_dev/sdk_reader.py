@@ -1,8 +1,8 @@
 """An application on dwell's SDK, for the fault suite and the soak bench:
-``sdk_reader.py TOPIC SUB LOG`` receives every message of TOPIC's subscription SUB and
-acknowledges it, logging ``recv <payload>`` before and ``ack <payload>`` after the
-acknowledgement (line by line, so a kill -9 loses nothing written before it). Runs until
-SIGTERM."""
+``python -m dwell_dev.sdk_reader TOPIC SUB LOG`` receives every message of TOPIC's
+subscription SUB and acknowledges it, logging ``recv <payload>`` before and ``ack
+<payload>`` after the acknowledgement (line by line, so a kill -9 loses nothing written
+before it). Runs until SIGTERM."""
 
 from __future__ import annotations
 
