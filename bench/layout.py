@@ -87,7 +87,7 @@ def tooling(everything: dict[str, str]) -> dict[str, object]:
                for h in HELPERS}
     benches = {Path(n).stem for n in py if n.startswith("bench/")}
     from_bench = sorted(n for n, t in py.items() if n.startswith("tests/")
-                        and _tool_imports(t, benches))
+                        and _top_level_imports(t) & benches)
     return {"cycles": cycles, "from_bench": from_bench,
             "spawners": sorted(n for n, t in py.items() if SESSION.search(t)),
             "helpers": helpers,
@@ -120,6 +120,18 @@ def _tool_imports(text: str, mods: set[str]) -> set[str]:
                 out |= {a.name for a in node.names} & mods
             elif parts[-1] in mods:
                 out.add(parts[-1])
+    return out
+
+
+def _top_level_imports(text: str) -> set[str]:
+    """The modules ``text`` imports by a bare top-level name (`import x`, `from x import`)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if "." not in a.name}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and "." not in node.module:
+            out.add(node.module)
     return out
 
 
