@@ -45,7 +45,6 @@ dwell_spark.recovery rebuilds them by replaying dwell.acks."""
 
 from __future__ import annotations
 
-import functools
 import gc
 import json
 import logging
@@ -78,12 +77,6 @@ from dwell.cache import ExpiringCache
 from dwell.core import invalid as invalid_core
 from dwell.core import subscriptions as subs
 from dwell.core import topics as names
-from dwell.core.backoff import (
-    ExponentialRedeliveryBackoff,
-    ack_timeout_redelivery_at,
-    nack_redelivery_at,
-)
-from dwell.core.buckets import bucket_start
 from dwell.core.positions import parse_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import subscriptions as registry
@@ -92,6 +85,16 @@ from dwell.index.redelivery import PendingEntry, SubscriptionIndex
 from dwell.security import spark_kafka_options
 
 from . import invalid, metrics, recovery
+from .decisions import (
+    ACK,
+    CANCEL,
+    DEAD,
+    SCHEDULE,
+    Decision,
+    Event,
+    decide_or_fail,
+    fill_settings,
+)
 from .settings import SparkSettings
 
 log = logging.getLogger("dwell.spark.backoff")
@@ -120,10 +123,6 @@ SUMMARY_SCHEMA: Final = StructType([
     StructField("decide_ms", DoubleType()),
     StructField("write_ms", DoubleType()),
 ])
-SCHEDULE, DEAD, CANCEL, ACK = "schedule", "dead", "cancel", "ack"
-# What every decision's numbers must fit in (Redis's and Kafka's signed 64-bit integers).
-_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
-_MAX_PARTITION_DIGITS, _MAX_OFFSET_DIGITS = 9, 18
 DEFAULT_TICK_MS: Final = SparkSettings.model_fields["redelivery_tick_ms"].default
 DEFAULT_GRACE_MS: Final = SparkSettings.model_fields["backoff_state_grace_ms"].default
 DEFAULT_REGISTRY_TTL_MS: Final = SparkSettings.model_fields["backoff_registry_ttl_ms"].default
@@ -137,32 +136,6 @@ WARM_UP_RESEND_S = 5.0
 # Logged once the query's first micro-batch is written: from then on an event waits for
 # no start-up work (tests and benchmarks wait for it before timing anything).
 FIRST_BATCH_DONE: Final = "backoff first batch done"
-
-Event = dict[str, Any]
-# A decision: (messageId, action, at, bucket, stored count). ``at`` is the due time (the
-# event's ts for an ack); ``bucket`` None for an ack.
-Decision = tuple[str, str, int, "int | None", int]
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_backoff(items: tuple[tuple[str, Any], ...]) -> ExponentialRedeliveryBackoff:
-    # A subscription's events all carry the same backoff: built once per worker.
-    return ExponentialRedeliveryBackoff.from_json(dict(items))
-
-
-def _backoff(raw: Any) -> ExponentialRedeliveryBackoff | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        raw = json.loads(raw)
-    if not isinstance(raw, Mapping):
-        raise ValueError("backoff must be a JSON object")
-    return _parse_backoff(tuple(sorted(raw.items())))
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
 
 # Per Python worker (workers are reused across batches): the registry reads.
 _registered: ExpiringCache[tuple[str, str, str], SubscriptionSettings | None] = ExpiringCache()
@@ -180,95 +153,6 @@ class RegistryLookup:
     def __call__(self, topic: str, sub: str) -> SubscriptionSettings | None:
         return _registered.get((self.redis_url, topic, sub), self.ttl_ms, lambda: registry.get(
             redis_adapter.shared(self.redis_url), topic, sub))
-
-
-def fill_settings(events: list[Event], settings: SubscriptionSettings | None) -> list[Event]:
-    """``events`` with the registered ``settings`` on every one that carries none
-    (``ackTimeoutMs`` missing); events that carry settings keep theirs."""
-    if settings is None:
-        return events
-    values = settings.to_json()
-    return [ev | values if ev.get(subs.ACK_TIMEOUT_MS) is None else ev for ev in events]
-
-
-def decide(ev: Event, pending: dict[str, PendingEntry], out: list[Decision],
-           tick_ms: int) -> None:
-    """One event's decisions, appended to ``out``; ``pending`` (messageId -> entry) is
-    updated in place."""
-    mid = ev["messageId"]
-    cur = pending.get(mid)
-
-    def cancel() -> None:
-        # Whatever is pending is superseded (a newer delivery, a nack, an ack).
-        if cur is not None:
-            out.append((mid, CANCEL, cur[0], cur[1], cur[2]))
-            del pending[mid]
-
-    def schedule(at: int, count: int, max_r: int | None) -> None:
-        bucket = bucket_start(at, tick_ms)
-        if max_r is not None and count >= max_r:
-            out.append((mid, DEAD, at, bucket, count))
-            pending[mid] = (at, bucket, -count - 1)
-            return
-        out.append((mid, SCHEDULE, at, bucket, count + 1))
-        pending[mid] = (at, bucket, count + 1)
-
-    # Plain Kafka consumers may leave out the count of a first delivery.
-    count = _opt_int(ev.get("redeliveryCount")) or 0
-    kind = ev["event"]
-    ts = int(ev["ts"])
-    if kind == "delivered":
-        ack_timeout = _opt_int(ev.get(subs.ACK_TIMEOUT_MS)) or 0
-        # Without an ack timeout a delivery schedules nothing and leaves what is pending
-        # alone (a repeat of a nacked copy must not cancel its nack); with one, the new
-        # delivery restarts the clock.
-        if ack_timeout > 0:
-            cancel()
-            at = ack_timeout_redelivery_at(ts, ack_timeout,
-                                           _backoff(ev.get(subs.ACK_TIMEOUT_BACKOFF)), count)
-            schedule(at, count, _opt_int(ev.get(subs.MAX_REDELIVER_COUNT)))
-    elif kind == "ack":
-        cancel()
-        out.append((mid, ACK, ts, None, count))
-    elif kind == "nack":
-        cancel()
-        max_r = _opt_int(ev.get(subs.MAX_REDELIVER_COUNT))
-        if max_r is not None and count >= max_r:
-            # Past the limit: to the dead-letter topic at once (the drain's next round).
-            schedule(ts, count, max_r)
-        else:
-            schedule(nack_redelivery_at(ts, _backoff(ev.get(subs.NACK_BACKOFF)), count),
-                     count, max_r)
-
-
-def decide_or_fail(ev: Event, pending: dict[str, PendingEntry], out: list[Decision],
-                   tick_ms: int) -> str | None:
-    """:func:`decide`, or, when it fails on the event (or a decision would not fit a
-    64-bit integer), nothing decided and why: an event that passed the checks yet fails
-    would otherwise fail its batch on every restart, and with it every topic's
-    redeliveries."""
-    n = len(out)
-    mid = ev["messageId"]
-    before = pending.get(mid)
-    try:
-        # The index keeps offsets as 64-bit integers (and partitions as 32-bit ones).
-        _, part, off = mid.rsplit(":", 2)
-        if len(part) > _MAX_PARTITION_DIGITS or len(off) > _MAX_OFFSET_DIGITS:
-            raise OverflowError(f"messageId {mid[:100]}: partition or offset too large")
-        decide(ev, pending, out, tick_ms)
-        for row in out[n:]:
-            for v in row[2:]:
-                if v is not None and not _LONG_MIN <= v <= _LONG_MAX:
-                    raise OverflowError(f"decision {row[1]} for {mid}: {v} does not fit a "
-                                        "signed 64-bit integer")
-    except Exception as exc:
-        del out[n:]
-        if before is None:
-            pending.pop(mid, None)
-        else:
-            pending[mid] = before
-        return f"{type(exc).__name__}: {exc}"[:invalid_core.MAX_REASON_CHARS]
-    return None
 
 
 # An index entry: (sourceKafkaTopic, partition, offset, bucket).

@@ -31,7 +31,8 @@ from dwell.index import subscriptions
 from dwell_dev import devstack
 from dwell_dev.testkit import local_spark, now_ms, read_until, redis_db_url, spark_app_env, wait_for
 from dwell_spark import metrics
-from dwell_spark.backoff import DEAD, SCHEDULE, WARM_UP_TOPIC, Decided, Decision, Pass, decide
+from dwell_spark.backoff import WARM_UP_TOPIC, Decided, Pass
+from dwell_spark.decisions import DEAD, SCHEDULE, Decision, decide
 from dwell_spark.drain import Drainer
 from dwell_spark.invalid import check_records
 from dwell_spark.settings import SparkSettings

@@ -312,7 +312,7 @@ def test_the_sdk_sends_a_delivered_event_only_to_start_an_ack_timeout(
         services: Any, policy: httpx.Client, admission: httpx.Client, kafka_bootstrap: str,
         unique: str, ack_timeout_ms: int) -> None:
     """A delivered event starts the ack timeout's clock; without an ack timeout it would
-    schedule nothing (dwell_spark.backoff.decide), so the SDK sends none: one write per
+    schedule nothing (dwell_spark.decisions.decide), so the SDK sends none: one write per
     received message, and one event for the backoff to read, saved. Acks always go."""
     make_namespace(policy, unique)
     topic = f"persistent://{unique}/ns/events{ack_timeout_ms}"

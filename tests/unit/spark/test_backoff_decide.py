@@ -15,21 +15,18 @@ from typing import Any
 
 import pytest
 
-import dwell_spark.backoff as backoff
 from dwell.core import invalid
 from dwell.core.backoff import ExponentialRedeliveryBackoff
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index.redelivery import PendingEntry
-from dwell_spark.backoff import (
+from dwell_spark import decisions
+from dwell_spark.backoff import DEFAULT_GRACE_MS, WARM_UP_TOPIC, Decided, Pass
+from dwell_spark.decisions import (
     ACK,
     CANCEL,
     DEAD,
-    DEFAULT_GRACE_MS,
     SCHEDULE,
-    WARM_UP_TOPIC,
-    Decided,
     Decision,
-    Pass,
     decide,
     decide_or_fail,
     fill_settings,
@@ -396,7 +393,7 @@ def test_an_event_decide_fails_on_is_set_aside_and_the_rest_go_on(
     events, of its message and of others, are decided as ever."""
     t = NOW
     poison = "dwell.delayed:0:66"
-    real = backoff.decide
+    real = decisions.decide
 
     def failing(ev: dict[str, Any], pending: Pending, out: list[Decision],
                 tick_ms: int) -> None:
@@ -404,7 +401,7 @@ def test_an_event_decide_fails_on_is_set_aside_and_the_rest_go_on(
         if ev["messageId"] == poison and ev["event"] == "nack":
             raise RuntimeError("no decision for this one")
 
-    monkeypatch.setattr(backoff, "decide", failing)
+    monkeypatch.setattr(decisions, "decide", failing)
     records = [sdk_event("delivered", t, mid=poison, ackTimeoutMs=1000),
                sdk_event("nack", t + 1, mid=poison, negativeAckRedeliveryBackoff=OBJ),
                sdk_event("nack", t + 2, negativeAckRedeliveryBackoff=OBJ)]
