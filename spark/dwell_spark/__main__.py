@@ -82,7 +82,10 @@ def main() -> int:
     # Start the Python workers and JIT before the first due bucket does (the first job
     # of a session takes seconds, later ones a fraction).
     spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).count()
-    queries = [drain.start(spark, settings, r), backoff.start(spark, settings, r)]
+    # Redeliveries wait until the backoff has read every ack that could cancel them.
+    read_to = backoff.AcksReadTo()
+    queries = [drain.start(spark, settings, r, read_to),
+               backoff.start(spark, settings, r, read_to)]
     metrics.watch(queries)
     log.info("dwell spark app running: %s", ", ".join(q.name for q in queries))
     spark.streams.awaitAnyTermination()

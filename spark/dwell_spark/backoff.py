@@ -111,6 +111,8 @@ SOURCE_COLUMNS: Final = ("partition", "offset", "ts", "tsType", "key", "value", 
 SUMMARY_SCHEMA: Final = StructType([
     StructField("partition", IntegerType()),
     StructField("next", LongType()),  # the offset after the batch's last record
+    # the broker timestamp of the batch's last record: every event before it is applied
+    StructField("last_ts", LongType()),
     StructField("events", LongType()),  # records read (those below the marker skipped)
     StructField("decisions", LongType()),
     StructField("lead", LongType()),  # earliest scheduled due time minus now, ms
@@ -336,6 +338,7 @@ class Pass:
     def _run(self, part: int, cols: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
         r = redis_adapter.shared(self.redis_url)
         summary: dict[str, Any] = {"partition": part, "next": int(cols["offset"][-1]) + 1,
+                                   "last_ts": int(cols["ts"][-1]),
                                    "events": 0, "decisions": 0, "lead": None,
                                    "invalid": None, "reason": None, "retries": 0,
                                    "lost": False, "decide_ms": 0.0, "write_ms": 0.0}
@@ -386,6 +389,7 @@ class Pass:
 
 _SUMMARY_ARROW: Final = pa.schema([
     pa.field("partition", pa.int32()), pa.field("next", pa.int64()),
+    pa.field("last_ts", pa.int64()),
     pa.field("events", pa.int64()), pa.field("decisions", pa.int64()),
     pa.field("lead", pa.int64()), pa.field("invalid", pa.string()),
     pa.field("reason", pa.string()), pa.field("retries", pa.int64()),
@@ -509,7 +513,20 @@ def acks(spark: SparkSession, settings: SparkSettings, starting: Mapping[int, in
                       _auth_values().alias("auths"))
 
 
-def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
+class AcksReadTo:
+    """What the drain asks before it claims redeliveries (its ``acks_read_to``): the
+    backoff's IndexKeeper.read_to once `start` made one, 0 before (nothing read yet)."""
+
+    def __init__(self) -> None:
+        self.keeper: recovery.IndexKeeper | None = None
+
+    def __call__(self) -> int:
+        return 0 if self.keeper is None else self.keeper.read_to()
+
+
+def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis,
+          read_to: AcksReadTo | None = None):
+    """The backoff query; ``read_to`` is given its IndexKeeper."""
     checkpoint = f"{settings.spark_checkpoint_dir}/{CHECKPOINT}"
     drop_old_checkpoints(spark, settings.spark_checkpoint_dir)
     work = Pass.of(settings)
@@ -518,6 +535,8 @@ def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
     nudger = kafka.Producer(settings.kafka_bootstrap, linger_ms=0,
                             compression_type=settings.kafka_compression_type)
     keeper = recovery.IndexKeeper(settings, redis, work, lambda: send_warm_up(nudger))
+    if read_to is not None:
+        read_to.keeper = keeper
     # A new checkpoint with no decisions in Redis starts where acks_starting_offsets says.
     fresh = not _exists(spark, f"{checkpoint}/offsets")
     starting = keeper.start(replay=not fresh or settings.acks_starting_offsets == "earliest")

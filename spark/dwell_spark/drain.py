@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 
@@ -239,8 +239,12 @@ class Drainer:
     and `dwell_drain_failing_topics`, and its buckets stay in the index meanwhile."""
 
     def __init__(self, spark: SparkSession, settings: SparkSettings,
-                 redis: redislib.Redis) -> None:
+                 redis: redislib.Redis, acks_read_to: Callable[[], int] | None = None) -> None:
         self.spark = spark
+        # The time before which the backoff has applied every dwell.acks event
+        # (dwell_spark.recovery.IndexKeeper.read_to): a redelivery due after it waits, as
+        # an ack for it may not be read yet. None: redeliveries go when due (no backoff).
+        self.acks_read_to = acks_read_to
         self.settings = settings
         self.redis = redis
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
@@ -272,12 +276,14 @@ class Drainer:
             for b in idx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, self.strict):
                 n = len(claims)
                 claims.append(Claim(idx, b, topic_ranges(topic, b, n), number=n))
+        # Redeliveries are never early: only buckets whose last millisecond passed, and
+        # the backoff has read every event before it.
+        read_to = self._acks_read_to(now_ms) if subs else now_ms
+        cutoff = bucket_due_cutoff(min(now_ms, read_to), s.redelivery_tick_ms, strict=True)
         for topic, sub in subs:
             if self._waiting(topic, now_ms):
                 continue
             sidx = SubscriptionIndex(self.redis, topic, sub)
-            # Redeliveries are never early: only buckets whose last millisecond passed.
-            cutoff = bucket_due_cutoff(now_ms, s.redelivery_tick_ms, strict=True)
             for b in sidx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, cutoff):
                 n = len(claims)
                 mine = redelivery_ranges(sidx, b, n)
@@ -285,6 +291,18 @@ class Drainer:
                              for r in mine if is_dead_letter(r) for o in r.counts)
                 claims.append(Claim(sidx, b, mine, dead, n))
         return claims
+
+    def _acks_read_to(self, now_ms: int) -> int:
+        """`acks_read_to` less a millisecond (another event may share its timestamp), or
+        0 when it cannot tell (Kafka or Redis not answering): no redelivery this round."""
+        if self.acks_read_to is None:
+            return now_ms
+        try:
+            return self.acks_read_to() - 1
+        except Exception as exc:
+            log.warning("redeliveries wait: how far the backoff has read is not known "
+                        "(%s)", exc)
+            return 0
 
     def lag_ms(self, now_ms: int) -> int:
         """now − the earliest bucket start left in any index (topic or redelivery), 0 when
@@ -436,10 +454,11 @@ class Drainer:
                         len(group), exc)
 
 
-def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis):
+def start(spark: SparkSession, settings: SparkSettings, redis: redislib.Redis,
+          acks_read_to: Callable[[], int] | None = None):
     """The drain as a streaming query: a one-row source ticks every trigger, foreachBatch
-    runs one claim-write-complete round on the driver."""
-    drainer = Drainer(spark, settings, redis)
+    runs one claim-write-complete round on the driver. ``acks_read_to``: Drainer's."""
+    drainer = Drainer(spark, settings, redis, acks_read_to)
     metrics.expect_query("drain")
 
     def _batch(_df: DataFrame, batch_id: int) -> None:

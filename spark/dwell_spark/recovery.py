@@ -239,6 +239,8 @@ class IndexKeeper:
         # Per partition, the offset this process saw written: a marker below it is a
         # rollback.
         self.applied: dict[int, int] = {}
+        # Per partition, the broker timestamp of the last event a micro-batch applied.
+        self.applied_ts: dict[int, int] = {}
         # Makes the backoff query run a micro-batch (it sends the warm-up event).
         self._nudge = nudge
         self.error: str | None = None
@@ -246,6 +248,7 @@ class IndexKeeper:
         # What measure_lag reads end offsets with, kept open: a client per check would
         # connect to the brokers every second.
         self._reader: kafka.Consumer | None = None
+        self._reader_lock = threading.Lock()
         self._partitions: list[int] = []
         self._partitions_at = 0.0
 
@@ -288,6 +291,8 @@ class IndexKeeper:
         for r in rows:
             if not r.lost:
                 self.applied[r.partition] = max(self.applied.get(r.partition, 0), r.next)
+                self.applied_ts[r.partition] = max(self.applied_ts.get(r.partition, 0),
+                                                   r.last_ts)
 
     def _set_marker(self, offsets: Mapping[int, int]) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -327,21 +332,41 @@ class IndexKeeper:
         found = self.marker()
         if found is None:
             return None
-        bootstrap = self.settings.kafka_bootstrap
-        if time.monotonic() - self._partitions_at > PARTITIONS_EVERY_S:
-            self._partitions = kafka.partitions(bootstrap, names.ACKS)
-            self._partitions_at = time.monotonic()
-        if self._reader is None:
-            self._reader = kafka.Consumer(bootstrap, "dwell-backoff-lag")
-        try:
-            ends = self._reader.end_offsets(names.ACKS, self._partitions)
-        except kafka.KafkaUnavailable:
-            reader, self._reader = self._reader, None  # a new client next time
-            reader.close()
-            raise
+        ends = self._ends()
         lag = sum(max(0, end - found.get(p, 0)) for p, end in ends.items())
         metrics.BACKOFF_LAG.set(lag)
         return lag
+
+    def read_to(self) -> int:
+        """The time (ms, broker time) before which every event of dwell.acks is applied in
+        Redis: now for a partition the marker has reached the end of, else the timestamp
+        of the last event applied there (0 before any). A redelivery due later than this
+        may still have an ack not read yet, so the drain leaves it (Drainer's
+        ``acks_read_to``): a backoff behind by more than an ack timeout would otherwise
+        redeliver messages acknowledged in time."""
+        now = int(time.time() * 1000)  # before the ends: all written before it is in them
+        ends = self._ends()
+        found = self.marker() or {}
+        behind = [self.applied_ts.get(p, 0) for p, end in ends.items()
+                  if found.get(p, 0) < end]
+        return min([now, *behind])
+
+    def _ends(self) -> dict[int, int]:
+        """The end offsets of dwell.acks, with the client kept open (the lag check and the
+        drain's read_to ask every round)."""
+        with self._reader_lock:
+            bootstrap = self.settings.kafka_bootstrap
+            if time.monotonic() - self._partitions_at > PARTITIONS_EVERY_S:
+                self._partitions = kafka.partitions(bootstrap, names.ACKS)
+                self._partitions_at = time.monotonic()
+            if self._reader is None:
+                self._reader = kafka.Consumer(bootstrap, "dwell-backoff-lag")
+            try:
+                return self._reader.end_offsets(names.ACKS, self._partitions)
+            except kafka.KafkaUnavailable:
+                reader, self._reader = self._reader, None  # a new client next time
+                reader.close()
+                raise
 
     def run(self, stop: threading.Event) -> None:
         """While no micro-batch runs, check the marker on an interval; when Redis is behind,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -26,7 +27,7 @@ from dwell.index.redelivery import SubscriptionIndex
 from dwell.tracker.registry import record_key
 from dwell_dev.testkit import redis_db_url
 from dwell_spark import metrics
-from dwell_spark.backoff import Pass
+from dwell_spark.backoff import Pass, send_warm_up
 from dwell_spark.recovery import (
     IndexKeeper,
     Pending,
@@ -195,4 +196,34 @@ def test_the_lag_is_what_dwell_acks_holds_beyond_the_marker(stack: Any,
         assert keeper.measure_lag() == sum(behind.values())
         assert metrics.BACKOFF_LAG._value.get() == sum(behind.values())
     finally:
+        r.flushdb()
+
+
+def test_read_to_is_now_where_the_backoff_is_level_and_its_last_event_where_behind(
+        stack: Any, kafka_bootstrap: str) -> None:
+    """What the drain asks before it claims redeliveries (Drainer.acks_read_to): a
+    partition with events the backoff has not applied holds it at the last event applied
+    there, or at 0 before any."""
+    r = redis_adapter.connect(redis_db_url(stack, LAG_DB))
+    r.flushdb()
+    settings = SparkSettings(kafka_bootstrap=kafka_bootstrap)
+    keeper = IndexKeeper(settings, r, Pass.of(settings), lambda: None)
+    p = kafka.Producer(kafka_bootstrap)
+    try:
+        kafka.ensure_dwell_topics(kafka_bootstrap)
+        send_warm_up(p)  # an event the backoff passes over: no other app minds it
+        ends = kafka.end_offsets(kafka_bootstrap, names.ACKS)
+        r.hset(keys.BACKOFF_APPLIED, mapping={str(q): end for q, end in ends.items()})
+        before = int(time.time() * 1000)
+        assert before <= keeper.read_to() <= int(time.time() * 1000)
+        part = next(q for q, end in ends.items() if end > 0)
+        r.hset(keys.BACKOFF_APPLIED, str(part), ends[part] - 1)
+        assert keeper.read_to() == 0  # nothing applied in this process yet
+        keeper.saw([SimpleNamespace(partition=part, next=ends[part] - 1, last_ts=before - 5000,
+                                    lost=False)])
+        assert keeper.read_to() == before - 5000
+        r.hset(keys.BACKOFF_APPLIED, str(part), ends[part])  # caught up again
+        assert keeper.read_to() >= before
+    finally:
+        p.close()
         r.flushdb()

@@ -169,6 +169,38 @@ def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> No
     assert sidx.buckets() == []
 
 
+def test_a_redelivery_waits_until_the_backoff_has_read_past_its_due_time(
+        spark_env, unique: str) -> None:
+    """An ack may sit unread on dwell.acks while the backoff is behind: the drain leaves a
+    due redelivery until the backoff has read every event before its due time, and
+    leaves all of them while it cannot tell how far that is."""
+    spark, settings, r = spark_env
+    topic = f"persistent://{unique}/ns/x"
+    t = TopicName.parse(topic)
+    kafka.ensure_topic(settings.kafka_bootstrap, t.kafka_topic, 1)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    part, off = p.send(t.kafka_topic, b"late", headers={"dwell-topic": topic}).result(10)
+    p.close()
+    now = int(time.time() * 1000)
+    due = now - 500
+    SubscriptionIndex(r, topic, "sub").add([(t.kafka_topic, part, off, due)],
+                                           settings.redelivery_tick_ms)
+    read_to = [due - 1]
+
+    def acks_read_to() -> int:
+        if read_to[0] < 0:
+            raise ConnectionError("Kafka is not answering")
+        return read_to[0]
+    drainer = Drainer(spark, settings, r, acks_read_to)
+    assert drainer.run_once(now) == 0
+    read_to[0] = -1
+    assert drainer.run_once(now) == 0
+    read_to[0] = now
+    assert drainer.run_once(now) == 1
+    [x] = read(settings.kafka_bootstrap, retry_topic(t, "sub"), 1)
+    assert x.value == b"late"
+
+
 def test_a_redelivery_bucket_emptied_by_acks_drains_with_the_rest(spark_env,
                                                                  unique: str) -> None:
     """Acks leave a bucket's field empty (the entry is removed, the field stays): the
