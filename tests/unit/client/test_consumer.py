@@ -295,3 +295,16 @@ def test_event_text_is_that_of_json_dumps(monkeypatch: pytest.MonkeyPatch,
             "event": kind, "topic": str(c.topic), "subscription": c.subscription,
             "messageId": msg.message_id, "redeliveryCount": msg.redelivery_count,
             "ts": ts, **settings}).encode()
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"receiver_queue_size": 0}, "receiver_queue_size must be >= 1"),
+    ({"ack_group_time_ms": -1}, "ack_group_time_ms must be >= 0"),
+    ({"max_redeliver_count": 0}, "max_redeliver_count must be >= 1"),
+])
+def test_settings_out_of_range_are_refused_before_anything_is_contacted(
+        kwargs: dict[str, int], says: str) -> None:
+    # Nothing answers on port 1: a check after a connection would fail otherwise.
+    with pytest.raises(ValueError, match=says):
+        Consumer("persistent://acme/orders/new", "s", bootstrap="127.0.0.1:1",
+                 tracker_url="http://127.0.0.1:1", **kwargs)

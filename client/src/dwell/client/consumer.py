@@ -165,6 +165,11 @@ class Consumer:
     DWELL_POLICY_URL, else the local addresses. ``ready_topic_partitions`` is the
     partition count of the ready and retry topics when the consumer creates them.
     ``token`` is the JWT sent to the tracker and exchanged for Kafka tokens.
+    ``receiver_queue_size`` (Pulsar's; None: librdkafka's 100,000 per partition) bounds
+    how many messages the consumer fetches ahead of ``receive``, spread over its
+    partitions: a redelivery, read from the retry topic, queues behind no more than that
+    while the consumer works through a backlog. Reading a backlog, 1000 (Pulsar's
+    default) costs about a third of the consumer's msg/s (docs/benchmarks.md).
 
     The constructor raises ValueError for a setting out of range and SubscribeError when
     the tracker refuses the subscription's settings or cannot be reached."""
@@ -176,7 +181,8 @@ class Consumer:
                  initial_position: str = "latest",
                  bootstrap: str | None = None, tracker_url: str | None = None,
                  ready_topic_partitions: int = 4, token: str | None = None,
-                 policy_url: str | None = None, ack_group_time_ms: int = 0) -> None:
+                 policy_url: str | None = None, ack_group_time_ms: int = 0,
+                 receiver_queue_size: int | None = None) -> None:
         self.topic = TopicName.parse(topic)
         self.subscription = validate_subscription(subscription)
         self.ack_timeout_ms = validate_ack_timeout_ms(ack_timeout_ms)
@@ -186,6 +192,8 @@ class Consumer:
             raise ValueError("max_redeliver_count must be >= 1")
         if ack_group_time_ms < 0:
             raise ValueError("ack_group_time_ms must be >= 0")
+        if receiver_queue_size is not None and receiver_queue_size < 1:
+            raise ValueError("receiver_queue_size must be >= 1")
         # 0: each acknowledgement waits for its event and commits; else events are sent
         # without waiting and settled offsets committed at most this often.
         self._group_s = ack_group_time_ms / 1000
@@ -239,6 +247,8 @@ class Consumer:
         reset = ("earliest" if self._start_offsets(initial_position, parts)
                  else initial_position)
         fetch: dict[str, Any] = {"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10}
+        if receiver_queue_size is not None:
+            fetch["queued.min.messages"] = max(1, receiver_queue_size // len(parts))
         self._consumer = kafka.Consumer(self._bootstrap, self.group_id,
                                         auto_offset_reset=reset, **fetch)
         if self.partition < 0:
