@@ -245,6 +245,8 @@ class Drainer:
         # (dwell_spark.recovery.IndexKeeper.read_to): a redelivery due after it waits, as
         # an ack for it may not be read yet. None: redeliveries go when due (no backoff).
         self.acks_read_to = acks_read_to
+        # Whether the last round could not tell how far the backoff has read.
+        self._blind = False
         self.settings = settings
         self.redis = redis
         self.topics = TopicCache(settings.kafka_bootstrap, settings.topic_partitions)
@@ -298,11 +300,17 @@ class Drainer:
         if self.acks_read_to is None:
             return now_ms
         try:
-            return self.acks_read_to() - 1
+            read_to = self.acks_read_to() - 1
         except Exception as exc:
-            log.warning("redeliveries wait: how far the backoff has read is not known "
-                        "(%s)", exc)
+            if not self._blind:  # once an outage, not every round of it
+                log.warning("redeliveries wait: how far the backoff has read is not known "
+                            "(%s)", exc)
+            self._blind = True
             return 0
+        if self._blind:
+            log.info("redeliveries go again: how far the backoff has read is known")
+            self._blind = False
+        return read_to
 
     def lag_ms(self, now_ms: int) -> int:
         """now − the earliest bucket start left in any index (topic or redelivery), 0 when

@@ -6,14 +6,17 @@ is drained."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import redis as redislib
 
 from dwell import keys
 from dwell.adapters import kafka
@@ -23,8 +26,10 @@ from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
 from dwell_dev import devstack
-from dwell_dev.testkit import local_spark, wait_for
+from dwell_dev.testkit import free_port, local_spark, wait_for
+from dwell_spark.backoff import Pass, send_warm_up
 from dwell_spark.drain import Drainer
+from dwell_spark.recovery import IndexKeeper
 from dwell_spark.settings import SparkSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,33 +175,45 @@ def test_redelivery_goes_to_retry_topic_with_count(spark_env, unique: str) -> No
 
 
 def test_a_redelivery_waits_until_the_backoff_has_read_past_its_due_time(
-        spark_env, unique: str) -> None:
+        spark_env, unique: str, caplog: pytest.LogCaptureFixture) -> None:
     """An ack may sit unread on dwell.acks while the backoff is behind: the drain leaves a
-    due redelivery until the backoff has read every event before its due time, and
-    leaves all of them while it cannot tell how far that is."""
+    due redelivery until the backoff (its IndexKeeper, on this Kafka and Redis) has read
+    every event before its due time, and leaves all of them while it cannot tell how far
+    that is (its Redis not answering), saying so once."""
     spark, settings, r = spark_env
     topic = f"persistent://{unique}/ns/x"
     t = TopicName.parse(topic)
     kafka.ensure_topic(settings.kafka_bootstrap, t.kafka_topic, 1)
+    kafka.ensure_dwell_topics(settings.kafka_bootstrap)
     p = kafka.Producer(settings.kafka_bootstrap)
     part, off = p.send(t.kafka_topic, b"late", headers={"dwell-topic": topic}).result(10)
+    send_warm_up(p)  # an event on dwell.acks the backoff has not applied yet
     p.close()
     now = int(time.time() * 1000)
     due = now - 500
     SubscriptionIndex(r, topic, "sub").add([(t.kafka_topic, part, off, due)],
                                            settings.redelivery_tick_ms)
-    read_to = [due - 1]
-
-    def acks_read_to() -> int:
-        if read_to[0] < 0:
-            raise ConnectionError("Kafka is not answering")
-        return read_to[0]
-    drainer = Drainer(spark, settings, r, acks_read_to)
+    ends = kafka.end_offsets(settings.kafka_bootstrap, names.ACKS)
+    behind = next(q for q, end in ends.items() if end > 0)
+    r.hset(keys.BACKOFF_APPLIED, mapping={str(q): end for q, end in ends.items()})
+    r.hset(keys.BACKOFF_APPLIED, str(behind), ends[behind] - 1)
+    keeper = IndexKeeper(settings, r, Pass.of(settings), lambda: None)
+    keeper.saw([SimpleNamespace(partition=behind, next=ends[behind] - 1, last_ts=due - 1,
+                                lost=False)])
+    drainer = Drainer(spark, settings, r, keeper.read_to)
     assert drainer.run_once(now) == 0
-    read_to[0] = -1
-    assert drainer.run_once(now) == 0
-    read_to[0] = now
-    assert drainer.run_once(now) == 1
+    dead = redislib.Redis(port=free_port(), socket_connect_timeout=0.2)
+    drainer.acks_read_to = IndexKeeper(settings, dead, Pass.of(settings), lambda: None).read_to
+    with caplog.at_level(logging.INFO, logger="dwell.spark.drain"):
+        assert drainer.run_once(now) == 0
+        assert drainer.run_once(now) == 0
+        assert len([m for m in caplog.messages if m.startswith("redeliveries wait")]) == 1
+    r.hset(keys.BACKOFF_APPLIED, str(behind), ends[behind])  # the backoff caught up
+    drainer.acks_read_to = keeper.read_to
+    with caplog.at_level(logging.INFO, logger="dwell.spark.drain"):
+        assert drainer.run_once(now) == 1
+    assert ("redeliveries go again: how far the backoff has read is known"
+            in caplog.messages)
     [x] = read(settings.kafka_bootstrap, retry_topic(t, "sub"), 1)
     assert x.value == b"late"
 
