@@ -57,7 +57,6 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,15 @@ from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.tracker import recovery
 from dwell_dev import devstack, devtools
-from dwell_dev.benchkit import BENCH_REDIS_DB, SPAWN, Procs, load_avg, wait_healthy, wait_line
+from dwell_dev.benchkit import (
+    BENCH_REDIS_DB,
+    SPAWN,
+    Procs,
+    gauge,
+    load_avg,
+    wait_healthy,
+    wait_line,
+)
 from dwell_dev.testkit import free_port, now_ms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,11 +281,7 @@ def reader(bootstrap: str, topics: list[str], assigned: Any, stop: Any, want: An
 
 
 def drain_lag(metrics_url: str) -> int:
-    with urllib.request.urlopen(metrics_url, timeout=2) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("dwell_drain_lag_ms "):
-                return int(float(line.split()[1]))
-    raise RuntimeError("no dwell_drain_lag_ms on " + metrics_url)
+    return gauge(metrics_url, "dwell_drain_lag_ms")
 
 
 def load(procs: Procs, st: devstack.Stack, redis_url: str, kind: str, read_topics: list[str],

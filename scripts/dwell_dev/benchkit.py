@@ -152,6 +152,15 @@ def wait_line(procs: Procs, log: Path, line: str, timeout: float = 180) -> None:
         time.sleep(0.2)
 
 
+def gauge(metrics_url: str, name: str) -> int:
+    """The value of the unlabelled gauge ``name`` on a /metrics page."""
+    with urllib.request.urlopen(metrics_url, timeout=2) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return int(float(line.split()[1]))
+    raise RuntimeError(f"no {name} on {metrics_url}")
+
+
 def load_avg() -> str:
     """The machine's 1-minute load (2 cores, shared with other engineers' runs)."""
     return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
