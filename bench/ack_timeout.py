@@ -27,7 +27,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -37,9 +36,10 @@ from dwell import headers as hdr
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.client import Consumer, ExponentialRedeliveryBackoff, Message
+from dwell.client.consumer import DEFAULT_RECEIVER_QUEUE_SIZE
 from dwell.core.topics import TopicName
 from dwell_dev import devstack
-from dwell_dev.benchkit import BENCH_REDIS_DB, Procs, load_avg, test_servers
+from dwell_dev.benchkit import BENCH_REDIS_DB, Procs, gauge, load_avg, test_servers
 from dwell_dev.testkit import now_ms
 
 ACK_TIMEOUT_MS = 10_000
@@ -49,11 +49,7 @@ FILL_CHUNK = 100_000
 
 
 def backoff_lag(metrics_url: str) -> int:
-    with urllib.request.urlopen(metrics_url, timeout=2) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("dwell_backoff_lag_events "):
-                return int(float(line.split()[1]))
-    raise RuntimeError("no dwell_backoff_lag_events on " + metrics_url)
+    return gauge(metrics_url, "dwell_backoff_lag_events")
 
 
 def fill(bootstrap: str, topic: str, n: int) -> None:
@@ -108,8 +104,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=int, default=20_000, help="msg/s the consumer reads at")
     ap.add_argument("--seconds", type=int, default=120)
-    ap.add_argument("--receiver-queue-size", type=int, default=None,
-                    help="the Consumer's receiver_queue_size (default: librdkafka's)")
+    ap.add_argument("--receiver-queue-size", type=int, default=DEFAULT_RECEIVER_QUEUE_SIZE,
+                    help="the Consumer's receiver_queue_size (default: the SDK's, "
+                         f"{DEFAULT_RECEIVER_QUEUE_SIZE})")
     ap.add_argument("--keep-logs", action="store_true")
     args = ap.parse_args()
     st = devstack.Stack("test")
@@ -117,7 +114,7 @@ def main() -> int:
         return run(st, args.rate, args.seconds, args.receiver_queue_size, args.keep_logs)
 
 
-def run(st: devstack.Stack, rate: int, seconds: int, queue: int | None,
+def run(st: devstack.Stack, rate: int, seconds: int, queue: int,
         keep_logs: bool) -> int:
     redis_url = st.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
     redis_adapter.connect(redis_url).flushdb()

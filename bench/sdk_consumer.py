@@ -7,7 +7,9 @@ same records, in one run:
     slow);
 (c) the same with `ack_group_time_ms=100` (events sent without waiting, offsets committed
     every 100 ms, as a Pulsar consumer groups its acknowledgements);
-(d) (c) with an ack timeout, so each message also sends a `delivered` event.
+(d) (c) with an ack timeout, so each message also sends a `delivered` event;
+(e) (d) fetching ahead as librdkafka does by itself (receiver_queue_size=10,000,000; the
+    SDK's default is Pulsar's 1000).
 
 Each SDK part reads a subscription of its own from the start of the topic. Prints msg/s
 and the ratio to (a). Starts the test profile's Redis and Kafka unless they run (and
@@ -103,7 +105,10 @@ def run(st: devstack.Stack, n: int, strict_n: int) -> int:
                 ("(b) SDK, each ack waits (default)", strict_n, {}),
                 ("(c) SDK, ack_group_time_ms=100", n, {"ack_group_time_ms": 100}),
                 ("(d) (c) with an ack timeout", n,
-                 {"ack_group_time_ms": 100, "ack_timeout_ms": ACK_TIMEOUT_MS})):
+                 {"ack_group_time_ms": 100, "ack_timeout_ms": ACK_TIMEOUT_MS}),
+                ("(e) (d), librdkafka's read-ahead", n,
+                 {"ack_group_time_ms": 100, "ack_timeout_ms": ACK_TIMEOUT_MS,
+                  "receiver_queue_size": 10_000_000})):
             print(f"{name} ...", flush=True)
             rows.append((name, count, sdk(st.kafka_bootstrap, tracker, topic, count, **kw)))
         print()

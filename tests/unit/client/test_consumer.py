@@ -61,12 +61,17 @@ class _Commits:
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.committed: list[dict[tuple[str, int], int]] = []
+        self.waited: list[bool] = []  # per commit, whether the Consumer waited for it
 
-    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+    def commit(self, offsets: dict[tuple[str, int], int], waited: bool = True) -> None:
         if self.failures:
             self.failures -= 1
             raise KafkaUnavailable("Commit failed: Broker: Coordinator load in progress")
         self.committed.append(dict(offsets))
+        self.waited.append(waited)
+
+    def commit_in_background(self, offsets: dict[tuple[str, int], int]) -> None:
+        self.commit(offsets, waited=False)
 
 
 def _message(offset: int) -> Message:
@@ -96,8 +101,8 @@ def test_a_commit_refused_while_kafka_is_away_is_carried_by_the_next(
 
 def test_grouped_offsets_are_committed_at_most_every_group_time() -> None:
     """With ``ack_group_time_ms`` (Pulsar's acknowledgementsGroupTime): one commit for
-    what was settled within the group time, the next after it; ``now`` (close) commits
-    at once, and nothing settled commits nothing."""
+    what was settled within the group time, the next after it, neither waited for;
+    ``now`` (close) commits at once and waits, and nothing settled commits nothing."""
     c = Consumer.__new__(Consumer)
     c._offsets = _Offsets()
     c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
@@ -117,6 +122,7 @@ def test_grouped_offsets_are_committed_at_most_every_group_time() -> None:
     c._settle(_message(12))
     c._commit(now=True)
     assert commits.committed[-1] == {TP: 13}
+    assert commits.waited == [False, False, True]
 
 
 class _Sent:
@@ -298,7 +304,8 @@ def test_event_text_is_that_of_json_dumps(monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [
-    ({"receiver_queue_size": 0}, "receiver_queue_size must be >= 1"),
+    ({"receiver_queue_size": 0}, "receiver_queue_size must be in 1..10,000,000"),
+    ({"receiver_queue_size": 10_000_001}, "receiver_queue_size must be in 1..10,000,000"),
     ({"ack_group_time_ms": -1}, "ack_group_time_ms must be >= 0"),
     ({"max_redeliver_count": 0}, "max_redeliver_count must be >= 1"),
 ])

@@ -13,9 +13,9 @@ By default an acknowledgement (or a delivery with an ack timeout) returns once i
 is on ``dwell.acks`` and its offset committed, so a crash right after it reads nothing
 again. With ``ack_group_time_ms`` > 0 (Pulsar's ``acknowledgementsGroupTime``) events are
 sent without waiting: each is kept, in order, until Kafka has taken it, its offset is
-settled then, and settled offsets are committed at most that often and on ``close``; a
-crash may then read up to that much again, as a Pulsar consumer's grouped
-acknowledgements lost in a crash redeliver.
+settled then, and settled offsets are committed at most that often, without waiting,
+and on ``close``, waiting; a crash may then read up to that much again, as a Pulsar
+consumer's grouped acknowledgements lost in a crash redeliver.
 
 While Kafka is away, nothing raises into the application (a Pulsar consumer's acks wait
 for its broker too): an event not written within ``EVENT_WAIT_S`` stays queued, in
@@ -65,6 +65,12 @@ SEEN_LIMIT = 100_000
 EVENT_WAIT_S = 30.0
 # How long librdkafka may hold grouped events (ack_group_time_ms > 0) to batch them.
 EVENT_LINGER_MS = 5
+# Pulsar's receiverQueueSize default, and librdkafka's bound on queued.min.messages (one
+# partition's share of it).
+DEFAULT_RECEIVER_QUEUE_SIZE = 1000
+MAX_RECEIVER_QUEUE_SIZE = 10_000_000
+# How soon librdkafka looks again at a partition whose share of the queue was full.
+FETCH_QUEUE_BACKOFF_MS = 10
 HEADER_PREFIX = "dwell-"
 
 _K = TypeVar("_K", str, tuple[str, int])
@@ -165,11 +171,10 @@ class Consumer:
     DWELL_POLICY_URL, else the local addresses. ``ready_topic_partitions`` is the
     partition count of the ready and retry topics when the consumer creates them.
     ``token`` is the JWT sent to the tracker and exchanged for Kafka tokens.
-    ``receiver_queue_size`` (Pulsar's; None: librdkafka's 100,000 per partition) bounds
-    how many messages the consumer fetches ahead of ``receive``, spread over its
-    partitions: a redelivery, read from the retry topic, queues behind no more than that
-    while the consumer works through a backlog. Reading a backlog, 1000 (Pulsar's
-    default) costs about a third of the consumer's msg/s (docs/benchmarks.md).
+    ``receiver_queue_size`` (Pulsar's, and its default of 1000) bounds how many messages
+    the consumer fetches ahead of ``receive``, spread over its partitions: a redelivery,
+    read from the retry topic, queues behind no more than that while the consumer works
+    through a backlog.
 
     The constructor raises ValueError for a setting out of range and SubscribeError when
     the tracker refuses the subscription's settings or cannot be reached."""
@@ -182,7 +187,7 @@ class Consumer:
                  bootstrap: str | None = None, tracker_url: str | None = None,
                  ready_topic_partitions: int = 4, token: str | None = None,
                  policy_url: str | None = None, ack_group_time_ms: int = 0,
-                 receiver_queue_size: int | None = None) -> None:
+                 receiver_queue_size: int = DEFAULT_RECEIVER_QUEUE_SIZE) -> None:
         self.topic = TopicName.parse(topic)
         self.subscription = validate_subscription(subscription)
         self.ack_timeout_ms = validate_ack_timeout_ms(ack_timeout_ms)
@@ -192,8 +197,8 @@ class Consumer:
             raise ValueError("max_redeliver_count must be >= 1")
         if ack_group_time_ms < 0:
             raise ValueError("ack_group_time_ms must be >= 0")
-        if receiver_queue_size is not None and receiver_queue_size < 1:
-            raise ValueError("receiver_queue_size must be >= 1")
+        if not 1 <= receiver_queue_size <= MAX_RECEIVER_QUEUE_SIZE:
+            raise ValueError(f"receiver_queue_size must be in 1..{MAX_RECEIVER_QUEUE_SIZE:,}")
         # 0: each acknowledgement waits for its event and commits; else events are sent
         # without waiting and settled offsets committed at most this often.
         self._group_s = ack_group_time_ms / 1000
@@ -246,9 +251,13 @@ class Consumer:
         parts = self._parts()
         reset = ("earliest" if self._start_offsets(initial_position, parts)
                  else initial_position)
-        fetch: dict[str, Any] = {"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10}
-        if receiver_queue_size is not None:
-            fetch["queued.min.messages"] = max(1, receiver_queue_size // len(parts))
+        # librdkafka keeps fetching while a partition has fewer than queued.min.messages
+        # waiting, and once it has more looks again fetch.queue.backoff.ms later: at its
+        # default of a second, a queue of 1000 halved the msg/s; at 10 ms it costs none.
+        fetch: dict[str, Any] = {
+            "fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 10,
+            "queued.min.messages": max(1, receiver_queue_size // len(parts)),
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS}
         self._consumer = kafka.Consumer(self._bootstrap, self.group_id,
                                         auto_offset_reset=reset, **fetch)
         if self.partition < 0:
@@ -425,7 +434,12 @@ class Consumer:
             return
         self._committed_at = time.monotonic()
         try:
-            self._consumer.commit(self._offsets.committable())
+            if self._group_s > 0 and not now:
+                # Not waited for: a commit that fails leaves its offsets to the next one
+                # (each carries every settled offset), and `close` commits and waits.
+                self._consumer.commit_in_background(self._offsets.committable())
+            else:
+                self._consumer.commit(self._offsets.committable())
             self._to_commit = False
         except kafka.KafkaUnavailable as exc:
             # The messages are settled all the same (their events are written): the next
