@@ -337,8 +337,13 @@ class Pass:
 
     def _run(self, part: int, cols: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
         r = redis_adapter.shared(self.redis_url)
+        # The drain trusts last_ts to say how far this partition is read (IndexKeeper's
+        # read_to): only a broker's timestamp does; a producer's (dwell.acks made without
+        # LogAppendTime) says nothing, and 0 holds redeliveries until the backoff is level.
+        last_ts = (int(cols["ts"][-1])
+                   if int(cols["tsType"][-1]) == invalid.LOG_APPEND_TIME else 0)
         summary: dict[str, Any] = {"partition": part, "next": int(cols["offset"][-1]) + 1,
-                                   "last_ts": int(cols["ts"][-1]),
+                                   "last_ts": last_ts,
                                    "events": 0, "decisions": 0, "lead": None,
                                    "invalid": None, "reason": None, "retries": 0,
                                    "lost": False, "decide_ms": 0.0, "write_ms": 0.0}

@@ -104,3 +104,17 @@ def test_a_batch_gives_up_after_its_timeout(own_redis: OwnRedis) -> None:
     with pytest.raises(redislib.ConnectionError):
         work(own_redis.port, 1.5).run(delivered(10_000)[0])
     assert time.monotonic() - started < 10
+
+
+def test_a_batch_says_how_far_it_read_only_by_the_brokers_clock(own_redis: OwnRedis) -> None:
+    """last_ts (how far the drain may redeliver while this partition lags) is the last
+    event's timestamp when the broker set it (LogAppendTime), and 0 when its producer
+    did: a producer's clock could open the gate while the backoff is behind."""
+    r = redis_adapter.connect(f"redis://127.0.0.1:{own_redis.port}/0")
+    r.hset(keys.BACKOFF_APPLIED, "0", 0)
+    cols, _ = delivered(60_000)
+    assert work(own_redis.port, 5).run(cols)["last_ts"] == cols["ts"][-1]
+    r.hset(keys.BACKOFF_APPLIED, "0", 0)
+    cols["tsType"] = [0]
+    cols["ts"] = [cols["ts"][0] + 86_400_000]  # a producer's claim, a day ahead
+    assert work(own_redis.port, 5).run(cols)["last_ts"] == 0
