@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dwell.adapters.kafka import KafkaUnavailable
+from dwell.adapters.kafka import KafkaUnavailable, Record
 from dwell.client import Consumer, ExponentialRedeliveryBackoff
 from dwell.client import consumer as consumer_module
 from dwell.client.consumer import Message, _event_parts, _Offsets, _remember, properties_of
@@ -315,3 +315,22 @@ def test_settings_out_of_range_are_refused_before_anything_is_contacted(
     with pytest.raises(ValueError, match=says):
         Consumer("persistent://acme/orders/new", "s", bootstrap="127.0.0.1:1",
                  tracker_url="http://127.0.0.1:1", **kwargs)
+
+
+def test_a_record_with_bad_headers_or_key_is_received_not_raised(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone who can write to the ready topic sets its records' headers and key: numbers
+    that are not numbers, a messageId and a key that are not UTF-8, a negative count.
+    `receive` gives the message with what can be read, and raises nothing."""
+    c, _, _ = _away_consumer(monkeypatch)
+    c.ack_timeout_ms = 0
+    c._seen = OrderedDict()
+    rec = Record(TP[0], TP[1], 10, b"\xff\xfek", b"v", {
+        "dwell-message-id": b"\xff:0:1", "dwell-redelivery-count": b"-3",
+        "dwell-deliver-at": b"soon", "dwell-publish-time": b"9" * 5000,
+        "dwell-event-time": b"", "colour": b"\xffred"}, 0)
+    msg = c._accept(rec)
+    assert msg is not None
+    assert (msg.key, msg.message_id, msg.redelivery_count) == ("\ufffd\ufffdk", "\ufffd:0:1", 0)
+    assert (msg.deliver_at, msg.publish_time, msg.event_time) == (None, None, None)
+    assert msg.properties == {"colour": "\ufffdred"}

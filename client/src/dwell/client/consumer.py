@@ -119,9 +119,16 @@ class Message:
         return self.value
 
 
-def _int_header(rec: kafka.Record, name: str) -> int | None:
-    raw = rec.header(name)
-    return int(raw) if raw else None
+def _int_header(headers: Mapping[str, bytes], name: str) -> int | None:
+    """Header ``name`` as an integer; None when it is missing or not one (anyone who can
+    write to the ready topic sets headers: a bad one must not raise out of `receive`)."""
+    raw = headers.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
 
 
 class _Offsets:
@@ -380,9 +387,11 @@ class Consumer:
 
     def _accept(self, rec: kafka.Record) -> Message | None:
         tp = (rec.topic, rec.partition)
-        message_id = rec.header(hdr.MESSAGE_ID) or format_message_id(
-            rec.topic, rec.partition, rec.offset)
-        count = _int_header(rec, hdr.REDELIVERY_COUNT) or 0
+        headers = rec.headers
+        raw_id = headers.get(hdr.MESSAGE_ID)
+        message_id = (raw_id.decode(errors="replace") if raw_id
+                      else format_message_id(rec.topic, rec.partition, rec.offset))
+        count = max(0, _int_header(headers, hdr.REDELIVERY_COUNT) or 0)
         self._offsets.received(tp, rec.offset)
         dedupe = (message_id, count)
         if dedupe in self._seen or message_id in self._acked:
@@ -395,10 +404,11 @@ class Consumer:
             self._offsets.settle(tp, rec.offset)
             return None
         _remember(self._seen, dedupe)
-        key = rec.key.decode() if rec.key is not None else None
-        msg = Message(rec.value, key, properties_of(rec.headers), message_id, count,
-                      _int_header(rec, hdr.DELIVER_AT), _int_header(rec, hdr.PUBLISH_TIME),
-                      _int_header(rec, hdr.EVENT_TIME), str(self.topic), rec.topic,
+        key = rec.key.decode(errors="replace") if rec.key is not None else None
+        msg = Message(rec.value, key, properties_of(headers), message_id, count,
+                      _int_header(headers, hdr.DELIVER_AT),
+                      _int_header(headers, hdr.PUBLISH_TIME),
+                      _int_header(headers, hdr.EVENT_TIME), str(self.topic), rec.topic,
                       rec.partition, rec.offset)
         if self.ack_timeout_ms > 0:
             # The ack timeout's clock starts here; once the event is durable the backoff
