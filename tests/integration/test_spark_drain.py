@@ -13,10 +13,10 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import redis as redislib
+from pyspark.sql import Row
 
 from dwell import keys
 from dwell.adapters import kafka
@@ -187,19 +187,29 @@ def test_a_redelivery_waits_until_the_backoff_has_read_past_its_due_time(
     kafka.ensure_dwell_topics(settings.kafka_bootstrap)
     p = kafka.Producer(settings.kafka_bootstrap)
     part, off = p.send(t.kafka_topic, b"late", headers={"dwell-topic": topic}).result(10)
-    send_warm_up(p)  # an event on dwell.acks the backoff has not applied yet
+    # Two events on one dwell.acks partition (one key): the backoff applies the first
+    # and has not read the second.
+    before = kafka.end_offsets(settings.kafka_bootstrap, names.ACKS)
+    send_warm_up(p)
+    send_warm_up(p)
     p.close()
-    now = int(time.time() * 1000)
-    due = now - 500
-    SubscriptionIndex(r, topic, "sub").add([(t.kafka_topic, part, off, due)],
-                                           settings.redelivery_tick_ms)
     ends = kafka.end_offsets(settings.kafka_bootstrap, names.ACKS)
-    behind = next(q for q, end in ends.items() if end > 0)
+    [behind] = [q for q, end in ends.items() if end == before.get(q, 0) + 2]
+    first = next(kafka.iter_from(settings.kafka_bootstrap, names.ACKS,
+                                 {q: end - 2 if q == behind else end
+                                  for q, end in ends.items()}))
     r.hset(keys.BACKOFF_APPLIED, mapping={str(q): end for q, end in ends.items()})
-    r.hset(keys.BACKOFF_APPLIED, str(behind), ends[behind] - 1)
-    keeper = IndexKeeper(settings, r, Pass.of(settings), lambda: None)
-    keeper.saw([SimpleNamespace(partition=behind, next=ends[behind] - 1, last_ts=due - 1,
-                                lost=False)])
+    r.hset(keys.BACKOFF_APPLIED, str(behind), first.offset)
+    work = Pass.of(settings)
+    summary = work.run({"partition": [behind], "offset": [first.offset],
+                        "ts": [first.timestamp_ms], "tsType": [int(first.log_append_time)],
+                        "key": [first.key], "value": [first.value], "auths": [[]]})
+    keeper = IndexKeeper(settings, r, work, lambda: None)
+    keeper.saw([Row(**summary)])
+    tick = settings.redelivery_tick_ms
+    due = summary["last_ts"] + 1  # after the last event the backoff applied
+    SubscriptionIndex(r, topic, "sub").add([(t.kafka_topic, part, off, due)], tick)
+    now = due + 2 * tick
     drainer = Drainer(spark, settings, r, keeper.read_to)
     assert drainer.run_once(now) == 0
     dead = redislib.Redis(port=free_port(), socket_connect_timeout=0.2)
@@ -210,6 +220,7 @@ def test_a_redelivery_waits_until_the_backoff_has_read_past_its_due_time(
         assert len([m for m in caplog.messages if m.startswith("redeliveries wait")]) == 1
     r.hset(keys.BACKOFF_APPLIED, str(behind), ends[behind])  # the backoff caught up
     drainer.acks_read_to = keeper.read_to
+    time.sleep(max(0.0, now / 1000 - time.time()))  # read_to is now: past the due bucket
     with caplog.at_level(logging.INFO, logger="dwell.spark.drain"):
         assert drainer.run_once(now) == 1
     assert ("redeliveries go again: how far the backoff has read is known"
