@@ -446,6 +446,11 @@ def test_spark_rpc_is_authenticated_in_both_modes(helm: str, existing: str) -> N
         "executor.yaml"])
     (executor,) = template["spec"]["containers"]
     assert spark_auth(template["spec"], executor) == f"{path}@{secret}"
+    # An executor reads the secret file only when it starts knowing spark.master (a
+    # SPARK_JAVA_OPT_* variable becomes a JVM option): tests/kubelet runs it.
+    master = {e["name"]: e.get("value") for e in executor["env"]}["SPARK_JAVA_OPT_DWELL_MASTER"]
+    assert args[args.index("--master") + 1] == "$(DWELL_SPARK_MASTER)"
+    assert master == f"-Dspark.master={container_env(driver)['DWELL_SPARK_MASTER']}"
 
     app = by_kind(render(helm, *extra, "--set", "spark.mode=operator"),
                   "SparkApplication")["rel-dwell-spark"]["spec"]
@@ -453,10 +458,12 @@ def test_spark_rpc_is_authenticated_in_both_modes(helm: str, existing: str) -> N
     assert app["sparkConf"]["spark.authenticate.secret.file"] == path
     for role in ("driver", "executor"):
         assert spark_auth(app, app[role]) == f"{path}@{secret}", role
+    assert {"name": "SPARK_JAVA_OPT_DWELL_MASTER", "value": master} in app["executor"]["env"]
 
     off = render(helm, "--set", "spark.authenticate.enabled=false")
     assert "rel-dwell-spark-auth" not in by_kind(off, "Secret")
     assert "spark.authenticate" not in str(by_kind(off, "Deployment")["rel-dwell-spark"])
+    assert "SPARK_JAVA_OPT_DWELL_MASTER" not in str(by_kind(off, "ConfigMap"))
 
 
 @pytest.mark.parametrize("mode", ["client", "operator"])
