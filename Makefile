@@ -4,7 +4,7 @@ PY := .venv/bin/python
 DEVSTACK := python3 scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help install acls chart-tools kube-up kube-down run up down status test test-unit test-integration faults fuzz soak lint docs-settings docs chart bench bench-peers client-matrix dist clean
+.PHONY: help install acls chart-tools kube-up kube-down kube-test run up down status test test-unit test-integration faults fuzz soak lint docs-settings docs chart bench bench-peers client-matrix dist clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -30,10 +30,10 @@ acls: ## the ACLs the secured stack's Kafka holds, as a table (a stack started w
 chart-tools: ## build helm (go install) and install Prometheus and promtool, for the chart's and dashboards' tests
 	$(DEVSTACK) install-chart-tools
 
-kube-up: chart-tools ## a local Kubernetes: etcd, kube-apiserver, controller-manager, scheduler, kwok (built once from Go)
+kube-up: chart-tools ## a local Kubernetes whose node runs pods: API server, containerd, kubelet, kube-proxy, CoreDNS (root; built once from Go)
 	$(DEVSTACK) kube-up
 
-kube-down: ## stop exactly what `make kube-up` started
+kube-down: ## stop exactly what `make kube-up` started, and put the host back as it was
 	$(DEVSTACK) kube-down
 
 .PHONY: dev-tools images images-test
@@ -47,15 +47,21 @@ images: install ## build the two images with podman on a mmdebstrap base, save t
 images-test: install ## make images as a test (tests/images; not part of make test: it builds for minutes)
 	$(PY) -m pytest tests/images $(PYTEST_ARGS)
 
-test: install chart-tools ## every test suite but tests/images, against real Redis and Kafka it starts (and stops) itself
+test: install chart-tools ## every test suite but tests/images and tests/kubelet, against real Redis and Kafka it starts (and stops) itself
 	$(DEVSTACK) --profile test down
 	$(DEVSTACK) --profile faults down
 	$(DEVSTACK) --profile secure down
 	rm -rf .dwell/test .dwell/faults .dwell/secure
 	set -o pipefail; rc=0; \
-	  $(PY) -m pytest --ignore=tests/images --durations=30 $(PYTEST_ARGS) || rc=$$?; \
+	  $(PY) -m pytest --ignore=tests/images --ignore=tests/kubelet --durations=30 $(PYTEST_ARGS) || rc=$$?; \
 	  $(DEVSTACK) --profile test down; $(DEVSTACK) --profile faults down; \
 	  $(DEVSTACK) --profile secure down; exit $$rc
+
+kube-test: install chart-tools ## the chart on the real node (tests/kubelet): make images, kube-up, install, helm test, faults
+	python3 scripts/images.py build
+	$(DEVSTACK) --profile kube kube-down
+	$(DEVSTACK) --profile kube down
+	$(PY) -m pytest tests/kubelet --durations=10 $(PYTEST_ARGS)
 
 test-unit: install ## the unit tests only (no servers)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from dwell_dev import devstack, kubestack, promserver
+from dwell_dev import devstack, kubenode, kubestack, promserver
 from dwell_dev.devinstall import ROOT, VENV_PY, helm_bin, install, promtool_bin, say
 from dwell_dev.devstack import PROFILES, SERVICES, Stack
 from dwell_dev.devstack import kafka_acls as kafka_acls_run
@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start the stack in the background")
     up.add_argument("names", nargs="*", help="only these processes")
     up.add_argument("--secure", action="store_true", help=secure_help)
+    up.add_argument("--for-pods", action="store_true",
+                    help="Redis and Kafka also listen on the kube tier's pod bridge "
+                         f"({kubenode.NODE_IP}; Kafka on its kafka_pods port), for a chart "
+                         "installed on the real node with them as external servers")
     down = sub.add_parser("down", help="stop what `up` started")
     down.add_argument("names", nargs="*")
     sub.add_parser("status", help="what runs where")
@@ -48,15 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     fg = sub.add_parser("run", help="start the stack in the foreground; Ctrl-C stops it")
     fg.add_argument("--demo", action="store_true", help="run the demo once the stack is up")
     fg.add_argument("--secure", action="store_true", help=secure_help)
-    for cmd, what in (("kube-build", "build and cache etcd, Kubernetes and kwok (Go)"),
-                      ("kube-up", "start the kube tier: a local API server, kwok as kubelet"),
-                      ("kube-down", "stop what kube-up started"),
+    for cmd, what in (("kube-build", "build and cache etcd, Kubernetes, CoreDNS and kwok (Go)"),
+                      ("kube-up", "start the kube tier: a local API server and a node"),
+                      ("kube-down", "stop what kube-up started, and put the host back"),
+                      ("kube-images", "import `make images`' archives into the node's "
+                                      "containerd"),
                       ("kube-status", "what of the kube tier runs where")):
-        sub.add_parser(cmd, help=what)
+        kp = sub.add_parser(cmd, help=what)
+        if cmd in ("kube-up", "kube-build"):
+            kp.add_argument("--node", choices=kubestack.NODES, default="real",
+                            help="real: containerd, a kubelet, kube-proxy and CoreDNS run the "
+                                 "pods (root, Linux); kwok: pods are reported Running and "
+                                 "nothing runs (fast dry runs)")
     args = ap.parse_args(argv)
     if args.cmd.startswith("kube-"):
-        return kubestack.main(args.profile, args.cmd)
-    stack = Stack(args.profile)
+        return kubestack.main(args.profile, args.cmd, getattr(args, "node", "real"))
+    stack = Stack(args.profile, pods=getattr(args, "for_pods", False))
     if args.cmd in ("up", "run"):
         prepare_secure(stack, args.secure)
 

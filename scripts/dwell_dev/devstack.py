@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dwell_dev import secure_stack
+from dwell_dev import kubenode, secure_stack
 from dwell_dev.devinstall import (
     KAFKA_DIR,
     ROOT,
@@ -35,7 +35,7 @@ from dwell_dev.procs import Child, ChildFailed
 # Ports per profile. The test profile sits DWELL_TEST_PORT_OFFSET (10000) above, so
 # that `make test` never touches a stack started with `make up`; a second checkout
 # testing on the same machine sets another offset.
-_DEV_PORTS = {"redis": 6379, "kafka": 9092, "kafka_controller": 9093,
+_DEV_PORTS = {"redis": 6379, "kafka": 9092, "kafka_controller": 9093, "kafka_pods": 9094,
               "policy": 8081, "admission": 8082, "tracker": 8083, "spark": 8084}
 _TEST_OFFSET = int(os.environ.get("DWELL_TEST_PORT_OFFSET", "10000"))
 # The fault suite (tests/faults) kills and wipes its servers: it runs its own, 500 above
@@ -48,6 +48,9 @@ PROFILES: dict[str, dict[str, int]] = {
     "bench": {name: port + _TEST_OFFSET + 700 for name, port in _DEV_PORTS.items()},
     # tests/secure: a stack started --secure (SASL_SSL Kafka, TLS Redis, HTTPS).
     "secure": {name: port + _TEST_OFFSET + 900 for name, port in _DEV_PORTS.items()},
+    # tests/kubelet (make kube-test): the real node's tier, and the Redis and Kafka its
+    # pods use.
+    "kube": {name: port + _TEST_OFFSET + 1100 for name, port in _DEV_PORTS.items()},
 }
 SERVICES = ("policy", "admission", "tracker")
 
@@ -70,9 +73,12 @@ class Proc:
 
 
 class Stack:
-    def __init__(self, profile: str = "dev", secure: bool | None = None) -> None:
+    def __init__(self, profile: str = "dev", secure: bool | None = None,
+                 pods: bool = False) -> None:
         """`secure`: SASL_SSL Kafka, TLS Redis and HTTPS (dwell_dev.secure_stack); None
-        takes what the profile was last started with."""
+        takes what the profile was last started with. `pods`: Redis and Kafka also listen
+        on the kube tier's pod bridge (kubenode.NODE_IP, which only this machine and its
+        pods reach), for a chart installed with them as external servers."""
         if profile not in PROFILES:
             raise ValueError(f"unknown profile {profile!r}")
         self.profile = profile
@@ -82,6 +88,9 @@ class Stack:
         self.log_dir = self.state / "logs"
         self.secure = secure_stack.enabled(self.state) if secure is None else secure
         self.pki = secure_stack.folder(self.state)
+        if pods and self.secure:
+            raise ValueError("Redis and Kafka for pods are plain; not with secure")
+        self.pod_address = kubenode.NODE_IP if pods else None
 
     @property
     def scheme(self) -> str:
@@ -125,10 +134,14 @@ class Stack:
         listen = (secure_stack.redis_args(secure_stack.ensure_pki(self.state),
                                           self.ports["redis"]) if self.secure
                   else ["--port", str(self.ports["redis"])])
-        return Proc("redis", [redis_server_bin(), "--bind", "127.0.0.1", *listen,
+        bind = ["127.0.0.1", *([self.pod_address] if self.pod_address else [])]
+        return Proc("redis", [redis_server_bin(), "--bind", *bind, *listen,
                               "--dir", str(data),
                               "--appendonly", "yes", "--appendfsync", "everysec",
-                              "--save", "", "--protected-mode", "yes",
+                              # With pods: no password, and reachable only from this
+                              # machine and its pods (the bridge is not routed).
+                              "--save", "", "--protected-mode",
+                              "no" if self.pod_address else "yes",
                               "--daemonize", "no"], self.ports["redis"])
 
     def kafka(self) -> Proc:
@@ -141,6 +154,12 @@ class Stack:
         tpl = string.Template((KAFKA_DIR / "server.properties.template").read_text())
         text = tpl.substitute(port=self.ports["kafka"],
                               controller_port=self.ports["kafka_controller"], data_dir=data)
+        if self.pod_address:
+            pods = f"PODS://{self.pod_address}:{self.ports['kafka_pods']}"
+            text = (text.replace("\nlisteners=", f"\nlisteners={pods},")
+                    .replace("\nadvertised.listeners=", f"\nadvertised.listeners={pods},")
+                    .replace("\nlistener.security.protocol.map=",
+                             "\nlistener.security.protocol.map=PODS:PLAINTEXT,"))
         check_env = self.service_env()
         if self.secure:
             pki = secure_stack.ensure_pki(self.state)

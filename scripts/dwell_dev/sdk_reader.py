@@ -2,7 +2,7 @@
 ``python -m dwell_dev.sdk_reader TOPIC SUB LOG`` receives every message of TOPIC's
 subscription SUB and acknowledges it, logging ``recv <payload>`` before and ``ack
 <payload>`` after the acknowledgement (line by line, so a kill -9 loses nothing written
-before it). Runs until SIGTERM."""
+before it), with the token DWELL_AUTH_PARAMS gives, if any. Runs until SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import sys
 
 from dwell.client import Consumer
+from dwell.client.auth import token_from_env
 
 
 def main() -> None:
@@ -22,7 +23,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     with open(log_path, "a", buffering=1) as log, \
-            Consumer(topic, sub, initial_position="earliest") as c:
+            Consumer(topic, sub, initial_position="earliest", token=token_from_env()) as c:
         while not stopping:
             msg = c.receive(0.2)
             if msg is None:

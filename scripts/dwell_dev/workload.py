@@ -243,10 +243,10 @@ class Published:
 class Generator(threading.Thread):
     """Publishes ``rate`` messages a second over HTTP, in requests of ``batch``, each with
     a delay drawn uniformly from 0..``max_delay_ms`` (a fifth of them immediate), spread
-    over ``topics``, until stopped."""
+    over ``topics``, until stopped; with ``token`` as its bearer token."""
 
     def __init__(self, admission: str, topics: list[str], *, rate: int, max_delay_ms: int,
-                 batch: int = 20, seed: int = 1) -> None:
+                 batch: int = 20, seed: int = 1, token: str | None = None) -> None:
         super().__init__(name="fault-generator", daemon=True)
         self.admission = admission
         self.topics = topics
@@ -258,13 +258,14 @@ class Generator(threading.Thread):
         self.prefix = uuid.uuid4().hex[:6]
         self.seq = 0
         self.stopping = threading.Event()
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def run(self) -> None:
         interval = self.batch / self.rate
         next_at = time.monotonic()
         # Longer than admission's publish timeout (10 s): a request Kafka cannot take
         # gets its 503 rather than no answer.
-        with httpx.Client(base_url=self.admission, timeout=15) as client:
+        with httpx.Client(base_url=self.admission, timeout=15, headers=self.headers) as client:
             while not self.stopping.is_set():
                 topic = self.topics[self.seq // self.batch % len(self.topics)]
                 self.send(client, topic)
