@@ -316,6 +316,14 @@ class KubeStack(Stack):
         """Where the API server listens: the pod bridge's address with a real node."""
         return kubenode.NODE_IP if self.node == "real" else "127.0.0.1"
 
+    def where(self, name: str) -> str:
+        """host:port a process of the tier listens on ("" for containerd's socket)."""
+        port = self.kube_ports.get(name)
+        if not port:
+            return ""
+        bridged = name == "kube-apiserver" or name in kubenode.NODE_PROCESSES
+        return f"{self.host if bridged else '127.0.0.1'}:{port}"
+
     @property
     def server(self) -> str:
         return f"https://{self.host}:{self.kube_ports['kube-apiserver']}"
@@ -580,12 +588,8 @@ class KubeStack(Stack):
             kubenode.enable_forwarding(self.node_dir)
         for name in names or self.processes:
             took = self.start(name)
-            port = self.kube_ports.get(name)
-            where = f"{self.host if name in kubenode.NODE_PROCESSES else '127.0.0.1'}:{port}"
-            if name == "kube-apiserver":
-                where = f"{self.host}:{port}"
             say(f"{name:<23} " + ("already running" if took is None else
-                                  f"up in {took:4.1f}s") + (f"  {where}" if port else ""))
+                                  f"up in {took:4.1f}s") + f"  {self.where(name)}".rstrip())
             if name == "kube-apiserver":
                 self._wait_ready()
                 if real:
@@ -670,9 +674,7 @@ def main(profile: str, cmd: str, node: str = "real") -> int:
             say(ref)
     elif cmd == "kube-status":
         say(f"{kube.node} node")
-        for name, pid, port in kube.status():
+        for name, pid, _port in kube.status():
             state = f"running (pid {pid})" if pid else "stopped"
-            where = kube.host if name in ("kube-apiserver", *kubenode.NODE_PROCESSES) else \
-                "127.0.0.1"
-            say(f"{name:<23} {state:<22} " + (f"{where}:{port}" if port else ""))
+            say(f"{name:<23} {state:<22} {kube.where(name)}".rstrip())
     return 0

@@ -16,7 +16,7 @@ import pytest
 from dwell.client import Consumer, Message, Producer, PublishError
 from dwell.core.topics import TopicName
 from dwell_dev import kubenode
-from dwell_dev.kubeclient import CHART
+from dwell_dev.kubeclient import CHART, wait_for
 from dwell_dev.workload import (
     Checker,
     Generator,
@@ -209,20 +209,13 @@ def test_deleting_a_pod_of_each_kind_loses_nothing(
     row = finish("delete a pod of each kind", gen, checker, sdk, fault_ms)
     assert (row.lost, row.early, row.sdk_duplicates) == (0, 0, 0), row
     assert row.accepted > 500, row
-    wait_for_ready(cluster)
-
-
-def wait_for_ready(cluster: Cluster) -> None:
-    deadline = time.monotonic() + 300
-    while not cluster.all_ready():
-        assert time.monotonic() < deadline, "\n" + cluster.table()
-        time.sleep(1)
+    wait_for(cluster.all_ready, 300, "every pod Ready")
 
 
 def test_helm_upgrade_rolls_only_the_changed_pods(
         cluster: Cluster, workload: tuple[Generator, Checker, SdkReader]) -> None:
     gen, checker, sdk = workload
-    wait_for_ready(cluster)
+    wait_for(cluster.all_ready, 300, "every pod Ready")
     before = {p["metadata"]["uid"]: component(p) for p in cluster.pods()}
     time.sleep(5)
     fault_ms = now_ms()
@@ -244,7 +237,7 @@ def test_the_nodes_containerd_stopped_for_20s_loses_nothing(
     """containerd away: the containers keep running under their shims, the kubelet cannot
     start or check anything until it is back."""
     gen, checker, sdk = workload
-    wait_for_ready(cluster)
+    wait_for(cluster.all_ready, 300, "every pod Ready")
     time.sleep(5)
     fault_ms = now_ms()
     tier = cluster.kube.tier
@@ -255,4 +248,4 @@ def test_the_nodes_containerd_stopped_for_20s_loses_nothing(
     time.sleep(15)
     row = finish("containerd stopped 20 s", gen, checker, sdk, fault_ms)
     assert (row.lost, row.early, row.sdk_duplicates) == (0, 0, 0), row
-    wait_for_ready(cluster)
+    wait_for(cluster.all_ready, 300, "every pod Ready")
