@@ -100,7 +100,7 @@ chart: install chart-tools ## the chart's checks: values schema, helm lint/templ
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
 # The soak runs on its own (make soak).
-BENCHES := admission admission_ceiling tracker delivery backoff ack_timeout rebuild refile sdk_producer sdk_consumer
+BENCHES := admission admission_ceiling tracker delivery backoff ack_timeout rebuild refile sdk_producer sdk_consumer cancel
 
 bench: install ## the benchmarks under bench/ (they start their own servers)
 	for b in $(BENCHES); do $(PY) bench/$$b.py || exit 1; done

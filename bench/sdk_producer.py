@@ -34,8 +34,7 @@ import httpx
 from dwell.adapters import kafka
 from dwell.client import AsyncProducer, Producer
 from dwell_dev import devstack
-from dwell_dev.benchkit import Procs, load_avg, test_servers, wait_healthy
-from dwell_dev.testkit import free_port
+from dwell_dev.benchkit import Procs, load_avg, start_service, test_servers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,14 +146,6 @@ def check(ids: list[str], n: int, what: str) -> None:
         raise RuntimeError(f"{what}: {len(set(ids))} distinct ids for {n} sends")
 
 
-def start(procs: Procs, name: str, env: dict[str, str]) -> str:
-    port = free_port()
-    procs.start(name, ["-m", f"dwell.{name}"], env | {"DWELL_HTTP_PORT": str(port)})
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(procs, url)
-    return url
-
-
 def prepare(policy_url: str, admission_url: str) -> str:
     """A namespace with delayed delivery on; returns its topic once admission takes it."""
     tenant = "bench" + uuid.uuid4().hex[:8]
@@ -194,8 +185,8 @@ def main() -> None:
         try:
             kafka.ensure_dwell_topics(stack.kafka_bootstrap)
             env = stack.service_env() | {"DWELL_LOG_LEVEL": "warning"}
-            policy_url = start(procs, "policy", env)
-            admission_url = start(procs, "admission", env)
+            policy_url = start_service(procs, "policy", env)
+            admission_url = start_service(procs, "admission", env)
             topic = prepare(policy_url, admission_url)
             print(f"{n:,} messages per part, {len(PAYLOAD)} B, every other delayed 1 h; "
                   f"{load_avg()}", flush=True)

@@ -143,6 +143,15 @@ def wait_healthy(procs: Procs, url: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} not healthy in {timeout}s")
 
 
+def start_service(procs: Procs, name: str, env: dict[str, str]) -> str:
+    """``python -m dwell.<name>`` on a free port, once healthy; its URL."""
+    port = free_port()
+    procs.start(name, ["-m", f"dwell.{name}"], env | {"DWELL_HTTP_PORT": str(port)})
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(procs, url)
+    return url
+
+
 def wait_line(procs: Procs, log: Path, line: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while line not in log.read_text(errors="replace"):

@@ -216,6 +216,7 @@ class Published:
 
     deliver_at: dict[str, int] = field(default_factory=dict)
     topic_of: dict[str, str] = field(default_factory=dict)
+    message_id: dict[str, str] = field(default_factory=dict)  # the id admission returned
     refused: int = 0  # messages of requests answered 503 (with Retry-After)
     refused_without_retry_after: int = 0
     unanswered: int = 0  # messages of requests that timed out or hit a closed port
@@ -236,6 +237,7 @@ class Published:
                 if res.get("errorCode") == 0:
                     self.deliver_at[mid] = int(res.get("deliverAt") or send_ms)
                     self.topic_of[mid] = topic
+                    self.message_id[mid] = res["messageId"]
                 else:
                     self.other_errors.append(json.dumps(res)[:200])
 

@@ -174,6 +174,29 @@ class ErrorBody(pydantic.BaseModel):
     reason: str
 
 
+class CancelBody(pydantic.BaseModel):
+    """The answer to a cancel of a delayed message: `result` is one of
+    dwell.core.positions' answers (`cancelled`, `not_found`, `too_late`, `busy`),
+    `delivered` says a `not_found` message was delivered already (rather than never
+    existed), `reason` says it in words."""
+
+    messageId: str
+    result: str
+    delivered: bool = False
+    reason: str
+
+
+# `responses=` of a cancel route, besides its 200.
+CANCEL_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    404: {"model": CancelBody, "description": "not_found: never existed, or (delivered: "
+                                              "true) delivered already"},
+    409: {"model": CancelBody, "description": "too_late: the message is due and being "
+                                              "delivered"},
+    503: {"model": CancelBody, "description": "busy: the index has not reached the message, "
+                                              "or re-files its bucket; retry"},
+}
+
+
 _ERROR_DESCRIPTIONS: Final = {
     400: "A parameter or the body does not fit (the reason names each bad field)",
     401: "Authentication is on and the request has no valid token",

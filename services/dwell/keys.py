@@ -172,7 +172,10 @@ class IndexKeys:
     - `<prefix>clm:<b>`   LIST field, blob, field, blob, ... : a claimed bucket's blobs;
     - `<prefix>clmd:<b>`  STRING: a claimed bucket's deltas;
     - `<prefix>restaged`  STRING: the last chunk of buckets the tracker re-filed (a topic
-      index only; dwell.tracker.restage).
+      index only; dwell.tracker.restage);
+    - `<prefix>cancelled` ZSET "<partition>:<offset>" -> bucketStart: cancelled messages
+      (by the position in `dwell.delayed` their messageId names) the drain leaves out
+      until it completes their bucket (a topic index only; index/lua/cancel-3.lua).
     """
 
     __slots__ = ("prefix", "index", "bucket_prefix")
@@ -221,3 +224,7 @@ class IndexKeys:
     @property
     def restaged(self) -> str:
         return f"{self.prefix}restaged"
+
+    @property
+    def cancelled(self) -> str:
+        return f"{self.prefix}cancelled"

@@ -48,6 +48,18 @@ class ServiceSettings(BaseSettings):
         "A request body above this is answered 413 before it is read whole."))
 
 
+class TrackerClientSettings(BaseSettings):
+    """What the services that ask the tracker (policy, admission) take."""
+
+    model_config = SettingsConfigDict(env_prefix="DWELL_", extra="ignore")
+
+    tracker_url: str = Field(endpoints.TRACKER_URL, description=(
+        "The tracker, which holds the index of delayed messages: the policy service serves "
+        "its figures on Pulsar's topic stats path (`GET /admin/v2/persistent/.../stats`, "
+        "where pulsar-admin's `topics stats` asks), admission hands it cancels "
+        "(`DELETE /topics/.../messages/{messageId}`)."))
+
+
 class RedisLossSettings(BaseSettings):
     """What the processes that find out Redis lost their data (the tracker, the Spark app)
     take."""

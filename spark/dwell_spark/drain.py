@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, replace
 from itertools import groupby
 
@@ -63,6 +63,8 @@ class Claim:
     dead_letters: tuple[str, ...] = ()
     # Its place in the round's claims (Range.claim, LeaseKeeper's claim numbers).
     number: int = -1
+    # Cancelled messages of the bucket (TopicIndex.cancelled_in), passed over.
+    cancelled: int = 0
 
 
 class TopicCache:
@@ -148,24 +150,35 @@ def _spans(offsets: BitMap64, max_gap: int) -> Iterator[tuple[np.ndarray, int, i
         yield a, lo, hi
 
 
-def topic_ranges(topic: str, bucket: ClaimedBucket, claim: int = -1) -> list[Range]:
+def topic_ranges(topic: str, bucket: ClaimedBucket, claim: int = -1,
+                 cancelled: Set[bytes] = frozenset()) -> list[Range]:
     """One Range per span of a bucket's offsets (records.MAX_GAP apart at most), from
     `dwell.delayed` or the re-file log (dwell.core.positions.field_partition): a span
     whose offsets are not all consecutive (topics sharing a partition of dwell.delayed
     interleave) carries its offsets, instead of becoming one Range per run. ``claim``:
-    the bucket's number in its round (Range.claim)."""
+    the bucket's number in its round (Range.claim). ``cancelled``: the bucket's cancelled
+    positions of `dwell.delayed` (``b"<partition>:<offset>"``, TopicIndex.cancelled_in),
+    left out of its offsets there and passed over among the re-filed copies."""
     target = TopicName.parse(topic).kafka_topic
+    gone: dict[int, BitMap64] = {}
+    for member in cancelled:
+        p, _, o = member.partition(b":")
+        gone.setdefault(int(p), BitMap64()).add(int(o))
+    copies = frozenset(cancelled) if cancelled else None
     out = []
     for f, offsets in bucket.positions.items():
+        refiled, p = field_partition(int(f))
+        if not refiled and p in gone:
+            offsets = offsets - gone[p]
         if not offsets:
             continue
-        refiled, p = field_partition(int(f))
         source = names.REFILED if refiled else names.DELAYED
         for a, lo, hi in _spans(offsets, MAX_GAP):
             first, last = int(a[lo]), int(a[hi - 1])
             dense = last - first + 1 == hi - lo
             out.append(Range(target, source, p, first, last,
-                             offsets=None if dense else BitMap64(a[lo:hi]), claim=claim))
+                             offsets=None if dense else BitMap64(a[lo:hi]), claim=claim,
+                             cancelled=copies if refiled else None))
     return out
 
 
@@ -275,9 +288,15 @@ class Drainer:
             if self._waiting(topic, now_ms):
                 continue
             idx = TopicIndex(self.redis, topic)
-            for b in idx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, self.strict):
+            mine = idx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, self.strict)
+            # Read after the claim: a cancel the index answered before it is here, and
+            # one after it found the lease and answered too late (cancel-3.lua).
+            cancelled = idx.cancelled_in(b.bucket_start for b in mine) if mine else {}
+            for b in mine:
                 n = len(claims)
-                claims.append(Claim(idx, b, topic_ranges(topic, b, n), number=n))
+                gone = cancelled.get(b.bucket_start, frozenset())
+                claims.append(Claim(idx, b, topic_ranges(topic, b, n, gone), number=n,
+                                    cancelled=len(gone)))
         # Redeliveries are never early: only buckets whose last millisecond passed, and
         # the backoff has read every event before it.
         read_to = self._acks_read_to(now_ms) if subs else now_ms
@@ -402,6 +421,10 @@ class Drainer:
                 metrics.LEASES_LOST.inc()
                 log.warning("claim on bucket %s lost before completion", c.bucket.bucket_start)
             else:
+                if c.cancelled:
+                    # Passed over for good: the bucket is gone.
+                    c.index.forget_cancelled([c.bucket.bucket_start])
+                    metrics.CANCELLED.labels(c.index.topic).inc(c.cancelled)
                 # No event follows a dead letter (a redelivery's count stays until its ack);
                 # nor a record of another topic, which is never copied.
                 gone = (*c.dead_letters, *foreign.get(c.number, ()))

@@ -49,6 +49,9 @@ MESSAGES_LOST = Counter("dwell_messages_lost_total", "Pending messages whose rec
                         "gone from their log when due (deleted by an operator, a truncated "
                         "log): reported once, and the drain goes on with the rest",
                         ["topic"], registry=REGISTRY)
+CANCELLED = Counter("dwell_drain_cancelled_messages_total", "Cancelled delayed messages "
+                    "the drain passed over instead of delivering", ["topic"],
+                    registry=REGISTRY)
 LEASE_RENEWALS = Counter("dwell_drain_lease_renewals_total", "Leases of claimed buckets "
                          "renewed while a drain round wrote them", registry=REGISTRY)
 LEASES_LOST = Counter("dwell_drain_leases_lost_total", "Claimed buckets whose lease another "

@@ -64,6 +64,10 @@ class Range:
     the event's topic, which each record read must carry as its `dwell-topic` (or a
     partition of it, or its partitioned topic); a record of another topic is not copied
     (CopyStats.foreign), since a messageId can name any record in Kafka.
+
+    ``cancelled`` (a range of the re-file log): the `dwell-origin` values of cancelled
+    messages (``b"<partition>:<offset>"``), whose copies are passed over
+    (CopyStats.cancelled). A range of `dwell.delayed` leaves them out of its offsets.
     """
 
     target: str
@@ -76,6 +80,7 @@ class Range:
     offsets: BitMap64 | None = None
     claim: int = -1
     topic: bytes | None = None
+    cancelled: frozenset[bytes] | None = None
 
     @property
     def size(self) -> int:
@@ -101,9 +106,12 @@ class CopyStats:
     # (claim, messageId) of the records a redelivery range named that were not copied:
     # another topic's (Range.topic).
     foreign: list[tuple[int, str]] = field(default_factory=list)
+    # Re-filed copies of cancelled messages passed over (Range.cancelled).
+    cancelled: int = 0
 
     def add(self, other: CopyStats) -> CopyStats:
         self.written += other.written
+        self.cancelled += other.cancelled
         self.foreign += other.foreign
         self.lateness_counts = [a + b for a, b in
                                 zip(self.lateness_counts, other.lateness_counts, strict=True)]
@@ -159,11 +167,11 @@ def same_topic(carried: bytes | None, expected: bytes) -> bool:
     return a == b
 
 
-def _topic_header(msg) -> bytes | None:
-    """The record's `dwell-topic` (the last, as for every header lookup of a copy)."""
+def _header(msg, name: str) -> bytes | None:
+    """The record's header ``name`` (the last, as for every header lookup of a copy)."""
     found = None
-    for name, value in msg.headers() or ():
-        if name == hdr.TOPIC:
+    for n, value in msg.headers() or ():
+        if n == name:
             found = value
     return found
 
@@ -368,7 +376,12 @@ def _copy_records(consumer: kafka.Consumer, producer: kafka.BulkProducer,
         while j < len(group) and group[j].first <= off:
             rng = group[j]
             if off <= rng.last and (rng.offsets is None or off in rng.offsets):
-                if rng.topic is not None and not same_topic(_topic_header(msg), rng.topic):
+                if rng.cancelled is not None and _header(msg, _ORIGIN) in rng.cancelled:
+                    stats.cancelled += 1
+                    j += 1
+                    continue
+                if rng.topic is not None and not same_topic(_header(msg, hdr.TOPIC),
+                                                            rng.topic):
                     stats.foreign.append((rng.claim, format_message_id(
                         rng.source, rng.partition, off)))
                     j += 1

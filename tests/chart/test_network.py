@@ -144,7 +144,8 @@ def test_one_network_policy_per_component_selecting_its_pods(np_docs: list[dict[
 # Who may reach whom with the in-chart Redis and Kafka (source, destination, port).
 REACHABLE = [
     ("admission", "redis", 6379), ("admission", "kafka", 9092), ("policy", "kafka", 9092),
-    ("policy", "tracker", 8083), ("tracker", "redis", 6379), ("spark", "kafka", 9092),
+    ("policy", "tracker", 8083), ("admission", "tracker", 8083), ("tracker", "redis", 6379),
+    ("spark", "kafka", 9092),
     ("spark-executor", "spark", 7078), ("spark-executor", "spark", 7079),
     ("spark", "spark-executor", 40000), ("spark-executor", "spark-executor", 40000),
     ("spark-executor", "redis", 6379), ("spark-executor", "kafka", 9092),
@@ -152,7 +153,7 @@ REACHABLE = [
     ("test", "tracker", 8083), ("test", "spark", 8084),
 ]
 UNREACHABLE = [
-    ("admission", "tracker", 8083), ("admission", "policy", 8081), ("redis", "kafka", 9092),
+    ("admission", "tracker", 8084), ("admission", "policy", 8081), ("redis", "kafka", 9092),
     ("kafka", "redis", 6379), ("tracker", "spark", 8084), ("policy", "kafka", 9093),
     ("admission", "redis", 6380), ("test", "redis", 6379), ("tracker", "spark-executor", 1),
     ("policy", "spark", 7078),

@@ -153,6 +153,12 @@ def drive(e2e: Dwell, prom: promserver.Prometheus, unavailable_admission: str) -
     # A delayed message that is still indexed when the panels are evaluated.
     with Producer(pending, admission_url=e2e.admission) as p:
         p.send(b"later", deliver_after=40_000)
+    # A cancelled message: the tracker answers, and the drain passes it over when due.
+    with Producer(pending, admission_url=e2e.admission) as p:
+        mid = p.send(b"cancelled", deliver_after=5000)
+    r = httpx.delete(f"{e2e.tracker}/v1/topics/persistent/{ns}/pending/messages/{mid}",
+                     timeout=30)
+    assert (r.status_code, r.json()["result"]) == (200, "cancelled"), r.text
     # A ready topic too small for its record: the drain's copy fails, alone and counted.
     big_ready = TopicName.parse(big).kafka_topic
     kafka.ensure_topic(e2e.bootstrap, big_ready, 1,
@@ -197,6 +203,8 @@ def drive(e2e: Dwell, prom: promserver.Prometheus, unavailable_admission: str) -
     # A counter first scraped in the last second has one sample; increase() needs two.
     for expr in ('sum(rate(dwell_admission_requests_total{status="503"}[5m])) > 0',
                  "count_over_time(dwell_drain_topic_failures_total[1m]) >= 2",
+                 "count_over_time(dwell_drain_cancelled_messages_total[1m]) >= 2",
+                 "count_over_time(dwell_tracker_cancel_requests_total[1m]) >= 2",
                  "dwell_redeliveries_total", "dwell_delivery_lateness_ms_count > 0",
                  "dwell_delivered_marks_total{job='spark'} > 0",
                  f"pulsar_broker_topic_messages_fixed_delay_overridden_total{{topic='{fixed}'}}",

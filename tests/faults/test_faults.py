@@ -10,8 +10,10 @@ DWELL_FAULTS_FULL=1 runs the issue's sizes (200 msg/s, delays 0-60 s)."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import threading
 import time
 
 import httpx
@@ -135,3 +137,113 @@ def test_spark_restarted_with_backlog(workload) -> None:
     run.fault_ms = due
     run.stack.start("spark")
     _check(run.finish(f"spark restarted, {size:,} due", settle_s=300))
+
+
+def test_cancels_under_faults(workload) -> None:
+    """Messages scheduled over a span of time, 30% of them cancelled at random times
+    before they are due, while Redis is flushed and the Spark app killed: a message
+    answered cancelled is never delivered, and every other is, once."""
+    from .conftest import FULL
+    # The full form's cancels (30% of 100,000) are spread over six minutes before the first
+    # due time: beside a 100,000-message backlog on 2 cores, a tracker answers about 75 a
+    # second, and a cancel not answered before its message is due cannot be checked.
+    size, span_ms, lead_ms = (100_000, 60_000, 360_000) if FULL else (6_000, 30_000, 15_000)
+    run: Run = workload(start=False)
+    gen, pub = run.generator, run.generator.out
+    first_due = now_ms() + lead_ms
+    admission = f"http://127.0.0.1:{run.stack.ports['admission']}"
+    rng = random.Random(7)
+    with httpx.Client(base_url=admission, timeout=60) as c:
+        while gen.seq < size:
+            gen.send(c, run.topics[gen.seq // 20 % 2], count=20,
+                     deliver_at=first_due + rng.randrange(span_ms))
+    assert not pub.other_errors, pub.other_errors[:3]
+    start = now_ms()
+    # Each cancel at a random time between now and 4 s before its message is due.
+    plan = sorted((rng.randrange(start, due - 4000), mid) for mid, due in pub.deliver_at.items()
+                  if due - 4000 > start and rng.random() < 0.3)
+    answers: dict[str, str] = {}
+    cancels = Cancels(admission, plan, pub, answers, workers=64 if FULL else 16)
+    cancels.start()
+    # The faults, a third and two thirds into the cancels' window.
+    window = first_due + span_ms - 4000 - start
+    time.sleep(window / 3000)
+    run.fault_ms = now_ms()
+    redis.Redis.from_url(run.stack.redis_url).flushall()
+    time.sleep(window / 3000)
+    _kill_and_restart(run.stack, "spark")
+    cancels.join(window / 1000 + 120)
+    assert not cancels.is_alive()
+    assert not cancels.errors, cancels.errors[:5]
+    cancelled = {m for m, a in answers.items() if a == "cancelled"}
+    # Not answered cancelled (too late, or no answer before it was due): either way.
+    unsure = set(answers) - cancelled
+    with pub.lock:
+        for mid in cancelled | unsure:
+            del pub.deliver_at[mid], pub.topic_of[mid]
+    counts = {a: list(answers.values()).count(a) for a in sorted(set(answers.values()))}
+    print(f"\ncancels planned {len(plan):,}, answers {counts}, retried {cancels.retried:,}")
+    row = run.finish(f"{size:,} msgs, {len(cancelled):,} cancelled; FLUSHALL, kill spark",
+                     settle_s=120)
+    _check(row)
+    with run.checker.lock:
+        leaked = sorted(m for m in cancelled if run.checker.arrivals.get(m))
+    assert not leaked, f"{len(leaked)} cancelled messages delivered: {leaked[:5]}"
+    assert len(cancelled) >= 0.9 * len(plan), counts
+
+
+class Cancels(threading.Thread):
+    """Cancels each planned message at its time through admission (SDK Producer.cancel),
+    ``workers`` at a time; a retryable failure (busy, the tracker or Kafka away) is tried again
+    until the message is due. ``answers``: message (payload id) -> answer, or "no answer"."""
+
+    def __init__(self, admission: str, plan: list[tuple[int, str]], pub, answers,
+                 workers: int) -> None:
+        super().__init__(name="fault-cancels", daemon=True)
+        self.admission, self.plan, self.pub, self.answers = admission, plan, pub, answers
+        self.workers = workers
+        self.retried = 0
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        todo = iter(self.plan)
+        workers = [threading.Thread(target=self._work, args=(todo,))
+                   for _ in range(self.workers)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    def _work(self, todo) -> None:
+        from dwell.client import Producer, PublishError
+        producers: dict[str, Producer] = {}
+        try:
+            while True:
+                with self.lock:
+                    item = next(todo, None)
+                if item is None:
+                    return
+                at, mid = item
+                time.sleep(max(0.0, (at - now_ms()) / 1000))
+                topic = self.pub.topic_of[mid]
+                p = producers.get(topic) or producers.setdefault(
+                    topic, Producer(topic, admission_url=self.admission, timeout_s=30))
+                answer = "no answer"
+                while now_ms() < self.pub.deliver_at[mid]:
+                    try:
+                        answer = p.cancel(self.pub.message_id[mid]).value
+                        break
+                    except PublishError as exc:
+                        if not exc.retryable:
+                            with self.lock:
+                                self.errors.append(f"{mid}: {exc}")
+                            break
+                        with self.lock:
+                            self.retried += 1
+                        time.sleep(0.2)
+                with self.lock:
+                    self.answers[mid] = answer
+        finally:
+            for p in producers.values():
+                p.close()

@@ -82,11 +82,13 @@ NEEDS: dict[str, dict[tuple[str, str], str]] = {
     "admission": {
         ("POST", "/topics/{domain}/{tenant}/{namespace}/{topic}"): "P",
         ("POST", "/topics/{domain}/{tenant}/{namespace}/{topic}/partitions/{partition}"): "P",
+        ("DELETE", "/topics/{domain}/{tenant}/{namespace}/{topic}/messages/{message_id}"): "P",
     },
     "tracker": {
         ("PUT", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/subscriptions/{sub}"): "C",
         ("GET", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/subscriptions/{sub}"): "C",
         ("DELETE", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/subscriptions/{sub}"): "C",
+        ("DELETE", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/messages/{message_id}"): "P",
         ("GET", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/stats"): "L",
         ("GET", "/v1/stats"): "S",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats"): "L",
@@ -139,7 +141,7 @@ def secured(services: ServiceFactory) -> Iterator[Secured]:
            "DWELL_TOKEN_SECRET_KEY": "data:;base64," + base64.b64encode(secret).decode()}
     tracker = services.start("tracker", env=env)
     policy = services.start("policy", env=env | {"DWELL_TRACKER_URL": tracker.url})
-    admission = services.start("admission", env=env)
+    admission = services.start("admission", env=env | {"DWELL_TRACKER_URL": tracker.url})
 
     def token(role: str, **kw: float) -> str:
         return create_token(secret, "HS256", role, **kw)
@@ -199,7 +201,8 @@ def _fill(path: str, tenant: str, method: str) -> str:
     return (path.replace("{tenant}", tenant).replace("{namespace}", "ns")
             .replace("{topic}", topic).replace("{domain}", "persistent")
             .replace("{kind}", "persistent").replace("{sub}", "s1")
-            .replace("{role}", "someone").replace("{partition}", "0"))
+            .replace("{role}", "someone").replace("{partition}", "0")
+            .replace("{message_id}", "x.ns.none:0:0"))
 
 
 def _body(path: str, method: str, tenant: str) -> object:

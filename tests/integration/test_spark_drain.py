@@ -576,3 +576,41 @@ def test_a_round_past_its_maximum_time_fails_into_its_lease(
     got = wait_for(lambda: other.run_once(path="driver"), 5, "the claim back")
     assert got == n
     assert set(_copies(settings, topic)) == set(ids)
+
+
+@pytest.mark.parametrize("path", ["driver", "tasks"])
+def test_cancelled_messages_are_passed_over_originals_and_copies(
+        spark_env, unique: str, path: str) -> None:
+    """A message cancelled in the index (cancel-3.lua) is not delivered, whether its
+    bucket holds the original or a re-filed copy (matched by its dwell-origin); the
+    bucket's cancellations go once it is completed."""
+    spark, settings, r = spark_env
+    topic = f"persistent://{unique}/ns/x"
+    ready = TopicName.parse(topic).kafka_topic
+    kafka.ensure_topic(settings.kafka_bootstrap, ready, 2)
+    kafka.ensure_topic(settings.kafka_bootstrap, names.REFILED, 4)
+    p = kafka.Producer(settings.kafka_bootstrap)
+    now = int(time.time() * 1000)
+    due = now + 60_000
+    plain = [delayed_record(p, topic, f"o{i}".encode(), None, due) for i in range(3)]
+    originals = [delayed_record(p, topic, f"r{i}".encode(), None, due) for i in range(3)]
+    copies = [p.send(names.REFILED, f"r{i}".encode(), key=topic, headers={
+        "dwell-topic": topic, "dwell-deliver-at": str(due), "dwell-tick-time": "1000",
+        "dwell-origin": f"{part}:{off}",
+        "dwell-message-id": format_message_id(names.DELAYED, part, off)}).result(10)
+        for i, (part, off) in enumerate(originals)]
+    p.close()
+    idx = TopicIndex(r, topic)
+    idx.add([(part, off, due, 1000) for part, off in plain]
+            + [(index_field(part, True), off, due, 1000) for part, off in copies])
+    bucket = due - due % 1000
+    for part, off in (plain[1], originals[1]):
+        assert idx.cancel(part, off, bucket, now + 1) == 1
+    assert idx.cancellations() == 2
+    before = _metric("dwell_drain_cancelled_messages_total", topic=topic)
+    assert Drainer(spark, settings, r).run_once(due + 1000, path=path) == 4
+    # Asks for one more than written: a cancelled message that came out would be read.
+    recs = sorted(x.value for x in read(settings.kafka_bootstrap, ready, 5, timeout=5))
+    assert recs == [b"o0", b"o2", b"r0", b"r2"]
+    assert idx.cancellations() == 0 and idx.buckets() == []
+    assert _metric("dwell_drain_cancelled_messages_total", topic=topic) - before == 2

@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 import redis as redislib
+from pyroaring import BitMap64
 
 from dwell import keys
 from dwell.adapters import kafka
@@ -207,3 +208,21 @@ def test_a_trim_round_without_redis_cuts_nothing(unique: str) -> None:
                 redis=dead)
     with pytest.raises(redislib.ConnectionError):
         t.kept_lows({("dwell.delayed", 0): 5}, 1000.0)
+
+
+def test_a_cancel_mark_is_kept_while_its_bucket_may_be_pending(unique: str) -> None:
+    """A cancel mark names the original's position, which may lie below the low
+    watermark while a re-filed copy of the message is pending: the trim keeps it while
+    its bucket is newer than CANCEL_KEEP_MS, like the sweep keeps its cancellation."""
+    from dwell.index.marks import cancel_mark_record
+    from dwell.index.topic import CANCEL_KEEP_MS
+    t = Trimmer("127.0.0.1:1", f"dwell-trk-{unique}", delayed_topic="dwell.delayed",
+                refiled_topic="dwell.delayed.refiled", interval_s=1)
+    lows = {("dwell.delayed", 0): 100, ("dwell.delayed.refiled", 0): 100}
+    now = int(time.time() * 1000)
+    pending = cancel_mark_record("dwell.delayed", "persistent://t/ns/x", now, 0, 5)[1]
+    gone = cancel_mark_record("dwell.delayed", "persistent://t/ns/x",
+                              now - CANCEL_KEEP_MS - 60_000, 0, 5)[1]
+    plain = mark_record("dwell.delayed", "persistent://t/ns/x", now, {0: BitMap64([5])})[1]
+    assert (t.needed(pending, lows), t.needed(gone, lows), t.needed(plain, lows)) == (
+        True, False, False)

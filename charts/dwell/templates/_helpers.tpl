@@ -191,8 +191,9 @@ affinity:
     {{- include "dwell.env" .root | nindent 4 }}
     - name: DWELL_HTTP_PORT
       value: {{ .port | quote }}
-    {{- if eq .component "policy" }}
-    {{- /* the policy service serves the tracker's figures on Pulsar's topic stats path */}}
+    {{- if has .component (list "policy" "admission") }}
+    {{- /* the policy service serves the tracker's figures on Pulsar's topic stats path;
+           admission hands a cancel to the tracker, which holds the index */}}
     - name: DWELL_TRACKER_URL
       value: {{ printf "%s://%s:%s" (include "dwell.scheme" .root) (include "dwell.component" (dict "root" .root "component" "tracker")) (include "dwell.port" "tracker") | quote }}
     {{- end }}

@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -26,9 +28,12 @@ from dwell.adapters import kafka
 from dwell.auth.guard import Guard, operation_of
 from dwell.core import topics as names
 from dwell.core.authz import Grants, Operation
+from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.http import (
+    CANCEL_RESPONSES,
     ApiError,
     BodyLimit,
+    CancelBody,
     create_app,
     declared_size,
     errors,
@@ -36,6 +41,7 @@ from dwell.http import (
     too_large,
 )
 from dwell.policy_view import PolicyCache, PolicyFollower
+from dwell.security import http_verify
 
 from . import metrics
 from .ingress import Ingress
@@ -361,7 +367,44 @@ def build_app(settings: AdmissionSettings) -> FastAPI:
     app.state.publish = handle
     app.state.publish_routes = add_publish_routes(
         app, handle, [adm.guard.require(Operation.PRODUCE)])
+    add_cancel_route(app, settings, [adm.guard.require(Operation.PRODUCE)])
     return app
+
+
+def add_cancel_route(app: FastAPI, settings: AdmissionSettings,
+                     dependencies: Sequence[Any]) -> None:
+    """`DELETE /topics/{domain}/{tenant}/{namespace}/{topic}/messages/{messageId}`: the
+    cancel of a pending delayed message, decided by the tracker (which holds the index)
+    and answered as it answers; the caller's credentials go with it."""
+    tracker = httpx.AsyncClient(base_url=settings.tracker_url.rstrip("/"), timeout=30.0,
+                                verify=http_verify(settings))
+
+    @app.delete("/topics/{domain}/{tenant}/{namespace}/{topic}/messages/{message_id}",
+                dependencies=list(dependencies), response_model=CancelBody,
+                responses=CANCEL_RESPONSES)
+    async def cancel_message(domain: str, tenant: str, namespace: str, topic: str,
+                             message_id: str, request: Request) -> Response:
+        """Cancel a pending delayed message by the messageId its publish returned:
+        `cancelled` (200), `delivered` or `not_found` (404), `too_late` (409: due and
+        being delivered), `busy` (503: retry). A message answered `cancelled` is never
+        delivered, to any subscription."""
+        try:
+            name = TopicName.of(domain, tenant, namespace, topic)
+        except InvalidTopicName as exc:
+            raise ApiError(400, str(exc)) from None
+        path = (f"/v1/topics/{name.domain}/{quote(name.tenant, safe='')}/"
+                f"{quote(name.namespace, safe='')}/{quote(name.local, safe='')}/"
+                f"messages/{quote(message_id, safe=':')}")
+        auth = request.headers.get("authorization")
+        try:
+            resp = await tracker.delete(path, headers={"Authorization": auth} if auth
+                                        else None)
+        except httpx.HTTPError as exc:
+            raise ApiError(503, f"tracker unreachable: {str(exc) or type(exc).__name__}",
+                           {"Retry-After": RETRY_AFTER_S}) from None
+        headers = {k: v for k, v in resp.headers.items() if k.lower() == "retry-after"}
+        return Response(resp.content, status_code=resp.status_code, headers=headers,
+                        media_type="application/json")
 
 
 def serve_publishes(app: FastAPI, settings: AdmissionSettings) -> PublishFront:

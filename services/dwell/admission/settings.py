@@ -12,11 +12,13 @@ from dwell.settings import (
     CommonSettings,
     ReadyTopicSettings,
     ServiceSettings,
+    TrackerClientSettings,
     dwell_group,
 )
 
 
-class AdmissionSettings(ServiceSettings, ReadyTopicSettings, CommonSettings):
+class AdmissionSettings(ServiceSettings, ReadyTopicSettings, TrackerClientSettings,
+                        CommonSettings):
     http_port: int = Field(endpoints.ADMISSION_PORT, ge=1, le=65535,
                            description="The service's HTTP port.")
 

@@ -38,6 +38,18 @@ def mark_record(log_topic: str, topic: str, bucket_start: int,
     return (names.DELIVERED, value, topic.encode(), None, None)
 
 
+def cancel_mark_record(log_topic: str, topic: str, bucket_start: int, partition: int,
+                       offset: int) -> kafka.OutRecord:
+    """The `dwell.delivered` record of a cancelled message: a mark of its position (a
+    rebuild does not index it again) with `"cancelled": true`, so that a rebuild also puts
+    it back among the topic's cancellations before it indexes anything (a re-filed copy
+    of it is at another position, and passed over by its origin)."""
+    value = orjson.dumps({"log": log_topic, "bucket": bucket_start, "cancelled": True,
+                          "fields": {str(partition): base64.b64encode(
+                              encode(BitMap64([offset]))).decode()}})
+    return (names.DELIVERED, value, topic.encode(), None, None)
+
+
 def write_marks(producer: kafka.BulkProducer, marks: list[kafka.OutRecord],
                 timeout_s: float = 30.0) -> None:
     """Write marks and wait for Kafka's acks (acks=all); KafkaUnavailable otherwise, and
@@ -50,13 +62,15 @@ def write_marks(producer: kafka.BulkProducer, marks: list[kafka.OutRecord],
 
 
 def read_marks(bootstrap: str, log_topic: str, fields: Iterable[int] | None = None,
-               timeout_s: float = 120.0,
-               beat: Callable[[], None] | None = None) -> dict[int, BitMap64]:
+               timeout_s: float = 120.0, beat: Callable[[], None] | None = None,
+               cancels: list[tuple[str, int, bytes]] | None = None) -> dict[int, BitMap64]:
     """Every delivered position of delay log ``log_topic`` that `dwell.delivered` holds,
     per index field (only ``fields`` when given). The topic is read as it comes, folded
     into one bitmap per field; ``timeout_s`` bounds a read that stops moving on, not a
     long one (the topic keeps the delay logs' retention). ``beat`` is called as records
-    come (the caller's dwell.liveness heartbeat: a long read is not a stuck loop)."""
+    come (the caller's dwell.liveness heartbeat: a long read is not a stuck loop).
+    ``cancels``, when given, gets every cancelled message's (topic, bucketStart,
+    ``b"<partition>:<offset>"``) (cancel_mark_record), whatever ``fields`` says."""
     wanted = None if fields is None else set(fields)
     out: dict[int, BitMap64] = {}
     for i, r in enumerate(kafka.iter_from(bootstrap, names.DELIVERED, {}, timeout_s)):
@@ -67,7 +81,12 @@ def read_marks(bootstrap: str, log_topic: str, fields: Iterable[int] | None = No
             if body["log"] != log_topic:
                 continue
             items = body["fields"].items()
-        except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
+            if cancels is not None and body.get("cancelled") is True:
+                topic, bucket = (r.key or b"").decode(), int(body["bucket"])
+                for f, blob in items:
+                    cancels += [(topic, bucket, b"%d:%d" % (int(f), o))
+                                for o in decode(base64.b64decode(blob))]
+        except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError):
             log.warning("skipped a malformed %s record at %d:%d", names.DELIVERED,
                         r.partition, r.offset)
             continue

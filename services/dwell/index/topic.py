@@ -18,6 +18,18 @@ from dwell.index.roaring import DELTA_DTYPE, pack_deltas
 
 TICK_FIELD: Final = "tickTimeMs"
 
+# A cancellation is kept (in Redis, and its mark on dwell.delivered) until its bucket
+# started this long ago and holds nothing, live or claimed: a rebuild puts back every
+# cancellation its marks name, delivered ones too, and the drain drops a bucket's only
+# when it completes it (dwell.tracker.stats sweeps, dwell.tracker.trim keeps the marks).
+CANCEL_KEEP_MS: Final = 3_600_000
+
+# Answers of cancel-3.lua to a request (mode "answer")
+CANCELLED: Final = 1
+DELIVERED: Final = 0
+TOO_LATE: Final = -1
+BUSY: Final = -2
+
 
 class TopicIndex(BucketIndex):
     """The shared index of one Pulsar topic's delayed messages; fields are partitions of
@@ -65,6 +77,53 @@ class TopicIndex(BucketIndex):
         """Claim the buckets starting in ``[first, last]`` whether due or not (the
         restage re-files future buckets); the same lease rules as `claim`."""
         return self._claim(last, now_ms, max_buckets, lease_ms, first)
+
+    # -- cancellations (cancel-3.lua)
+
+    def cancel(self, partition: int, offset: int, bucket_start: int, cutoff: int,
+               client: Any = None) -> Any:
+        """Cancel the message at ``partition``:``offset`` of `dwell.delayed`, due in bucket
+        ``bucket_start``, unless a bucket up to ``cutoff`` may be drained already:
+        CANCELLED, DELIVERED, TOO_LATE or BUSY (cancel-3.lua); queued on ``client`` (a
+        pipeline) when given."""
+        return self._scripts.run("cancel", self._cancel_keys(),
+                                 [bucket_start, f"{partition}:{offset}", "answer", cutoff],
+                                 client=client)
+
+    def sweep_cancelled(self, before: int, limit: int = 1000) -> int:
+        """Drop up to ``limit`` cancellations of buckets starting up to ``before`` that
+        hold nothing any more (cancel-3.lua); how many."""
+        return int(self._scripts.run("cancel", self._cancel_keys(),
+                                     [before, limit, "sweep", 0]))
+
+    def _cancel_keys(self) -> list[str]:
+        return [self.keys.index, self.keys.leases, self.keys.cancelled]
+
+    def cancelled_in(self, bucket_starts: Iterable[int]) -> dict[int, set[bytes]]:
+        """bucketStart -> the cancelled positions (``b"<partition>:<offset>"``, as a
+        re-filed copy's `dwell-origin` names them) kept for each of ``bucket_starts``."""
+        starts = sorted(set(bucket_starts))
+        if not starts:
+            return {}
+        rows = self.redis.zrangebyscore(self.keys.cancelled, starts[0], starts[-1],
+                                        withscores=True)
+        wanted = set(starts)
+        out: dict[int, set[bytes]] = {}
+        for member, score in rows:
+            if int(score) in wanted:
+                out.setdefault(int(score), set()).add(member)
+        return out
+
+    def forget_cancelled(self, bucket_starts: Iterable[int], client: Any = None) -> None:
+        """Drop the cancellations of buckets the drain completed: nothing of them is
+        pending any more."""
+        r = client if client is not None else self.redis
+        for b in set(bucket_starts):
+            r.zremrangebyscore(self.keys.cancelled, b, b)
+
+    def cancellations(self) -> int:
+        """Cancelled messages not yet passed over by the drain."""
+        return int(self.redis.zcard(self.keys.cancelled))
 
     def restaged_chunk(self) -> int | None:
         """The last chunk of buckets re-filed for this topic (dwell.tracker.restage)."""

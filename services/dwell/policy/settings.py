@@ -5,10 +5,16 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from dwell import endpoints
-from dwell.settings import GROUP_SCHEMA, CommonSettings, ServiceSettings, dwell_group
+from dwell.settings import (
+    GROUP_SCHEMA,
+    CommonSettings,
+    ServiceSettings,
+    TrackerClientSettings,
+    dwell_group,
+)
 
 
-class PolicySettings(ServiceSettings, CommonSettings):
+class PolicySettings(ServiceSettings, TrackerClientSettings, CommonSettings):
     http_port: int = Field(endpoints.POLICY_PORT, ge=1, le=65535,
                            description="The service's HTTP port.")
     max_request_bytes: int = Field(1024 * 1024, ge=1024, description=(
@@ -29,9 +35,6 @@ class PolicySettings(ServiceSettings, CommonSettings):
         "(`dwell.policy.rebuild`)."))
     store_rebuild_timeout_ms: int = Field(10000, ge=1000, description=(
         "Losing Redis: how long a call waits for the store's rebuild before its 503."))
-    tracker_url: str = Field(endpoints.TRACKER_URL, description=(
-        "The tracker, whose index figures `GET /admin/v2/persistent/.../stats` serves "
-        "(where pulsar-admin's `topics stats` asks for them)."))
     policy_audit_group: str = Field(
         "dwell-policy-audit", json_schema_extra=GROUP_SCHEMA, description=(
             "Consumer group under which the replicas audit `dwell.policies`, setting aside "

@@ -11,6 +11,7 @@ from typing import Any
 
 import redis as redislib
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from dwell import keys, liveness
 from dwell.adapters import kafka
@@ -18,10 +19,12 @@ from dwell.auth.guard import Guard
 from dwell.core.authz import Grants
 from dwell.core.authz import Operation as Op
 from dwell.core.policy import MAX_SUBSCRIPTIONS_FIELD, applied_limit
+from dwell.core.positions import CANCEL_STATUS
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, retry_topic, validate_subscription
-from dwell.http import ApiError, BodyLimit, create_app, errors
+from dwell.http import CANCEL_RESPONSES, ApiError, BodyLimit, CancelBody, create_app, errors
 from dwell.policy_view import PolicyCache, PolicyFollower
+from dwell.tracker import cancel as cancels
 from dwell.tracker import metrics
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
@@ -65,7 +68,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
               ingest: IngestLoop | None = None, refiled: IngestLoop | None = None,
               restager: Restager | None = None,
               keeper: LowmarkKeeper | None = None,
-              registry: SubscriptionRegistry | None = None) -> FastAPI:
+              registry: SubscriptionRegistry | None = None,
+              canceller: cancels.Canceller | None = None) -> FastAPI:
     # The replay of dwell.policies gives the grants (with authorization) and the
     # namespaces' maxSubscriptionsPerTopic.
     feed_checked, policies = feed_guard(settings)
@@ -74,6 +78,11 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         registry = SubscriptionRegistry(r, settings.kafka_bootstrap,
                                         compression_type=settings.kafka_compression_type)
     reg = registry
+    if canceller is None:
+        canceller = cancels.Canceller(r, settings.kafka_bootstrap, settings.delayed_topic,
+                                      wait_ms=settings.cancel_wait_ms,
+                                      margin_ms=settings.cancel_clock_margin_ms)
+    cancel = canceller
 
     async def ready() -> dict[str, Any]:
         checks: dict[str, Any] = {"redis": bool(r.ping())}
@@ -179,6 +188,27 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
         if not reg.delete(_topic(kind, tenant, namespace, topic), _sub(sub)):
             raise ApiError(404, "Subscription not found")
         return Response(status_code=204)
+
+    @app.delete(base + "/messages/{message_id}", response_model=CancelBody,
+                dependencies=[guard.require(Op.PRODUCE)], responses=CANCEL_RESPONSES)
+    async def cancel_message(kind: str, tenant: str, namespace: str, topic: str,
+                             message_id: str) -> JSONResponse:
+        """Cancel a pending delayed message by the messageId its publish returned. A
+        message answered `cancelled` is never delivered, to any subscription."""
+        name = TopicName.parse(_topic(kind, tenant, namespace, topic))
+        try:
+            out = await asyncio.wrap_future(cancel.cancel(name, message_id))
+        except ValueError as exc:
+            raise ApiError(400, f"messageId: {exc}") from None
+        except (kafka.KafkaUnavailable, cancels.NotRecorded) as exc:
+            raise ApiError(503, f"Kafka: {exc}", {"Retry-After": "1"}) from None
+        except redislib.RedisError as exc:
+            raise ApiError(503, f"Redis: {type(exc).__name__}", {"Retry-After": "1"}) from None
+        status = CANCEL_STATUS[out.answer]
+        return JSONResponse({"messageId": message_id, "result": out.answer,
+                             "delivered": out.delivered, "reason": out.detail},
+                            status_code=status,
+                            headers={"Retry-After": "1"} if status == 503 else None)
 
     @app.get(base + "/stats",
              dependencies=[guard.require(Op.GET_STATS)])

@@ -22,10 +22,11 @@ from pyroaring import BitMap64
 
 from dwell import keys, memory
 from dwell.adapters.kafka import Consumer, KafkaUnavailable
+from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.index.marks import read_marks
 from dwell.liveness import Heartbeat
 from dwell.tracker.ingest import HEADERS, Decoded, Ingest, decode, last_offsets
-from dwell.tracker.metrics import REBUILDS
+from dwell.tracker.metrics import CANCELS_RESTORED, REBUILDS
 from dwell.tracker.recovery import committed_lowmarks
 
 # Records read from Kafka per call (see _poll).
@@ -36,6 +37,26 @@ log = logging.getLogger("dwell.tracker.ingest_loop")
 # How long a rebuild's read of dwell.delivered may stop moving on before it gives up and
 # retries (a long read goes on while records come).
 REBUILD_READ_TIMEOUT_S = 30.0
+
+
+def restore_cancels(r: redislib.Redis, cancels: list[tuple[str, int, bytes]]) -> None:
+    """Put ``cancels`` (read_marks') back among their topics' cancellations; a mark whose
+    key is not a topic is skipped (its name would become part of a Redis key)."""
+    pipe = r.pipeline(transaction=False)
+    n = 0
+    for topic, bucket, member in cancels:
+        try:
+            TopicName.parse(topic)
+        except InvalidTopicName:
+            continue
+        pipe.zadd(keys.topic_index(topic).cancelled, {member: bucket})
+        n += 1
+        if n % 10_000 == 0:
+            pipe.execute()
+    pipe.execute()
+    if n:
+        CANCELS_RESTORED.inc(n)
+        log.warning("put back %d cancellations from the cancel marks", n)
 
 
 class IngestLoop:
@@ -293,9 +314,14 @@ class IngestLoop:
         # the others are re-read (and only they need dwell.delivered, read whole).
         reached = {f: start for f, start in starts.items() if start >= written[f]}
         lost = [f for f in behind if f not in reached]
+        cancels: list[tuple[str, int, bytes]] = []
         delivered = (read_marks(self.bootstrap, self.ingest.source, lost,
-                                timeout_s=REBUILD_READ_TIMEOUT_S, beat=self.polling.beat)
+                                timeout_s=REBUILD_READ_TIMEOUT_S, beat=self.polling.beat,
+                                cancels=cancels)
                      if lost else {})
+        # Before anything is indexed again: a re-filed copy of a cancelled message is at
+        # a position no mark names, and the drain passes it over by these.
+        restore_cancels(self.ingest.redis, cancels)
         if reached:
             self.ingest.mark_ingested(reached)
         for f in lost:

@@ -19,6 +19,14 @@ INVALID = Counter("dwell_tracker_invalid_records_total",
                   "dwell.delayed records without a usable key, deliver-at or tick-time header")
 FLUSH_SECONDS = Histogram("dwell_tracker_flush_seconds", "Redis write of one ingest batch",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+CANCELS_RESTORED = Counter("dwell_tracker_cancels_restored_total",
+                           "Cancellations a rebuild of the index put back from the cancel "
+                           "marks of dwell.delivered")
+CANCELS_SWEPT = Counter("dwell_tracker_cancels_swept_total",
+                        "Cancellations dropped because their bucket was long gone")
+CANCELS = Counter("dwell_tracker_cancel_requests_total", "Requests to cancel a delayed "
+                  "message, by answer (cancelled, delivered, not_found, too_late, busy)",
+                  ["answer"])
 COMPACTED = Counter("dwell_tracker_compacted_buckets_total", "Buckets whose deltas were folded")
 LOOP_ROUND_AGE = Gauge("dwell_tracker_loop_round_age_seconds",
                        "Seconds since a loop of the tracker last went round; past "
@@ -73,7 +81,10 @@ _TOPIC_FAMILIES = {
     "pulsar_delayed_message_index_bucket_total":
         ("Buckets in the topic's delayed-message index", "buckets"),
     "dwell_tracker_delayed_messages":
-        ("Delayed messages indexed (distinct positions)", "delayedMessages"),
+        ("Delayed messages indexed (distinct positions), the cancelled ones left out",
+         "delayedMessages"),
+    "dwell_tracker_cancelled_messages":
+        ("Cancelled messages the drain has not passed over yet", "cancelledMessages"),
     "dwell_tracker_next_due_at_ms": ("Earliest bucket start (ms since epoch)", "nextDueAt"),
     "dwell_tracker_drain_lag_ms": ("now - oldest due unclaimed bucket", "drainLagMs"),
     "dwell_tracker_fixed_delay_detected":

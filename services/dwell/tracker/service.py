@@ -114,7 +114,8 @@ def main() -> None:
     collector = StatsRefresher(connect(settings.redis_url), settings.cluster,
                                strict=settings.delayed_delivery_deliver_at_time_strict,
                                lookahead=settings.delayed_delivery_fixed_delay_detection_lookahead,
-                               interval_s=settings.stats_refresh_s)
+                               interval_s=settings.stats_refresh_s,
+                               rebuilding=lambda: bool(loop.rebuilding or refiled.rebuilding))
     REGISTRY.register(metrics.INDEX_STATS)
     threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
     try:

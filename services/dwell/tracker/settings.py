@@ -72,6 +72,13 @@ class TrackerSettings(ServiceSettings, ReadyTopicSettings, RedisLossSettings, Co
     restage_interval_ms: int = Field(1000, ge=10, description=(
         "How often the restage looks for a chunk to re-file."))
 
+    cancel_wait_ms: int = Field(5000, ge=0, description=(
+        "How long a cancel request waits for the ingest to reach the message, or for a "
+        "re-filing round that holds the message's bucket, before it answers 503 (retry)."))
+    cancel_clock_margin_ms: int = Field(2000, ge=0, description=(
+        "A message due within this long is answered `too late` rather than cancelled: the "
+        "margin covers the difference between this process's clock and the drain's."))
+
     lowmark_interval_ms: int = Field(10_000, ge=100, description=(
         "How often the low watermarks are committed to Kafka."))
     trim_interval_ms: int = Field(60_000, ge=0, description=(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import redis as redislib
@@ -17,7 +18,7 @@ from dwell import keys
 from dwell.core.buckets import bucket_due_cutoff
 from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
-from dwell.index.topic import TopicIndex
+from dwell.index.topic import CANCEL_KEEP_MS, TopicIndex
 from dwell.tracker import metrics
 from dwell.tracker.ingest import FIXED_FIELD
 from dwell.tracker.metrics import subscription_index_bytes
@@ -54,6 +55,8 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
         cum += n
         le = str(HISTOGRAM_BOUNDS_MS[i]) if i < len(HISTOGRAM_BOUNDS_MS) else "+Inf"
         histogram.append({"le": le, "count": cum})
+    # Cancelled messages stay in their buckets until the drain passes them over.
+    cancelled = idx.cancellations()
     subs = {}
     for name in subscriptions.names(r, topic):
         sidx = SubscriptionIndex(r, topic, name)
@@ -61,8 +64,9 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
                       "redeliveryIndexBytes": sidx.memory_bytes()}
     return {
         "topic": topic,
-        "delayedMessages": total,
-        "bufferMemoryBytes": idx.memory_bytes(extra=[keys.stats(topic)]),
+        "delayedMessages": max(0, total - cancelled),
+        "cancelledMessages": cancelled,
+        "bufferMemoryBytes": idx.memory_bytes(extra=[keys.stats(topic), idx.keys.cancelled]),
         "buckets": len(counts),
         "claimedBuckets": len(set(counts) - live),
         "tickTimeMs": tick,
@@ -80,19 +84,27 @@ class StatsRefresher:
     Redis."""
 
     def __init__(self, r: redislib.Redis, cluster: str, *, strict: bool, lookahead: int,
-                 interval_s: float) -> None:
+                 interval_s: float, rebuilding: Callable[[], bool] = lambda: False) -> None:
         self.redis = r
         self.strict = strict
         self.lookahead = lookahead
         self.interval_s = interval_s
+        # Whether an ingest loop rebuilds the index: no sweep meanwhile, since a bucket
+        # not indexed again yet looks gone.
+        self.rebuilding = rebuilding
         metrics.INDEX_STATS.cluster = cluster
         self._stop = threading.Event()
 
     def refresh(self) -> None:
         now = int(time.time() * 1000)
+        every = topics(self.redis)
         metrics.INDEX_STATS.snapshot = [
             topic_stats(self.redis, t, now, strict=self.strict, lookahead=self.lookahead)
-            for t in topics(self.redis)]
+            for t in every]
+        if not self.rebuilding():
+            swept = sum(TopicIndex(self.redis, t).sweep_cancelled(now - CANCEL_KEEP_MS)
+                        for t in every)
+            metrics.CANCELS_SWEPT.inc(swept)
 
     def run(self) -> None:
         while not self._stop.is_set():

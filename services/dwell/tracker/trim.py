@@ -21,6 +21,7 @@ from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import field_partition
 from dwell.index.roaring import decode
+from dwell.index.topic import CANCEL_KEEP_MS
 from dwell.tracker.metrics import TRIM_ROUNDS, TRIMMED
 from dwell.tracker.recovery import committed_lowmarks
 
@@ -136,6 +137,11 @@ class Trimmer:
             if body["log"] != self.delayed_topic:
                 return True
             fields = [(int(f), blob) for f, blob in body["fields"].items()]
+            # A cancel mark: its message may be pending as a re-filed copy, which no low
+            # watermark of this log holds; needed while the sweep would keep it.
+            if body.get("cancelled") is True and \
+                    int(body["bucket"]) >= time.time() * 1000 - CANCEL_KEEP_MS:
+                return True
         except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError):
             return False  # a rebuild skips it too
         for field, blob in fields:

@@ -19,6 +19,7 @@ import pytest
 
 from dwell.client import (
     AsyncProducer,
+    CancelResult,
     NotAllowedError,
     Producer,
     ProducerQueueIsFullError,
@@ -484,3 +485,56 @@ def test_sends_beyond_max_pending_messages_fail_before_admission_answers() -> No
     assert results[:150] == ["dwell.delayed:0:1"] * 150
     assert all(isinstance(r, ProducerQueueIsFullError) for r in results[150:])
     assert len(failed_after) == 50 and max(failed_after) < 0.3, failed_after
+
+
+def canceller(status: int, body: Any, paths: list[str]) -> Producer:
+    def handle(req: httpx.Request) -> httpx.Response:
+        assert req.method == "DELETE"
+        paths.append(req.url.raw_path.decode())
+        return httpx.Response(status, json=body)
+
+    return Producer(TOPIC, admission_url="http://adm", transport=httpx.MockTransport(handle))
+
+
+@pytest.mark.parametrize(("status", "result"), [(200, "cancelled"), (404, "not_found"),
+                                                (409, "too_late")])
+def test_cancel_returns_each_answer(status: int, result: str) -> None:
+    paths: list[str] = []
+    mid = "dwell.delayed:1:7"
+    with canceller(status, {"messageId": mid, "result": result, "reason": "r"}, paths) as p:
+        answer = p.cancel(mid)
+        assert answer == result and answer is CancelResult(result)
+        assert isinstance(answer, str)
+
+    async def run() -> str:
+        async with AsyncProducer(TOPIC, admission_url="http://adm",
+                                 transport=httpx.MockTransport(lambda req: httpx.Response(
+                                     status, json={"result": result}))) as ap:
+            return await ap.cancel(mid)
+
+    assert asyncio.run(run()) == result
+    assert paths == ["/topics/persistent/acme/orders/new/messages/dwell.delayed:1:7"]
+
+
+@pytest.mark.parametrize(("status", "body", "retryable"), [
+    (503, {"messageId": "x", "result": "busy", "reason": "the index has not reached it"}, True),
+    (503, {"reason": "tracker unreachable: boom"}, True),
+    (400, {"reason": "messageId: invalid message id 'x'"}, False),
+    (403, {"reason": "Unauthorized"}, False),
+    # An answer that does not fit its status is not taken for a result.
+    (200, {"result": "too_late"}, False),
+    (500, ["not", "an", "object"], True),
+])
+def test_cancel_raises_when_it_could_not_be_decided(status: int, body: Any,
+                                                    retryable: bool) -> None:
+    with canceller(status, body, []) as p, pytest.raises(PublishError) as err:
+        p.cancel("x")
+    assert str(err.value).startswith(f"HTTP {status}: ")
+    assert err.value.retryable is retryable
+
+
+def test_a_message_id_is_sent_as_one_path_segment() -> None:
+    paths: list[str] = []
+    with canceller(404, {"result": "not_found"}, paths) as p:
+        assert p.cancel("a/b?c#d:1:2") == "not_found"
+    assert paths == ["/topics/persistent/acme/orders/new/messages/a%2Fb%3Fc%23d:1:2"]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Annotated, Any, Optional, TypeVar
 
+import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -25,7 +26,9 @@ from dwell.cli.flags import (
 )
 from dwell.cli.tokens import tokens
 from dwell.client.auth import token_from_auth_params
+from dwell.client.producer import PublishError, cancel_path, cancel_result
 from dwell.core.durations import format_duration_ms
+from dwell.core.positions import CANCELLED
 from dwell.security import TlsSettings, http_verify
 
 
@@ -40,6 +43,8 @@ class Ctx:
         self.client = PolicyClient(url, token=token, verify=verify)
         self.output = output
         self.console = Console()
+        self.token = token
+        self.verify = verify
 
     def done(self, message: str) -> None:
         """Confirm a change: a line in table mode, nothing in json mode (scripts read $?)."""
@@ -82,15 +87,18 @@ app = typer.Typer(
     name="dwell-admin", no_args_is_help=True, add_completion=False,
     pretty_exceptions_enable=False,
     help="Administer dwell's tenants, namespaces and delayed-delivery policies, the way "
-         "pulsar-admin does, over the policy service's HTTP API.")
+         "pulsar-admin does, over the policy service's HTTP API; cancel pending delayed "
+         "messages through admission.")
 tenants = typer.Typer(no_args_is_help=True, help="Create, list and delete tenants.")
 namespaces = typer.Typer(no_args_is_help=True,
                          help="Create, list and delete namespaces; their delayed-delivery "
                               "policies.")
 topic_policies = typer.Typer(no_args_is_help=True, help="Delayed-delivery policies of topics.")
+messages = typer.Typer(no_args_is_help=True, help="Pending delayed messages.")
 app.add_typer(tenants, name="tenants")
 app.add_typer(namespaces, name="namespaces")
 app.add_typer(topic_policies, name="topic-policies")
+app.add_typer(messages, name="messages")
 app.add_typer(tokens, name="tokens")
 
 
@@ -466,3 +474,39 @@ def topic_get(ctx: typer.Context, topic: TopicArg, applied: AppliedOpt = False,
 def topic_remove(ctx: typer.Context, topic: TopicArg, is_global: GlobalOpt = False) -> None:
     ctx.obj.client.call("DELETE", _topic_url(topic), params=_global(is_global))
     ctx.obj.done(f"Removed the delayed-delivery policy of {persistent_topic(topic)}")
+
+
+AdmissionOpt = Annotated[str, typer.Option(
+    "--admission-url", envvar=endpoints.ADMISSION_URL_ENV,
+    help="Base URL of the admission service, which takes cancels.")]
+
+
+@command(messages, "cancel",
+         "Cancel a pending delayed message by the messageId its publish returned: "
+         "'cancelled' (it is never delivered), or why not: 'not_found' (never existed, or "
+         "delivered already: the reason says which), 'too_late' (due, being delivered); "
+         "exit code 1 unless cancelled.")
+def message_cancel(ctx: typer.Context, topic: TopicArg,
+                   message_id: Annotated[str, typer.Argument(
+                       metavar="MESSAGE_ID", help="<kafkaTopic>:<partition>:<offset>, as "
+                                                  "the publish returned it.")],
+                   admission_url: AdmissionOpt = endpoints.ADMISSION_URL) -> None:
+    name = persistent_topic(topic)
+    headers = {"Authorization": f"Bearer {ctx.obj.token}"} if ctx.obj.token else None
+    try:
+        with httpx.Client(base_url=admission_url.rstrip("/"), timeout=30.0, headers=headers,
+                          verify=ctx.obj.verify) as http:
+            resp = http.delete(cancel_path(name, message_id))
+    except httpx.HTTPError as exc:
+        raise AdminError(f"cannot reach admission at {admission_url}: "
+                         f"{exc or type(exc).__name__}") from exc
+    try:
+        result = cancel_result(resp).value
+    except PublishError as exc:
+        raise AdminError(str(exc)) from exc
+    answer = resp.json()
+    delivered = answer.get("delivered") is True
+    ctx.obj.emit({"messageId": message_id, "result": result, "delivered": delivered},
+                 lambda: f"{result}: {' '.join(str(answer.get('reason', '')).split())}")
+    if result != CANCELLED:
+        raise typer.Exit(1)

@@ -7,12 +7,13 @@ from dwell.core.backoff import ExponentialRedeliveryBackoff
 from .consumer import Consumer, Message, SubscribeError
 from .producer import (
     AsyncProducer,
+    CancelResult,
     NotAllowedError,
     Producer,
     ProducerQueueIsFullError,
     PublishError,
 )
 
-__all__ = ["AsyncProducer", "Consumer", "ExponentialRedeliveryBackoff", "KafkaUnavailable",
-           "Message", "NotAllowedError", "Producer", "ProducerQueueIsFullError", "PublishError",
-           "SubscribeError"]
+__all__ = ["AsyncProducer", "CancelResult", "Consumer", "ExponentialRedeliveryBackoff",
+           "KafkaUnavailable", "Message", "NotAllowedError", "Producer",
+           "ProducerQueueIsFullError", "PublishError", "SubscribeError"]

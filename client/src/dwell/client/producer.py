@@ -11,11 +11,14 @@ import os
 import threading
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from dwell import endpoints
+from dwell.core.positions import CANCEL_STATUS, CANCELLED, NOT_FOUND, TOO_LATE
 from dwell.core.topics import TopicName
 from dwell.security import http_verify
 
@@ -126,6 +129,41 @@ def _message_id(resp: httpx.Response) -> str:
     raise PublishError(text, code)
 
 
+def cancel_path(topic: TopicName, message_id: str) -> str:
+    return (f"/topics/{topic.domain}/{quote(topic.tenant, safe='')}/"
+            f"{quote(topic.namespace, safe='')}/{quote(topic.local, safe='')}/messages/"
+            f"{quote(message_id, safe=':')}")
+
+
+class CancelResult(str, Enum):
+    """What ``Producer.cancel`` answers; each compares equal to its value, a ``str``."""
+
+    CANCELLED = CANCELLED
+    """It will never be delivered, to any subscription; cancelling again answers the
+    same."""
+    NOT_FOUND = NOT_FOUND
+    """No pending message of the topic has this id: it never existed, or it was
+    delivered already."""
+    TOO_LATE = TOO_LATE
+    """It is due (within about two seconds) or being delivered now: it may still
+    arrive."""
+
+
+def cancel_result(resp: httpx.Response) -> CancelResult:
+    """The answer to a cancel; PublishError when it could not be decided (retryable when
+    busy: 503)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    result = body.get("result") if isinstance(body, dict) else None
+    if result in (CANCELLED, NOT_FOUND, TOO_LATE) and resp.status_code == CANCEL_STATUS[result]:
+        return CancelResult(result)
+    reason = body.get("reason", resp.text) if isinstance(body, dict) else resp.text
+    raise PublishError(f"HTTP {resp.status_code}: {reason}",
+                       retryable=resp.status_code in _RETRYABLE_STATUS)
+
+
 def _unreachable(exc: httpx.HTTPError) -> PublishError:
     # A timeout's text can be empty: its kind says what happened.
     return PublishError(f"admission unreachable: {str(exc) or type(exc).__name__}",
@@ -225,6 +263,22 @@ class Producer(_Publisher):
             raise _unreachable(exc) from exc
         return _message_id(resp)
 
+    def cancel(self, message_id: str) -> CancelResult:
+        """Cancel a pending delayed message of this topic by the id ``send`` returned.
+
+        Returns ``CancelResult.CANCELLED`` (``"cancelled"``: it will never be delivered, to
+        any subscription; a repeated cancel answers the same), ``NOT_FOUND``
+        (``"not_found"``: no pending message of this topic has the id; it never existed,
+        or was delivered already, or sent without a delay) or ``TOO_LATE``
+        (``"too_late"``: due, and being delivered). Raises PublishError when it could not
+        be decided: ``retryable`` when trying again may (busy, admission or the tracker
+        unreachable)."""
+        try:
+            resp = self._http.delete(cancel_path(self.topic, message_id))
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+        return cancel_result(resp)
+
     def close(self) -> None:
         """Close the producer's HTTP connections."""
         self._http.close()
@@ -294,6 +348,14 @@ class AsyncProducer(_Publisher):
         finally:
             self._pending -= 1
         return _message_id(resp)
+
+    async def cancel(self, message_id: str) -> CancelResult:
+        """Cancel a pending delayed message of this topic (as ``Producer.cancel``)."""
+        try:
+            resp = await self._http.delete(cancel_path(self.topic, message_id))
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc) from exc
+        return cancel_result(resp)
 
     async def close(self) -> None:
         """Close the producer's HTTP connections."""

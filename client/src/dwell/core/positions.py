@@ -42,6 +42,17 @@ def parse_message_id(s: str) -> tuple[str, int, int]:
     return topic, int(partition), int(offset)
 
 
+# The answers to a cancel of a pending delayed message (the `result` of its answer), and
+# the HTTP status each is given.
+CANCELLED = "cancelled"  # 200: it will never be delivered, to any subscription
+# 404: no pending message of the topic has this id: it never existed, or it was
+# delivered already (then the answer's `delivered` is true)
+NOT_FOUND = "not_found"
+TOO_LATE = "too_late"  # 409: due, and being delivered
+BUSY = "busy"  # 503: the index is not there yet (or re-files its bucket); retry
+CANCEL_STATUS = {CANCELLED: 200, NOT_FOUND: 404, TOO_LATE: 409, BUSY: 503}
+
+
 def coalesce(offsets: Iterable[int]) -> list[tuple[int, int]]:
     """Sorted inclusive ``(first, last)`` ranges of consecutive offsets; duplicates count once."""
     ranges: list[tuple[int, int]] = []

@@ -1,0 +1,162 @@
+"""Cancelling delayed messages against publishing them, in one run, so the ratio compares
+like with like: one policy, admission and tracker process; N messages published with
+AsyncProducer (K sends in flight, every one delayed 1 h), then the same N cancelled with
+AsyncProducer.cancel (K in flight, in a shuffled order), each answer checked. Prints
+msgs/s, p50/p99 of each, the ratio of cancels to publishes, and the index's bytes per
+pending message before and after the cancels (a cancel keeps a member in the topic's
+cancellations until the drain passes its bucket); writes bench/out/cancel.json.
+
+Starts the test-profile Redis and Kafka unless running (stopping only what it started,
+unless DWELL_TEST_KEEP_SERVERS=1), plus its own processes on free ports (their logs in
+.dwell/test/bench-logs/cancel/).
+
+    .venv/bin/python bench/cancel.py [--messages 20000] [--concurrency 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dwell.adapters import kafka
+from dwell.client import AsyncProducer
+from dwell.core import topics as names
+from dwell.tracker.recovery import start_group_at_end
+from dwell_dev import devstack
+from dwell_dev.benchkit import Procs, load_avg, start_service, test_servers
+from dwell_dev.testkit import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+PAYLOAD = b"x" * 200
+DELAY_MS = 3_600_000
+
+
+def figures(n: int, elapsed: float, latencies: list[float]) -> dict[str, float]:
+    latencies.sort()
+    return {"per_s": n / elapsed, "seconds": elapsed,
+            "p50_ms": latencies[len(latencies) // 2] * 1000,
+            "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000}
+
+
+async def run_all(k: int, todo: list[Any], call: Any) -> tuple[float, list[float], list[Any]]:
+    """``call(item)`` for every item, K at a time; (seconds, latencies, answers)."""
+    latencies: list[float] = []
+    answers: list[Any] = [None] * len(todo)
+    items = iter(enumerate(todo))
+
+    async def worker() -> None:
+        for i, item in items:
+            t0 = time.perf_counter()
+            answers[i] = await call(item)
+            latencies.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(k)))
+    return time.perf_counter() - t0, latencies, answers
+
+
+def prepare(policy_url: str, admission_url: str) -> str:
+    """A namespace; returns its topic once admission takes it."""
+    tenant = "bench" + uuid.uuid4().hex[:8]
+    with httpx.Client(base_url=policy_url, timeout=10) as c:
+        c.put(f"/admin/v2/tenants/{tenant}", json={"adminRoles": []}).raise_for_status()
+        c.put(f"/admin/v2/namespaces/{tenant}/ns").raise_for_status()
+    with httpx.Client(base_url=admission_url, timeout=10) as c:
+        wait_for(lambda: c.post(f"/topics/persistent/{tenant}/ns/probe", json={
+            "messages": [{"payload": "probe"}]}).status_code == 200, 30,
+            "admission to learn the bench namespace")
+    return f"persistent://{tenant}/ns/cancel"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=20_000, help="N")
+    ap.add_argument("--concurrency", type=int, default=64, help="K: requests in flight")
+    args = ap.parse_args()
+    n, k = args.messages, args.concurrency
+
+    stack = devstack.Stack("test")
+    logs = stack.state / "bench-logs" / "cancel"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = Procs(logs)
+    with test_servers(stack):
+        try:
+            kafka.ensure_dwell_topics(stack.kafka_bootstrap)
+            group = "dwell-tracker-bench-" + uuid.uuid4().hex[:6]
+            start_group_at_end(stack.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
+            env = stack.service_env() | {"DWELL_LOG_LEVEL": "warning"}
+            tracker_url = start_service(procs, "tracker",
+                                        env | {"DWELL_TRACKER_GROUP_ID": group})
+            asks = env | {"DWELL_TRACKER_URL": tracker_url}
+            policy_url = start_service(procs, "policy", asks)
+            admission_url = start_service(procs, "admission", asks)
+            topic = prepare(policy_url, admission_url)
+            stats_path = "/v1/topics/" + topic.replace("://", "/") + "/stats"
+            print(f"{n:,} messages, {len(PAYLOAD)} B, delayed 1 h; {k} requests in flight; "
+                  f"{load_avg()}", flush=True)
+
+            async def both() -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
+                async with AsyncProducer(topic, admission_url=admission_url,
+                                         max_pending_messages=0) as p:
+                    async def send(i: int) -> str:
+                        return await p.send(PAYLOAD, deliver_after=DELAY_MS)
+
+                    await run_all(k, list(range(500)), send)  # warm-up, not counted
+                    secs, lat, ids = await run_all(k, list(range(n)), send)
+                    published = figures(n, secs, lat)
+                    print("published; waiting for the tracker to index them ...", flush=True)
+                    with httpx.Client(base_url=tracker_url, timeout=30) as c:
+                        wait_for(lambda: c.get(stats_path).json()["delayedMessages"]
+                                 == n + 500, 300, "the tracker to index every message")
+                        before = c.get(stats_path).json()
+                    # In another order than published, as cancels come.
+                    random.Random(1).shuffle(ids)
+                    secs, lat, answers = await run_all(k, ids, p.cancel)
+                    cancelled = figures(n, secs, lat)
+                    if answers.count("cancelled") != n:
+                        counts = {a: answers.count(a) for a in set(answers)}
+                        raise RuntimeError(f"answers: {counts}")
+                    with httpx.Client(base_url=tracker_url, timeout=30) as c:
+                        after = c.get(stats_path).json()
+                return published, cancelled, {"before": before, "after": after}
+
+            published, cancelled, stats = asyncio.run(both())
+            procs.check()
+        finally:
+            procs.stop_all()
+
+    pending = n + 500
+    bytes_before = stats["before"]["bufferMemoryBytes"] / pending
+    bytes_added = (stats["after"]["bufferMemoryBytes"]
+                   - stats["before"]["bufferMemoryBytes"]) / n
+    result = {"messages": n, "concurrency": k,
+              "publish": {key: round(v, 3) for key, v in published.items()},
+              "cancel": {key: round(v, 3) for key, v in cancelled.items()},
+              "ratio_cancel_to_publish": round(cancelled["per_s"] / published["per_s"], 3),
+              "index_bytes_per_pending": round(bytes_before, 1),
+              "index_bytes_per_cancel": round(bytes_added, 1),
+              "cancelled_messages": stats["after"]["cancelledMessages"]}
+    print()
+    for label, f in (("publish", published), ("cancel", cancelled)):
+        print(f"{label:<10}{f['per_s']:>10,.0f} /s   {f['seconds']:6.1f} s   "
+              f"p50 {f['p50_ms']:6.1f} ms  p99 {f['p99_ms']:6.1f} ms")
+    print(f"cancel / publish       = {result['ratio_cancel_to_publish']:.3f}")
+    print(f"index bytes per pending message: {bytes_before:.1f}; added per cancel: "
+          f"{bytes_added:.1f}")
+    out = ROOT / "bench" / "out" / "cancel.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Cancelling a pending delayed message through the tracker's API, on real Redis and
+Kafka: each answer, the race with a drain's claim (a claim frozen as the crash tests
+freeze one), a retried request, a forged or foreign messageId, and the cancel surviving
+a rebuild of the index from the delay log."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dwell import keys
+from dwell.adapters.kafka import Producer, ensure_topic, read_all
+from dwell.adapters.redis import connect
+from dwell.client import AsyncProducer, CancelResult, PublishError
+from dwell.client import Producer as SdkProducer
+from dwell.core import topics as names
+from dwell.core.positions import format_message_id
+from dwell.core.topics import TopicName
+from dwell.index.roaring import decode
+from dwell.index.topic import TopicIndex
+from dwell.tracker import recovery
+from dwell_dev.testkit import wait_for
+
+pytestmark = pytest.mark.integration
+TICK = 1000
+DWELL_ADMIN = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "dwell-admin"
+
+
+def _env(delayed_topic: str, group: str | None = None) -> dict[str, str]:
+    return {"DWELL_DELAYED_TOPIC": delayed_topic, "DWELL_RESTAGE_ENABLED": "false",
+            "DWELL_TRACKER_GROUP_ID": group or "dwell-tracker-" + uuid.uuid4().hex[:8],
+            "DWELL_CANCEL_WAIT_MS": "1000"}
+
+
+def _send(p: Producer, delayed_topic: str, topic: str, deliver_at: int) -> str:
+    part, off = p.send(delayed_topic, b"x", topic, {
+        "dwell-deliver-at": str(deliver_at), "dwell-tick-time": str(TICK),
+        "dwell-topic": topic}).result(10)
+    return format_message_id(delayed_topic, part, off)
+
+
+@pytest.fixture()
+def delayed_topic(kafka_bootstrap: str, unique: str) -> str:
+    name = f"test.delayed.{unique}"
+    ensure_topic(kafka_bootstrap, name, 4)
+    return name
+
+
+def _pending(r, topic: str) -> int:
+    idx = TopicIndex(r, topic)
+    return sum(len(bm) for b in idx.buckets() for bm in idx.read_bucket(b).values())
+
+
+def test_each_answer_of_a_cancel(services, redis_url, kafka_bootstrap, unique, delayed_topic):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    other = f"persistent://{unique}/ns/y"
+    now = int(time.time() * 1000)
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    later, later2, claimed, past = (_send(p, delayed_topic, topic, now + d)
+                                    for d in (600_000, 600_000, 300_000, -5000))
+    foreign = _send(p, delayed_topic, other, now + 600_000)
+    p.close()
+    svc = services.start("tracker", env=_env(delayed_topic))
+    base = f"/v1/topics/persistent/{unique}/ns/x/messages"
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        wait_for(lambda: _pending(r, topic) == 4, 60, "the topic's four messages indexed",
+                 interval=0.1)
+
+        def cancel(mid: str) -> tuple[int, str]:
+            resp = http.delete(f"{base}/{mid}")
+            body = resp.json()
+            result = body.get("result", body.get("reason"))
+            return resp.status_code, "delivered" if body.get("delivered") else result
+
+        assert cancel(later) == (200, "cancelled")
+        assert cancel(later) == (200, "cancelled")  # a retried request
+        # Due (nothing drains in this test, so the bucket is still held): being delivered.
+        assert cancel(past) == (409, "too_late")
+        # Another topic's message, an offset with no record, an immediate message's id.
+        assert cancel(foreign) == (404, "not_found")
+        part = int(later.rsplit(":", 2)[1])
+        assert cancel(format_message_id(delayed_topic, part, 10**9)) == (404, "not_found")
+        assert cancel(format_message_id("x.ns.nope", 0, 1)) == (404, "not_found")
+        # A partition the delay log does not have, an offset past any Kafka keeps.
+        assert cancel(format_message_id(delayed_topic, 99, 0)) == (404, "not_found")
+        assert cancel(format_message_id(delayed_topic, 0, 2**63 - 1)) == (404, "not_found")
+        assert cancel(format_message_id(delayed_topic, 0, 2**64)) == (404, "not_found")
+        ready = TopicName.parse(topic).kafka_topic
+        assert cancel(format_message_id(ready, 0, 3)) == (404, "delivered")
+        for bad in ("nope", "a:b:c", f"{delayed_topic}:-1:2", f"{delayed_topic}:0: 2"):
+            resp = http.delete(f"{base}/{bad}")
+            assert resp.status_code == 400, bad
+            assert resp.json()["reason"].startswith("messageId: "), resp.json()
+        # A drain round frozen at its claim of a bucket that is due: too late. The same
+        # claim while the bucket is not due (a re-filing round): busy, retry.
+        idx = TopicIndex(r, topic)
+        bucket = [b for b in idx.buckets() if now + 200_000 < b < now + 400_000][0]
+        held = idx.claim_between(bucket, bucket, int(time.time() * 1000), 10, 60_000)
+        assert [c.bucket_start for c in held] == [bucket]
+        resp = http.delete(f"{base}/{claimed}")
+        assert (resp.status_code, resp.json()["result"]) == (503, "busy")
+        assert resp.headers["retry-after"] == "1"
+        # A re-filing round completes its claim once the copies are written: the message
+        # is pending as a copy, and the cancel goes to the copy (matched by origin).
+        assert idx.complete(bucket, held[0].lease_id)
+        assert cancel(claimed) == (200, "cancelled")
+        assert idx.cancellations() == 2
+        due = [b for b in idx.buckets() if b < now][0]
+        held = idx.claim_between(due, due, int(time.time() * 1000), 10, 60_000)
+        assert cancel(past) == (409, "too_late")
+        assert idx.complete(due, held[0].lease_id)
+        assert cancel(past) == (404, "delivered")
+        assert cancel(later2) == (200, "cancelled")
+        metrics = http.get("/metrics").text
+        assert 'dwell_tracker_cancel_requests_total{answer="cancelled"} 4.0' in metrics
+    svc.stop()
+
+
+def test_a_cancel_survives_the_loss_of_the_index(services, redis_url, kafka_bootstrap, unique,
+                                                 delayed_topic):
+    """The cancel is marked on dwell.delivered: a tracker that rebuilds the topic's index
+    after Redis lost it (its keys and how far the ingest got) does not index the
+    message again, and puts the cancellation back before it indexes anything (a
+    re-filed copy would be at another position)."""
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    now = int(time.time() * 1000)
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    ids = [_send(p, delayed_topic, topic, now + 600_000 + i * TICK) for i in range(3)]
+    p.close()
+    env = _env(delayed_topic)
+    svc = services.start("tracker", env=env)
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        wait_for(lambda: _pending(r, topic) == 3, 60, "indexed", interval=0.1)
+        resp = http.delete(f"/v1/topics/persistent/{unique}/ns/x/messages/{ids[1]}")
+        assert resp.status_code == 200, resp.text
+    svc.stop()
+    marks = [json.loads(m.value) for m in read_all(kafka_bootstrap, names.DELIVERED)
+             if m.key == topic.encode()]
+    part, off = (int(x) for x in ids[1].split(":")[1:])
+    assert [(m["cancelled"], m["log"], m["bucket"]) for m in marks] == [
+        (True, delayed_topic, (now + 600_000 + TICK) // TICK * TICK)]
+    assert decode(base64.b64decode(marks[0]["fields"][str(part)])).to_array().tolist() == [off]
+    idx = TopicIndex(r, topic)
+    member = f"{part}:{off}".encode()
+    assert r.zrange(idx.keys.cancelled, 0, -1) == [member]
+    for k in list(r.scan_iter(match=f"dwell:*{{{topic}}}*")):
+        r.delete(k)
+    r.hdel(keys.INGESTED, *[str(q) for q in range(4)])
+    svc = services.start("tracker", env=env)
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        wait_for(lambda: _pending(r, topic) == 2 and idx.cancellations() == 1, 60,
+                 "the index rebuilt without the message, its cancellation back",
+                 interval=0.1)
+        assert r.zrange(idx.keys.cancelled, 0, -1) == [member]
+        restored = [row for row in http.get("/metrics").text.splitlines()
+                    if row.startswith("dwell_tracker_cancels_restored_total ")]
+        assert restored and float(restored[0].split()[1]) >= 1
+    svc.stop()
+
+
+def test_the_sdk_and_dwell_admin_cancel_through_admission(services, redis_url,
+                                                           kafka_bootstrap, unique):
+    """Producer.cancel, AsyncProducer.cancel and `dwell-admin messages cancel` go to
+    admission, which hands the cancel to the tracker; nothing of it is delivered."""
+    r = connect(redis_url)
+    policy = services.start("policy")
+    with httpx.Client(base_url=policy.url, timeout=10) as http:
+        assert http.put(f"/admin/v2/tenants/{unique}", json={}).status_code in (200, 204)
+        assert http.put(f"/admin/v2/namespaces/{unique}/ns", json={}).status_code in (200, 204)
+    env = _env(names.DELAYED)
+    # dwell.delayed is shared with every other test: this group starts at its end.
+    recovery.start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
+                                [names.DELAYED, names.REFILED])
+    tracker = services.start("tracker", env=env)
+    admission = services.start("admission", env={"DWELL_TRACKER_URL": tracker.url})
+    topic = f"persistent://{unique}/ns/x"
+    with SdkProducer(topic, admission_url=admission.url) as producer:
+        ids = [producer.send(f"m{i}", deliver_after=600_000) for i in range(3)]
+        now_id = producer.send("now")
+        assert producer.cancel(ids[0]) is CancelResult.CANCELLED
+        assert producer.cancel(ids[0]) == "cancelled"
+        assert producer.cancel(now_id) is CancelResult.NOT_FOUND
+        assert producer.cancel(f"{names.DELAYED}:0:{2**62}") == "not_found"
+        with pytest.raises(PublishError, match="HTTP 400: messageId: invalid message id"):
+            producer.cancel("nope")
+
+    async def cancel_async() -> str:
+        async with AsyncProducer(topic, admission_url=admission.url) as p:
+            return await p.cancel(ids[1])
+
+    assert asyncio.run(cancel_async()) == "cancelled"
+    env_cli = dict(os.environ) | {"DWELL_ADMISSION_URL": admission.url}
+    done = subprocess.run([str(DWELL_ADMIN), "-o", "json", "messages", "cancel", topic, ids[2]],
+                          env=env_cli, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"messageId": ids[2], "result": "cancelled",
+                                       "delivered": False}
+    again = subprocess.run([str(DWELL_ADMIN), "messages", "cancel", topic, now_id],
+                           env=env_cli, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1
+    assert " ".join(again.stdout.split()) == (
+        f"not_found: message {now_id} was published without a delay and delivered at once")
+    idx = TopicIndex(r, topic)
+    assert idx.cancellations() == 3
+    with httpx.Client(base_url=tracker.url, timeout=30) as http:
+        stats = http.get(f"/v1/topics/persistent/{unique}/ns/x/stats").json()
+    assert (stats["delayedMessages"], stats["cancelledMessages"]) == (0, 3)
+    # Admission with no tracker to ask: 503, retryable.
+    admission.stop()
+    lonely = services.start("admission", env={"DWELL_TRACKER_URL": "http://127.0.0.1:9"})
+    with SdkProducer(topic, admission_url=lonely.url) as producer, \
+            pytest.raises(PublishError, match="HTTP 503: tracker unreachable") as err:
+        producer.cancel(ids[0])
+    assert err.value.retryable
+
+
+def test_the_sweep_drops_only_cancellations_of_buckets_long_gone(redis_url, unique):
+    """A rebuild puts back every cancellation it finds, delivered ones too: the sweep
+    drops those whose bucket is past its cutoff and holds nothing, live or claimed."""
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    idx = TopicIndex(r, topic)
+    idx.add([(0, 1, 5_000, TICK), (0, 2, 7_000, TICK)])  # buckets 5000 and 7000 live
+    held = idx.claim_between(7_000, 7_000, int(time.time() * 1000), 10, 60_000)
+    assert [c.bucket_start for c in held] == [7_000]
+    r.zadd(idx.keys.cancelled, {b"0:1": 5_000, b"0:2": 7_000, b"0:3": 6_000,
+                                b"0:4": 9_000})
+    assert idx.sweep_cancelled(8_000) == 1  # 6000: nothing there any more
+    assert sorted(r.zrange(idx.keys.cancelled, 0, -1)) == [b"0:1", b"0:2", b"0:4"]
+    assert idx.complete(7_000, held[0].lease_id)
+    assert idx.sweep_cancelled(10_000) == 2  # 7000 completed, 9000 empty
+    assert r.zrange(idx.keys.cancelled, 0, -1) == [b"0:1"]
