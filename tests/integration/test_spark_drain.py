@@ -62,6 +62,18 @@ def delayed_record(p: kafka.Producer, topic: str, payload: bytes, key: str | Non
     return p.send(names.DELAYED, payload, key=topic, headers=headers).result(10)
 
 
+def refiled_copies(p: kafka.Producer, topic: str, originals: list[tuple[int, int]],
+                   deliver_at: int, **extra: str) -> list[tuple[int, int]]:
+    """Copies of ``originals`` as the tracker's restage writes them to the re-file log
+    (payload ``r<i>``, the original's origin and id, ``extra`` headers); their positions."""
+    return [p.send(names.REFILED, f"r{i}".encode(), key=topic, headers={
+        "dwell-topic": topic, "dwell-deliver-at": str(deliver_at), "dwell-tick-time": "1000",
+        "dwell-origin": f"{part}:{off}",
+        "dwell-message-id": format_message_id(names.DELAYED, part, off),
+        **{k.replace("_", "-"): v.format(i=i) for k, v in extra.items()}}).result(10)
+        for i, (part, off) in enumerate(originals)]
+
+
 def read(bootstrap: str, topic: str, n: int, timeout: float = 15) -> list[kafka.Record]:
     c = kafka.Consumer(bootstrap, f"reader-{time.time_ns()}", [topic])
     out: list[kafka.Record] = []
@@ -125,12 +137,7 @@ def test_a_bucket_in_both_delay_logs_drains_with_the_originals_ids(
     plain = [delayed_record(p, topic, f"o{i}".encode(), f"k{i}", now - 10) for i in range(3)]
     originals = [delayed_record(p, topic, f"r{i}".encode(), f"k{i}", now - 10)
                  for i in range(3)]
-    copies = []
-    for i, (part, off) in enumerate(originals):
-        copies.append(p.send(names.REFILED, f"r{i}".encode(), key=topic, headers={
-            "dwell-topic": topic, "dwell-deliver-at": str(now - 10), "dwell-tick-time": "1000",
-            "dwell-key": f"k{i}", "colour": "red", "dwell-origin": f"{part}:{off}",
-            "dwell-message-id": format_message_id(names.DELAYED, part, off)}).result(10))
+    copies = refiled_copies(p, topic, originals, now - 10, dwell_key="k{i}", colour="red")
     p.close()
     TopicIndex(r, topic).add([(part, off, now - 10, 1000) for part, off in plain]
                              + [(index_field(part, True), off, now - 10, 1000)
@@ -594,11 +601,7 @@ def test_cancelled_messages_are_passed_over_originals_and_copies(
     due = now + 60_000
     plain = [delayed_record(p, topic, f"o{i}".encode(), None, due) for i in range(3)]
     originals = [delayed_record(p, topic, f"r{i}".encode(), None, due) for i in range(3)]
-    copies = [p.send(names.REFILED, f"r{i}".encode(), key=topic, headers={
-        "dwell-topic": topic, "dwell-deliver-at": str(due), "dwell-tick-time": "1000",
-        "dwell-origin": f"{part}:{off}",
-        "dwell-message-id": format_message_id(names.DELAYED, part, off)}).result(10)
-        for i, (part, off) in enumerate(originals)]
+    copies = refiled_copies(p, topic, originals, due)
     p.close()
     idx = TopicIndex(r, topic)
     idx.add([(part, off, due, 1000) for part, off in plain]

@@ -97,13 +97,14 @@ class StatsRefresher:
 
     def refresh(self) -> None:
         now = int(time.time() * 1000)
-        every = topics(self.redis)
-        metrics.INDEX_STATS.snapshot = [
+        snapshot = [
             topic_stats(self.redis, t, now, strict=self.strict, lookahead=self.lookahead)
-            for t in every]
+            for t in topics(self.redis)]
+        metrics.INDEX_STATS.snapshot = snapshot
         if not self.rebuilding():
-            swept = sum(TopicIndex(self.redis, t).sweep_cancelled(now - CANCEL_KEEP_MS)
-                        for t in every)
+            # Only topics with cancellations (the stats just counted them) cost a script.
+            swept = sum(TopicIndex(self.redis, s["topic"]).sweep_cancelled(
+                now - CANCEL_KEEP_MS) for s in snapshot if s["cancelledMessages"])
             metrics.CANCELS_SWEPT.inc(swept)
 
     def run(self) -> None:
