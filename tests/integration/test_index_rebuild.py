@@ -6,16 +6,22 @@ delivered mark, complete), as dwell_spark.drain does."""
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 
 import httpx
+import orjson
 import pytest
+from pyroaring import BitMap64
 
 from dwell import keys
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
-from dwell.index.marks import mark_record, write_marks
+from dwell.adapters.kafka import Producer
+from dwell.core import topics as names
+from dwell.index.marks import cancel_mark_record, mark_record, read_marks, write_marks
+from dwell.index.roaring import encode
 from dwell.index.topic import TopicIndex
 from dwell.tracker.recovery import committed_lowmarks
 from dwell_dev.testkit import publish_delayed, wait_for
@@ -199,3 +205,28 @@ def test_a_flush_with_nothing_pending_re_reads_nothing(tracker, kafka_bootstrap:
     # The ingest goes on.
     publish_delayed(kafka_bootstrap, log, topic, [now + 200_000])
     wait_for(lambda: len(_positions(r, topic)) == 1, 30, "a new record indexed")
+
+
+def test_marks_that_are_not_bitmaps_are_skipped(kafka_bootstrap: str, unique: str) -> None:
+    """A forged or damaged dwell.delivered record whose bitmap pyroaring cannot read (an
+    empty blob raises IndexError, garbage ValueError) is skipped whole, cancel marks too:
+    a rebuild reading the topic does not stop on it."""
+    log_topic = f"test.delayed.{unique}"
+    topic = f"persistent://{unique}/ns/x"
+    good = mark_record(log_topic, topic, 1000, {0: BitMap64([1, 2])})
+    cancel = cancel_mark_record(log_topic, topic, 2000, 1, 7)
+    bad = [orjson.dumps({"log": log_topic, "bucket": 1, "fields": {"0": blob}})
+           for blob in ("", base64.b64encode(b"garbage").decode())]
+    bad.append(orjson.dumps({"log": log_topic, "bucket": 1, "cancelled": True,
+                             "fields": {"1": "", "0": base64.b64encode(
+                                 encode(BitMap64([9]))).decode()}}))
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    for value in bad:
+        p.send(names.DELIVERED, value, topic).result(10)
+    for _, value, key, _, _ in (good, cancel):
+        p.send(names.DELIVERED, value, key).result(10)
+    p.close()
+    cancels: list[tuple[str, int, bytes]] = []
+    marks = read_marks(kafka_bootstrap, log_topic, timeout_s=30, cancels=cancels)
+    assert {f: sorted(bm) for f, bm in marks.items()} == {0: [1, 2], 1: [7]}
+    assert cancels == [(topic, 2000, b"1:7")]

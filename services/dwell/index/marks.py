@@ -80,21 +80,24 @@ def read_marks(bootstrap: str, log_topic: str, fields: Iterable[int] | None = No
             body = orjson.loads(r.value or b"")
             if body["log"] != log_topic:
                 continue
-            items = body["fields"].items()
-            if cancels is not None and body.get("cancelled") is True:
+            cancel = cancels is not None and body.get("cancelled") is True
+            # The bitmaps used are decoded before any is: a record with one that is not a
+            # bitmap (pyroaring raises IndexError or ValueError) is skipped whole.
+            items = [(int(f), decode(base64.b64decode(blob)))
+                     for f, blob in body["fields"].items()
+                     if cancel or wanted is None or int(f) in wanted]
+            if cancel and cancels is not None:
                 topic, bucket = (r.key or b"").decode(), int(body["bucket"])
-                for f, blob in items:
-                    cancels += [(topic, bucket, b"%d:%d" % (int(f), o))
-                                for o in decode(base64.b64decode(blob))]
-        except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError):
+                for f, offsets in items:
+                    cancels += [(topic, bucket, b"%d:%d" % (f, o)) for o in offsets]
+        except (orjson.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError,
+                IndexError):
             log.warning("skipped a malformed %s record at %d:%d", names.DELIVERED,
                         r.partition, r.offset)
             continue
-        for f, blob in items:
-            field = int(f)
+        for field, bm in items:
             if wanted is not None and field not in wanted:
                 continue
-            bm = decode(base64.b64decode(blob))
             if field in out:
                 out[field] |= bm
             else:
