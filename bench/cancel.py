@@ -4,7 +4,13 @@ AsyncProducer (K sends in flight, every one delayed 1 h), then the same N cancel
 AsyncProducer.cancel (K in flight, in a shuffled order), each answer checked. Prints
 msgs/s, p50/p99 of each, the ratio of cancels to publishes, and the index's bytes per
 pending message before and after the cancels (a cancel keeps a member in the topic's
-cancellations until the drain passes its bucket); writes bench/out/cancel.json.
+cancellations until the drain passes its bucket).
+
+Then replacement by schedule key, on a second topic: N messages published with a key
+each (delayed 1 h), then N more with the same keys. Prints the publish rate with keys,
+the index's bytes per pending message with a schedule key, and how fast the tracker's
+ingest applies the replacements (from the first replacement sent to the last applied).
+Writes bench/out/cancel.json.
 
 Starts the test-profile Redis and Kafka unless running (stopping only what it started,
 unless DWELL_TEST_KEEP_SERVERS=1), plus its own processes on free ports (their logs in
@@ -76,6 +82,40 @@ def prepare(policy_url: str, admission_url: str) -> str:
     return f"persistent://{tenant}/ns/cancel"
 
 
+async def replacements(n: int, k: int, admission_url: str, tracker_url: str,
+                       topic: str) -> dict[str, Any]:
+    """N messages with a schedule key each, then N replacements of them; their figures."""
+    stats_path = "/v1/topics/" + topic.replace("://", "/") + "/stats"
+    async with AsyncProducer(topic, admission_url=admission_url,
+                             max_pending_messages=0) as p:
+        async def send(i: int) -> str:
+            return await p.send(PAYLOAD, deliver_after=DELAY_MS, schedule_key=f"key-{i}")
+
+        async def replace(i: int) -> str:
+            return await p.send(PAYLOAD, deliver_after=DELAY_MS + 60_000,
+                                schedule_key=f"key-{i}")
+
+        secs, lat, _ = await run_all(k, list(range(n)), send)
+        published = figures(n, secs, lat)
+        with httpx.Client(base_url=tracker_url, timeout=30) as c:
+            wait_for(lambda: c.get(stats_path).json()["delayedMessages"] == n, 300,
+                     "the tracker to index every keyed message")
+            pending = c.get(stats_path).json()
+            started = time.perf_counter()
+            secs, lat, _ = await run_all(k, list(range(n)), replace)
+            replaced = figures(n, secs, lat)
+            wait_for(lambda: c.get(stats_path).json()["replacedMessages"] == n, 300,
+                     "the tracker to apply every replacement", interval=0.05)
+            applied_s = time.perf_counter() - started
+            after = c.get(stats_path).json()
+    if (after["delayedMessages"], after["cancelledMessages"]) != (n, n):
+        raise RuntimeError(f"after the replacements: {after}")
+    return {"publish_keyed": {key: round(v, 3) for key, v in published.items()},
+            "replace": {key: round(v, 3) for key, v in replaced.items()},
+            "applied_per_s": round(n / applied_s, 1),
+            "index_bytes_per_pending": round(pending["bufferMemoryBytes"] / n, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,6 +170,8 @@ def main() -> None:
                 return published, cancelled, {"before": before, "after": after}
 
             published, cancelled, stats = asyncio.run(both())
+            keyed = asyncio.run(replacements(n, k, admission_url, tracker_url,
+                                             topic.replace("/cancel", "/replace")))
             procs.check()
         finally:
             procs.stop_all()
@@ -144,7 +186,8 @@ def main() -> None:
               "ratio_cancel_to_publish": round(cancelled["per_s"] / published["per_s"], 3),
               "index_bytes_per_pending": round(bytes_before, 1),
               "index_bytes_per_cancel": round(bytes_added, 1),
-              "cancelled_messages": stats["after"]["cancelledMessages"]}
+              "cancelled_messages": stats["after"]["cancelledMessages"],
+              "keyed": keyed}
     print()
     for label, f in (("publish", published), ("cancel", cancelled)):
         print(f"{label:<10}{f['per_s']:>10,.0f} /s   {f['seconds']:6.1f} s   "
@@ -152,6 +195,13 @@ def main() -> None:
     print(f"cancel / publish       = {result['ratio_cancel_to_publish']:.3f}")
     print(f"index bytes per pending message: {bytes_before:.1f}; added per cancel: "
           f"{bytes_added:.1f}")
+    for label in ("publish_keyed", "replace"):
+        f = keyed[label]
+        print(f"{label:<14}{f['per_s']:>7,.0f} /s   {f['seconds']:6.1f} s   "
+              f"p50 {f['p50_ms']:6.1f} ms  p99 {f['p99_ms']:6.1f} ms")
+    print(f"replacements applied by the ingest: {keyed['applied_per_s']:,.0f} /s; "
+          f"index bytes per pending message with a schedule key: "
+          f"{keyed['index_bytes_per_pending']:.1f}")
     out = ROOT / "bench" / "out" / "cancel.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -217,6 +217,7 @@ class Published:
     deliver_at: dict[str, int] = field(default_factory=dict)
     topic_of: dict[str, str] = field(default_factory=dict)
     message_id: dict[str, str] = field(default_factory=dict)  # the id admission returned
+    schedule_key: dict[str, str] = field(default_factory=dict)  # of those sent with one
     refused: int = 0  # messages of requests answered 503 (with Retry-After)
     refused_without_retry_after: int = 0
     unanswered: int = 0  # messages of requests that timed out or hit a closed port
@@ -275,12 +276,18 @@ class Generator(threading.Thread):
                 self.stopping.wait(max(0.0, next_at - time.monotonic()))
 
     def send(self, client: httpx.Client, topic: str, count: int | None = None,
-             deliver_at: int | None = None) -> None:
+             deliver_at: int | None = None, keyed: float = 0.0) -> None:
+        """One request of ``count`` messages (the batch size unless given); a share
+        ``keyed`` of them carry a schedule key, their own id."""
         ids, msgs = [], []
         for _ in range(count or self.batch):
             mid = f"{self.prefix}-{self.seq}"
             self.seq += 1
             msg: dict[str, object] = {"payload": mid}
+            if keyed and self.rng.random() < keyed:
+                msg["scheduleKey"] = mid
+                with self.out.lock:
+                    self.out.schedule_key[mid] = mid
             if deliver_at is not None:
                 msg["deliverAt"] = deliver_at
             elif self.rng.random() >= 0.2:

@@ -175,7 +175,10 @@ class IndexKeys:
       index only; dwell.tracker.restage);
     - `<prefix>cancelled` ZSET "<partition>:<offset>" -> bucketStart: cancelled messages
       (by the position in `dwell.delayed` their messageId names) the drain leaves out
-      until it completes their bucket (a topic index only; index/lua/cancel-3.lua).
+      until it completes their bucket (a topic index only; index/lua/cancel-5.lua);
+    - `<prefix>scheduled` HASH scheduleKey -> "<bucketStart> <partition>:<offset>": the
+      newest message indexed with each schedule key, which a newer one replaces (a topic
+      index only; index/lua/cancel-5.lua).
     """
 
     __slots__ = ("prefix", "index", "bucket_prefix")
@@ -228,3 +231,7 @@ class IndexKeys:
     @property
     def cancelled(self) -> str:
         return f"{self.prefix}cancelled"
+
+    @property
+    def scheduled(self) -> str:
+        return f"{self.prefix}scheduled"

@@ -159,6 +159,10 @@ def drive(e2e: Dwell, prom: promserver.Prometheus, unavailable_admission: str) -
     r = httpx.delete(f"{e2e.tracker}/v1/topics/persistent/{ns}/pending/messages/{mid}",
                      timeout=30)
     assert (r.status_code, r.json()["result"]) == (200, "cancelled"), r.text
+    # A message replaced by a newer one with its schedule key.
+    with Producer(pending, admission_url=e2e.admission) as p:
+        p.send(b"replaced", deliver_after=40_000, schedule_key="k")
+        p.send(b"replacement", deliver_after=40_000, schedule_key="k")
     # A ready topic too small for its record: the drain's copy fails, alone and counted.
     big_ready = TopicName.parse(big).kafka_topic
     kafka.ensure_topic(e2e.bootstrap, big_ready, 1,
@@ -205,6 +209,7 @@ def drive(e2e: Dwell, prom: promserver.Prometheus, unavailable_admission: str) -
                  "count_over_time(dwell_drain_topic_failures_total[1m]) >= 2",
                  "count_over_time(dwell_drain_cancelled_messages_total[1m]) >= 2",
                  "count_over_time(dwell_tracker_cancel_requests_total[1m]) >= 2",
+                 "count_over_time(dwell_tracker_replaced_messages_total[1m]) >= 2",
                  "dwell_redeliveries_total", "dwell_delivery_lateness_ms_count > 0",
                  "dwell_delivered_marks_total{job='spark'} > 0",
                  f"pulsar_broker_topic_messages_fixed_delay_overridden_total{{topic='{fixed}'}}",

@@ -9,6 +9,8 @@ DWELL_FAULTS_FULL=1 runs the issue's sizes (200 msg/s, delays 0-60 s)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
 import shutil
@@ -20,6 +22,10 @@ import httpx
 import pytest
 import redis
 
+from dwell.adapters.kafka import read_all
+from dwell.core import topics as names
+from dwell.core.topics import TopicName
+from dwell.index.roaring import decode
 from dwell_dev.testkit import now_ms, wait_for
 from dwell_dev.workload import FaultStack
 
@@ -139,10 +145,12 @@ def test_spark_restarted_with_backlog(workload) -> None:
     _check(run.finish(f"spark restarted, {size:,} due", settle_s=300))
 
 
-def test_cancels_under_faults(workload) -> None:
-    """Messages scheduled over a span of time, 30% of them cancelled at random times
-    before they are due, while Redis is flushed and the Spark app killed: a message
-    answered cancelled is never delivered, and every other is, once."""
+def test_cancels_and_replacements_under_faults(workload) -> None:
+    """Messages scheduled over a span of time, 30% of them cancelled and 20% replaced by
+    schedule key at random times before they are due, while Redis is flushed and the
+    Spark app killed: a message answered cancelled is never delivered, nor is one its
+    replacement cancelled (its cancel mark on dwell.delivered says so), and every other
+    is, once, replacements included."""
     from .conftest import FULL
     # The full form's cancels (30% of 100,000) are spread over six minutes before the first
     # due time: beside a 100,000-message backlog on 2 cores, a tracker answers about 75 a
@@ -156,14 +164,19 @@ def test_cancels_under_faults(workload) -> None:
     with httpx.Client(base_url=admission, timeout=60) as c:
         while gen.seq < size:
             gen.send(c, run.topics[gen.seq // 20 % 2], count=20,
-                     deliver_at=first_due + rng.randrange(span_ms))
+                     deliver_at=first_due + rng.randrange(span_ms), keyed=0.2)
     assert not pub.other_errors, pub.other_errors[:3]
     start = now_ms()
-    # Each cancel at a random time between now and 4 s before its message is due.
-    plan = sorted((rng.randrange(start, due - 4000), mid) for mid, due in pub.deliver_at.items()
-                  if due - 4000 > start and rng.random() < 0.3)
+    # Each cancel or replacement at a random time between now and 4 s before its message
+    # is due: every message sent with a schedule key is replaced (a quarter of them by an
+    # immediate message), 30% of all the others... of the rest, 3 in 8, are cancelled.
+    plan = sorted((rng.randrange(start, due - 4000), mid,
+                   ("immediate" if rng.random() < 0.25 else "replace")
+                   if mid in pub.schedule_key else "cancel")
+                  for mid, due in pub.deliver_at.items()
+                  if due - 4000 > start and (mid in pub.schedule_key or rng.random() < 0.375))
     answers: dict[str, str] = {}
-    cancels = Cancels(admission, plan, pub, answers, workers=64 if FULL else 16)
+    cancels = Cancels(admission, plan, pub, answers, workers=64 if FULL else 32)
     cancels.start()
     # The faults, a third and two thirds into the cancels' window.
     window = first_due + span_ms - 4000 - start
@@ -177,25 +190,54 @@ def test_cancels_under_faults(workload) -> None:
     assert not cancels.errors, cancels.errors[:5]
     cancelled = {m for m, a in answers.items() if a == "cancelled"}
     # Not answered cancelled (too late, or no answer before it was due): either way.
-    unsure = set(answers) - cancelled
+    unsure = {m for m, a in answers.items() if a != "cancelled" and a != "replaced"}
+    # A replaced message is cancelled when the tracker's ingest reached its replacement
+    # before it was due, and then its cancel mark names it; otherwise it is delivered.
+    # Once every message is due, no more marks come.
+    time.sleep(max(0.0, (first_due + span_ms + 15_000 - now_ms()) / 1000))
+    marked = cancel_marks(run.stack.kafka_bootstrap)
+    replaced = {m for m, a in answers.items() if a == "replaced"}
+    withdrawn = {m for m in replaced if marked_position(pub.message_id[m]) in marked}
     with pub.lock:
-        for mid in cancelled | unsure:
+        for mid in cancelled | unsure | withdrawn:
             del pub.deliver_at[mid], pub.topic_of[mid]
     counts = {a: list(answers.values()).count(a) for a in sorted(set(answers.values()))}
-    print(f"\ncancels planned {len(plan):,}, answers {counts}, retried {cancels.retried:,}")
-    row = run.finish(f"{size:,} msgs, {len(cancelled):,} cancelled; FLUSHALL, kill spark",
-                     settle_s=120)
+    print(f"\ncancels and replacements planned {len(plan):,}, answers {counts}, retried "
+          f"{cancels.retried:,}; replaced messages cancelled {len(withdrawn):,} of "
+          f"{len(replaced):,}")
+    row = run.finish(f"{size:,} msgs, {len(cancelled):,} cancelled, {len(withdrawn):,} "
+                     "replaced; FLUSHALL, kill spark", settle_s=120)
     _check(row)
     with run.checker.lock:
-        leaked = sorted(m for m in cancelled if run.checker.arrivals.get(m))
-    assert not leaked, f"{len(leaked)} cancelled messages delivered: {leaked[:5]}"
-    assert len(cancelled) >= 0.9 * len(plan), counts
+        leaked = sorted(m for m in cancelled | withdrawn if run.checker.arrivals.get(m))
+    assert not leaked, f"{len(leaked)} cancelled or replaced messages delivered: {leaked[:5]}"
+    planned_cancels = sum(1 for _, _, action in plan if action == "cancel")
+    assert len(cancelled) >= 0.9 * planned_cancels, counts
+    assert len(withdrawn) >= 0.9 * len(replaced), (len(withdrawn), len(replaced))
+
+
+def cancel_marks(bootstrap: str) -> set[tuple[int, int]]:
+    """The positions of dwell.delayed that dwell.delivered's cancel marks name."""
+    out: set[tuple[int, int]] = set()
+    for rec in read_all(bootstrap, names.DELIVERED):
+        mark = json.loads(rec.value)
+        if mark.get("cancelled") and mark.get("log") == names.DELAYED:
+            for field, blob in mark["fields"].items():
+                out.update((int(field), o) for o in
+                           decode(base64.b64decode(blob)).to_array().tolist())
+    return out
+
+
+def marked_position(message_id: str) -> tuple[int, int]:
+    _, part, off = message_id.rsplit(":", 2)
+    return int(part), int(off)
 
 
 class Cancels(threading.Thread):
     """Cancels each planned message at its time through admission (SDK Producer.cancel),
-    ``workers`` at a time; a retryable failure (busy, the tracker or Kafka away) is tried again
-    until the message is due. ``answers``: message (payload id) -> answer, or "no answer"."""
+    or publishes its replacement (`_replace`), ``workers`` at a time; a retryable failure
+    (busy, the tracker or Kafka away) is tried again until the message is due.
+    ``answers``: message (payload id) -> answer, "replaced", or "no answer"."""
 
     def __init__(self, admission: str, plan: list[tuple[int, str]], pub, answers,
                  workers: int) -> None:
@@ -218,15 +260,19 @@ class Cancels(threading.Thread):
     def _work(self, todo) -> None:
         from dwell.client import Producer, PublishError
         producers: dict[str, Producer] = {}
+        http = httpx.Client(base_url=self.admission, timeout=30)
         try:
             while True:
                 with self.lock:
                     item = next(todo, None)
                 if item is None:
                     return
-                at, mid = item
+                at, mid, action = item
                 time.sleep(max(0.0, (at - now_ms()) / 1000))
                 topic = self.pub.topic_of[mid]
+                if action != "cancel":
+                    self._replace(http, mid, topic, immediate=action == "immediate")
+                    continue
                 p = producers.get(topic) or producers.setdefault(
                     topic, Producer(topic, admission_url=self.admission, timeout_s=30))
                 answer = "no answer"
@@ -245,5 +291,37 @@ class Cancels(threading.Thread):
                 with self.lock:
                     self.answers[mid] = answer
         finally:
+            http.close()
             for p in producers.values():
                 p.close()
+
+    def _replace(self, http: httpx.Client, mid: str, topic: str, immediate: bool) -> None:
+        """Publish ``mid``'s replacement: a message of its own id ``<mid>-r`` with the same
+        schedule key, due when ``mid`` is, or delivered at once; retried while refused,
+        until ``mid`` is due."""
+        new = f"{mid}-r"
+        msg: dict[str, object] = {"payload": new, "scheduleKey": self.pub.schedule_key[mid]}
+        if not immediate:
+            msg["deliverAt"] = self.pub.deliver_at[mid]
+        t = TopicName.parse(topic)
+        answer = "no answer"
+        while now_ms() < self.pub.deliver_at[mid]:
+            sent = now_ms()
+            try:
+                resp = http.post(f"/topics/persistent/{t.tenant}/{t.namespace}/{t.local}",
+                                 json={"producerName": "faults", "messages": [msg]})
+            except httpx.HTTPError:
+                resp = None
+            if resp is not None and resp.status_code == 200:
+                self.pub.record([new], topic, sent, resp)
+                answer = "replaced"
+                break
+            if resp is not None and resp.status_code != 503:
+                with self.lock:
+                    self.errors.append(f"{mid}: {resp.status_code} {resp.text[:200]}")
+                break
+            with self.lock:
+                self.retried += 1
+            time.sleep(0.2)
+        with self.lock:
+            self.answers[mid] = answer

@@ -1,7 +1,13 @@
 """Cancelling a pending delayed message through the tracker's API, on real Redis and
 Kafka: each answer, the race with a drain's claim (a claim frozen as the crash tests
 freeze one), a retried request, a forged or foreign messageId, and the cancel surviving
-a rebuild of the index from the delay log."""
+a rebuild of the index from the delay log.
+
+Replacing one by its schedule key: the tracker's ingest applies each record with a key
+in log order (a newer message cancels the pending one, a release cancels it and
+schedules nothing), waits out a re-filing round that holds the old message's bucket,
+leaves a due one to be delivered, records each replacement as a cancel mark, and gets
+the same index back after Redis lost it."""
 
 from __future__ import annotations
 
@@ -241,3 +247,164 @@ def test_the_sweep_drops_only_cancellations_of_buckets_long_gone(redis_url, uniq
     assert idx.complete(7_000, held[0].lease_id)
     assert idx.sweep_cancelled(10_000) == 2  # 7000 completed, 9000 empty
     assert r.zrange(idx.keys.cancelled, 0, -1) == [b"0:1"]
+
+
+def _send_keyed(p: Producer, delayed_topic: str, topic: str, deliver_at: int | None,
+          key: str) -> str:
+    """A delay-log record with schedule key ``key``; a release when ``deliver_at`` is
+    None."""
+    headers = {"dwell-topic": topic, "dwell-schedule-key": key}
+    if deliver_at is not None:
+        headers |= {"dwell-deliver-at": str(deliver_at), "dwell-tick-time": str(TICK)}
+    part, off = p.send(delayed_topic, b"x" if deliver_at else b"", topic,
+                       headers).result(10)
+    return format_message_id(delayed_topic, part, off)
+
+
+def _member(message_id: str) -> bytes:
+    return ":".join(message_id.rsplit(":", 2)[1:]).encode()
+
+
+def test_a_schedule_key_replaces_the_pending_message(services, redis_url, kafka_bootstrap,
+                                                      unique, delayed_topic):
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    idx = TopicIndex(r, topic)
+    now = int(time.time() * 1000)
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    first = _send_keyed(p, delayed_topic, topic, now + 600_000, "k")
+    due = _send_keyed(p, delayed_topic, topic, now - 5_000, "late")
+    held = _send_keyed(p, delayed_topic, topic, now + 300_000, "busy")
+    # A key admission would refuse, written to the delay log directly: not a key.
+    _send_keyed(p, delayed_topic, topic, now + 600_000, "x" * 257)
+    env = _env(delayed_topic)
+    svc = services.start("tracker", env=env)
+    wait_for(lambda: _pending(r, topic) == 4, 60, "four messages indexed", interval=0.1)
+    second = _send_keyed(p, delayed_topic, topic, now + 400_000, "k")
+    # A key with no pending message simply schedules; a release of it cancels it.
+    lone = _send_keyed(p, delayed_topic, topic, now + 500_000, "j")
+    release = _send_keyed(p, delayed_topic, topic, None, "j")
+    # The due message is being delivered: its replacement is scheduled as well.
+    after_due = _send_keyed(p, delayed_topic, topic, now + 600_000, "late")
+    wait_for(lambda: _pending(r, topic) == 7, 60, "the new messages indexed", interval=0.1)
+    assert sorted(r.zrange(idx.keys.cancelled, 0, -1)) == sorted([_member(first),
+                                                                 _member(lone)])
+    assert r.hgetall(idx.keys.scheduled) == {
+        b"k": b"%d %s" % ((now + 400_000) // TICK * TICK, _member(second)),
+        b"late": b"%d %s" % ((now + 600_000) // TICK * TICK, _member(after_due)),
+        b"busy": b"%d %s" % ((now + 300_000) // TICK * TICK, _member(held))}
+    assert _member(release) not in r.zrange(idx.keys.cancelled, 0, -1)
+    assert _member(due) not in r.zrange(idx.keys.cancelled, 0, -1)
+    # A re-filing round holds the old message's bucket: the replacement waits for it.
+    bucket = (now + 300_000) // TICK * TICK
+    claim = idx.claim_between(bucket, bucket, int(time.time() * 1000), 10, 60_000)
+    assert [c.bucket_start for c in claim] == [bucket]
+    newer = _send_keyed(p, delayed_topic, topic, now + 700_000, "busy")
+    time.sleep(1.0)
+    assert _member(held) not in r.zrange(idx.keys.cancelled, 0, -1)
+    assert idx.complete(bucket, claim[0].lease_id)
+    wait_for(lambda: _member(held) in r.zrange(idx.keys.cancelled, 0, -1), 30,
+             "the replacement applied once the round let go", interval=0.1)
+    p.close()
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        wait_for(lambda: http.get(f"/v1/topics/persistent/{unique}/ns/x/stats").json()
+                 ["replacedMessages"] == 3, 30, "the stats refreshed", interval=0.2)
+        stats = http.get(f"/v1/topics/persistent/{unique}/ns/x/stats").json()
+        assert (stats["cancelledMessages"], stats["scheduleKeys"]) == (3, 3)
+        metrics = http.get("/metrics").text
+        assert (f'dwell_tracker_replaced_messages_total{{topic="{topic}"}} 3.0'
+                in metrics), [m for m in metrics.splitlines() if "replaced" in m]
+    svc.stop()
+    marks = [json.loads(m.value) for m in read_all(kafka_bootstrap, names.DELIVERED)
+             if m.key == topic.encode()]
+    marked = {(m["bucket"], f"{f}:{o}") for m in marks if m.get("cancelled")
+              for f, o in _offsets(m)}
+    assert {member for _, member in marked} >= {_member(x).decode()
+                                                for x in (first, lone, held)}
+    # Redis loses the topic's index and how far the ingest got: the rebuild puts the
+    # cancellations back from the marks and applies the keys again, to the same end.
+    for k in list(r.scan_iter(match=f"dwell:*{{{topic}}}*")):
+        r.delete(k)
+    r.hdel(keys.INGESTED, *[str(q) for q in range(4)])
+    svc = services.start("tracker", env=env)
+    wait_for(lambda: r.hlen(idx.keys.scheduled) == 3 and idx.cancellations() == 3, 60,
+             "the keys and cancellations back", interval=0.1)
+    wait_for(lambda: _pending(r, topic) == 5, 60, "the index rebuilt", interval=0.1)
+    assert sorted(r.zrange(idx.keys.cancelled, 0, -1)) == sorted(
+        _member(x) for x in (first, lone, held))
+    assert r.hget(idx.keys.scheduled, b"busy") == b"%d %s" % (
+        (now + 700_000) // TICK * TICK, _member(newer))
+    svc.stop()
+
+
+def _offsets(mark: dict) -> list[tuple[str, int]]:
+    return [(f, o) for f, blob in mark["fields"].items()
+            for o in decode(base64.b64decode(blob)).to_array().tolist()]
+
+
+def test_a_replayed_record_changes_nothing_and_an_older_one_is_the_cancelled_one(
+        redis_url, unique):
+    """The ingest re-reads a batch after a crash: a record the key already points to
+    changes nothing, and one older than it (its own replacement came first) is the one
+    cancelled; a release older than the key's message leaves it alone."""
+    r = connect(redis_url)
+    idx = TopicIndex(r, f"persistent://{unique}/ns/x")
+    far = int(time.time() * 1000) + 600_000
+    got = idx.replace([(b"k", far, 0, 10), (b"k", far + TICK, 0, 20)], far - 300_000)
+    assert [x.code for x in got] == [3, 1]
+    assert idx.replace([(b"k", far + TICK, 0, 20)], far - 300_000)[0].code == 3
+    again = idx.replace([(b"k", far, 0, 10), (b"k", None, 0, 15)], far - 300_000)
+    assert [(x.code, x.member) for x in again] == [(2, b"0:10"), (3, b"")]
+    assert idx.replace([(b"k", far, 0, 5)], far - 300_000)[0] == (1, b"%d" % far, b"0:5")
+    assert r.hget(idx.keys.scheduled, b"k") == b"%d 0:20" % (far + TICK)
+    assert idx.replaced() == 2
+    # Offsets compare as numbers however long (9 after 10 in text order).
+    assert idx.replace([(b"n", far, 1, 10), (b"n", far, 1, 9)], 0)[1].member == b"1:9"
+    # The sweep drops a key whose message's bucket is gone and long past, only that.
+    r.hset(idx.keys.scheduled, b"gone", b"1000 0:1")
+    cursor, dropped = idx.sweep_schedule_keys(far - 1)
+    assert (cursor, dropped) == (0, 1)
+    assert sorted(r.hkeys(idx.keys.scheduled)) == [b"k", b"n"]
+
+
+def test_replace_through_admission_and_the_sdk(services, redis_url, kafka_bootstrap, unique):
+    """`scheduleKey` on the publish body (the SDK's `schedule_key`): a delayed message
+    replaces the pending one, an immediate one is delivered at once and cancels it; bad
+    keys are refused with 400."""
+    r = connect(redis_url)
+    policy = services.start("policy")
+    with httpx.Client(base_url=policy.url, timeout=10) as http:
+        assert http.put(f"/admin/v2/tenants/{unique}", json={}).status_code in (200, 204)
+        assert http.put(f"/admin/v2/namespaces/{unique}/ns", json={}).status_code in (200, 204)
+    env = _env(names.DELAYED)
+    recovery.start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
+                                [names.DELAYED, names.REFILED])
+    tracker = services.start("tracker", env=env)
+    admission = services.start("admission", env={"DWELL_TRACKER_URL": tracker.url})
+    topic = f"persistent://{unique}/ns/x"
+    idx = TopicIndex(r, topic)
+    with SdkProducer(topic, admission_url=admission.url) as producer:
+        a = producer.send("a", deliver_after=600_000, schedule_key="order-1")
+        b = producer.send("b", deliver_after=300_000, schedule_key="order-1")
+        c = producer.send("c", deliver_after=600_000, schedule_key="order-2")
+        wait_for(lambda: idx.cancellations() == 1, 30, "a replaced by b", interval=0.1)
+        now_id = producer.send("now", schedule_key="order-2")
+        assert now_id.startswith(TopicName.parse(topic).kafka_topic + ":")
+        wait_for(lambda: idx.cancellations() == 2, 30, "c cancelled by the immediate one",
+                 interval=0.1)
+        assert sorted(r.zrange(idx.keys.cancelled, 0, -1)) == sorted([_member(a),
+                                                                     _member(c)])
+        assert r.hkeys(idx.keys.scheduled) == [b"order-1"]
+        assert _member(b) in r.hget(idx.keys.scheduled, b"order-1")
+        for bad, why in (("", "0 bytes"), ("é" * 129, "258 bytes")):
+            with pytest.raises(PublishError, match=f"scheduleKey: {why}; a schedule key"):
+                producer.send("x", deliver_after=1000, schedule_key=bad)
+    # Over HTTP as Pulsar's REST producer sends it.
+    with httpx.Client(base_url=admission.url, timeout=30) as http:
+        resp = http.post(f"/topics/persistent/{unique}/ns/x", json={"messages": [
+            {"payload": "d", "deliverAfterMs": 600_000, "scheduleKey": "order-1"}]})
+        assert resp.status_code == 200, resp.text
+        resp = http.post(f"/topics/persistent/{unique}/ns/x", json={"messages": [
+            {"payload": "d", "scheduleKey": 7}]})
+        assert resp.status_code == 400, resp.text
+    wait_for(lambda: idx.cancellations() == 3, 30, "b replaced", interval=0.1)

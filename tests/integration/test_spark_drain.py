@@ -588,7 +588,7 @@ def test_a_round_past_its_maximum_time_fails_into_its_lease(
 @pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_cancelled_messages_are_passed_over_originals_and_copies(
         spark_env, unique: str, path: str) -> None:
-    """A message cancelled in the index (cancel-3.lua) is not delivered, whether its
+    """A message cancelled in the index (cancel-5.lua) is not delivered, whether its
     bucket holds the original or a re-filed copy (matched by its dwell-origin); the
     bucket's cancellations go once it is completed."""
     spark, settings, r = spark_env

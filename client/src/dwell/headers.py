@@ -23,6 +23,12 @@ KEY: Final = "dwell-key"  # the message's own key (the record key is the Pulsar 
 # The Kafka partition of the ready topic the drain writes the message to, when it was
 # published to a partition `x-partition-N` of a partitioned topic (absent: any partition).
 PARTITION: Final = "dwell-partition"
+# The message's schedule key, UTF-8 text: a newer message of the topic with the same key
+# replaces it while it is pending. On a record without dwell-deliver-at it is a release:
+# the key's pending message is cancelled, and nothing is indexed (an immediate publish
+# with a key; docs/internals.md "Replacing a message by its schedule key").
+SCHEDULE_KEY: Final = "dwell-schedule-key"
+MAX_SCHEDULE_KEY_BYTES: Final = 256  # admission refuses longer keys; the tracker ignores them
 
 # -- on re-filed, drained and redelivered copies
 ORIGIN: Final = "dwell-origin"  # <partition>:<offset>: the position in the delay log

@@ -21,6 +21,12 @@ Validation, decided here for both entry paths (the body's shape is `schema.py`'s
   field, carried in `dwell-event-time` (0 or "" mean not set, as in Pulsar). `deliverAt`
   and `deliverAfterMs` 0 mean not set (Pulsar's primitive longs); with both set,
   `deliverAt` wins, as in Pulsar.
+* `scheduleKey` (dwell's own): a delayed message carries it in `dwell-schedule-key` and
+  replaces the topic's pending message with that key when the tracker indexes it; an
+  immediate one goes to its ready topic as any other, plus a release on `dwell.delayed`
+  (the key and no deliver-at) that cancels the pending one. It is ignored on
+  non-persistent topics, which hold nothing pending. An empty key, or one over
+  MAX_SCHEDULE_KEY_BYTES, refuses the request (400).
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ from dwell.headers import (
     DELIVER_AT,
     EVENT_TIME,
     KEY,
+    MAX_SCHEDULE_KEY_BYTES,
     PARTITION,
     PRODUCER,
     PUBLISH_TIME,
+    SCHEDULE_KEY,
     SEQUENCE_ID,
     TICK_TIME,
     TOPIC,
@@ -96,6 +104,9 @@ class Plan:
     invalid: int = 0
     rejected: int = 0
     overridden: int = 0  # accepted messages that count as fixed-delay overrides
+    # Releases of schedule keys (immediate messages with a key), the last sends: they
+    # have no result of their own.
+    releases: int = 0
 
     def partitions(self) -> list[int] | None:
         """Each send's Kafka partition (-1: the partitioner's choice), or None when the
@@ -129,6 +140,16 @@ def _head(fields: dict[str, Any], kafka_topic: str) -> str:
     """An accepted result's JSON up to its messageId's partition (Kafka topic names
     need no JSON escaping)."""
     return orjson.dumps(fields)[:-1].decode() + f',"messageId":"{kafka_topic}:'
+
+
+def _schedule_key(i: int, key: str) -> bytes:
+    """A message's schedule key as header bytes; PublishError 400 when empty or longer
+    than MAX_SCHEDULE_KEY_BYTES."""
+    raw = key.encode()  # msgspec refused lone surrogates while parsing
+    if not raw or len(raw) > MAX_SCHEDULE_KEY_BYTES:
+        raise PublishError(400, f"messages[{i}].scheduleKey: {len(raw)} bytes; a schedule key "
+                                f"has 1 to {MAX_SCHEDULE_KEY_BYTES} bytes")
+    return raw
 
 
 def _decided(decision: Decision, tick_b: bytes, ready: str, partition_h: Headers) -> Decided:
@@ -190,6 +211,7 @@ class Planner:
         heads = plan.heads
         delayed_topic = names.DELAYED
         overridden = delayed = 0
+        releases: list[kafka.OutRecord] = []
         # Request-level errors (payload size, reserved property names) raise from inside
         # the loop; the per-message outcomes gathered before are thrown away with the plan.
         for i, m in enumerate(msgs):
@@ -246,14 +268,22 @@ class Planner:
                 headers.append((EVENT_TIME, b"%d" % event_time))
             key = m.key
             key_b = key.encode() if key is not None else None
+            schedule_key = m.scheduleKey
+            if schedule_key is not None:
+                schedule_b = _schedule_key(i, schedule_key)
             if delay_h:
                 headers += delay_h
                 if key_b is not None:
                     headers.append((KEY, key_b))
+                if schedule_key is not None:
+                    headers.append((SCHEDULE_KEY, schedule_b))
                 sends.append((delayed_topic, payload, topic_b, headers, now))
                 delayed += 1
             else:
                 sends.append((ready, payload, key_b, headers, now))
+                if schedule_key is not None and topic.persistent:
+                    releases.append((delayed_topic, b"", topic_b,
+                                     [topic_h, now_hs[1], (SCHEDULE_KEY, schedule_b)], now))
             index.append(i)
             heads.append(head)
             # Shared by the messages with this decision until finish() gives each its own.
@@ -262,6 +292,8 @@ class Planner:
         plan.delayed = delayed
         plan.immediate = len(sends) - delayed
         plan.overridden = overridden
+        plan.releases = len(releases)
+        sends += releases
         return plan
 
     def plan_body(self, topic: TopicName, body: bytes) -> Plan:
@@ -316,7 +348,9 @@ class Planner:
         """Fill in the messageIds, `<kafkaTopic>:<partition>:<offset>`; every accepted
         result becomes a dict of its own (the caller may add fields to it)."""
         results = plan.results
-        for i, out, (partition, offset) in zip(plan.index, plan.sends, offsets, strict=True):
+        accepted = len(plan.index)
+        for i, out, (partition, offset) in zip(plan.index, plan.sends[:accepted],
+                                               offsets[:accepted], strict=True):
             results[i] = {**results[i], "messageId": f"{out[0]}:{partition}:{offset}"}
         return results
 
@@ -326,8 +360,8 @@ class Planner:
         writes them, without a dict per message: an accepted result is its
         head (`Plan.heads`) and `<partition>:<offset>"}`."""
         results = plan.results
-        parts = [f'{head}{partition}:{offset}"}}'
-                 for head, (partition, offset) in zip(plan.heads, offsets, strict=True)]
+        parts = [f'{head}{partition}:{offset}"}}' for head, (partition, offset)
+                 in zip(plan.heads, offsets[:len(plan.heads)], strict=True)]
         if len(parts) != len(results):
             accepted = dict(zip(plan.index, parts, strict=True))
             parts = [accepted.get(i) or orjson.dumps(r).decode()

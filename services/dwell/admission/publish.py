@@ -332,7 +332,7 @@ class Publisher(Planner):
                 offsets = await acked
             except (kafka.KafkaUnavailable, TimeoutError) as exc:
                 self.forget_route(topic)
-                metrics.MESSAGES.labels("unavailable", "http").inc(sends)
+                metrics.MESSAGES.labels("unavailable", "http").inc(sends - plan.releases)
                 raise PublishError(503, f"Kafka unavailable: {exc}") from None
         self.count(plan, "http")
         return self.answer(plan, offsets)

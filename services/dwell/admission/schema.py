@@ -77,6 +77,9 @@ class Message(msgspec.Struct, kw_only=True, gc=False):
     sequenceId: Long | None = None
     deliverAt: Long | None = None
     deliverAfterMs: Long | None = None
+    # dwell's own: a newer message of the topic with the same key replaces this one
+    # while it is pending (docs/client/getting-started.md "Replace by schedule key").
+    scheduleKey: str | None = None
     # Pulsar's, read for their type and not acted on (docs/pulsar-compatibility.md).
     context: str | None = None
     replicationClusters: list[str] | None = None

@@ -5,7 +5,7 @@ look at."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import redis as redislib
@@ -24,11 +24,24 @@ TICK_FIELD: Final = "tickTimeMs"
 # when it completes it (dwell.tracker.stats sweeps, dwell.tracker.trim keeps the marks).
 CANCEL_KEEP_MS: Final = 3_600_000
 
-# Answers of cancel-3.lua to a request (mode "answer")
+# Answers of cancel-5.lua to a request (mode "answer"), and to a replacement ("replace")
 CANCELLED: Final = 1
 DELIVERED: Final = 0
 TOO_LATE: Final = -1
 BUSY: Final = -2
+ALREADY_CANCELLED: Final = 2  # replace only
+NOTHING_TO_REPLACE: Final = 3  # replace only
+REPLACED_FIELD: Final = "replacedMessages"  # of the topic's stats HASH (cancel-5.lua)
+
+
+class Replaced(NamedTuple):
+    """What one record with a schedule key cancelled (cancel-5.lua, mode "replace"):
+    ``code`` is one of the answers above, ``bucket`` and ``member`` name the message it
+    cancelled (empty with NOTHING_TO_REPLACE)."""
+
+    code: int
+    bucket: bytes
+    member: bytes
 
 
 class TopicIndex(BucketIndex):
@@ -78,26 +91,58 @@ class TopicIndex(BucketIndex):
         restage re-files future buckets); the same lease rules as `claim`."""
         return self._claim(last, now_ms, max_buckets, lease_ms, first)
 
-    # -- cancellations (cancel-3.lua)
+    # -- cancellations and schedule keys (cancel-5.lua)
 
     def cancel(self, partition: int, offset: int, bucket_start: int, cutoff: int,
                client: Any = None) -> Any:
         """Cancel the message at ``partition``:``offset`` of `dwell.delayed`, due in bucket
         ``bucket_start``, unless a bucket up to ``cutoff`` may be drained already:
-        CANCELLED, DELIVERED, TOO_LATE or BUSY (cancel-3.lua); queued on ``client`` (a
+        CANCELLED, DELIVERED, TOO_LATE or BUSY (cancel-5.lua); queued on ``client`` (a
         pipeline) when given."""
         return self._scripts.run("cancel", self._cancel_keys(),
-                                 [bucket_start, f"{partition}:{offset}", "answer", cutoff],
+                                 ["answer", bucket_start, f"{partition}:{offset}", cutoff],
                                  client=client)
+
+    def replace(self, rows: list[tuple[bytes, int | None, int, int]],
+                cutoff: int) -> list[Replaced]:
+        """Apply records with a schedule key, ``(scheduleKey, bucketStart or None for a
+        release, partition, offset)`` in log order: each cancels the key's pending
+        message, unless a bucket up to ``cutoff`` may be drained already (cancel-5.lua).
+        One Replaced per record applied; the last is BUSY when the rest must be asked
+        again."""
+        args: list[Any] = ["replace", cutoff]
+        for key, bucket, partition, offset in rows:
+            args += [key, "" if bucket is None else bucket, f"{partition}:{offset}"]
+        out = self._scripts.run("cancel", self._cancel_keys(), args)
+        return [Replaced(int(code), bucket, member) for code, bucket, member in out]
+
+    def sweep_schedule_keys(self, before: int, cursor: int = 0,
+                            count: int = 1000) -> tuple[int, int]:
+        """Drop schedule keys whose message was delivered, of buckets starting up to
+        ``before``, looking at about ``count`` keys from ``cursor`` (cancel-5.lua): the
+        next cursor (0 at the end) and how many were dropped."""
+        nxt, dropped = self._scripts.run("cancel", self._cancel_keys(),
+                                         ["sweep-keys", before, cursor, count])
+        return int(nxt), int(dropped)
+
+    def schedule_keys(self) -> int:
+        """Schedule keys whose newest message may be pending."""
+        return int(self.redis.hlen(self.keys.scheduled))
+
+    def replaced(self) -> int:
+        """Messages cancelled by a replacement since the index was made."""
+        raw = self.redis.hget(keys.stats(self.topic), REPLACED_FIELD)
+        return int(raw) if raw is not None else 0
 
     def sweep_cancelled(self, before: int, limit: int = 1000) -> int:
         """Drop up to ``limit`` cancellations of buckets starting up to ``before`` that
-        hold nothing any more (cancel-3.lua); how many."""
+        hold nothing any more (cancel-5.lua); how many."""
         return int(self._scripts.run("cancel", self._cancel_keys(),
-                                     [before, limit, "sweep", 0]))
+                                     ["sweep", before, limit]))
 
     def _cancel_keys(self) -> list[str]:
-        return [self.keys.index, self.keys.leases, self.keys.cancelled]
+        return [self.keys.index, self.keys.leases, self.keys.cancelled, self.keys.scheduled,
+                keys.stats(self.topic)]
 
     def cancelled_in(self, bucket_starts: Iterable[int]) -> dict[int, set[bytes]]:
         """bucketStart -> the cancelled positions (``b"<partition>:<offset>"``, as a

@@ -1,13 +1,23 @@
 """What the tracker's ingest does with a batch of `dwell.delayed` records: each record's
 position indexed under its topic's bucket (dwell.index), Pulsar's fixed-delay detection,
-the positions already delivered left out during a rebuild, and the folding of deltas into
-Roaring blobs. dwell.tracker.ingest_loop runs it on the consumer group's batches.
+the positions already delivered left out during a rebuild, replacements by schedule key,
+and the folding of deltas into Roaring blobs. dwell.tracker.ingest_loop runs it on the
+consumer group's batches.
+
+Replacement by schedule key: the records of a batch with a `dwell-schedule-key` header
+are applied in log order before its positions are indexed (TopicIndex.replace): each
+cancels the key's pending message by the rules of a cancel request, and a cancel mark of
+it goes to `dwell.delivered` (`record_marks`, acknowledged by Kafka) before the batch
+counts as ingested, so a rebuild of the index finds the cancellation. A record with the
+key and no deliver-at is a release (an immediate publish with the key): it cancels and
+indexes nothing of its own.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -17,11 +27,14 @@ from pyroaring import BitMap64
 
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
-from dwell.adapters.kafka import Columns
+from dwell.adapters.kafka import Columns, OutRecord
+from dwell.core.buckets import bucket_start
 from dwell.core.topics import DELAYED as DELAYED_TOPIC
 from dwell.core.topics import InvalidTopicName, TopicName
-from dwell.headers import DELIVER_AT, TICK_TIME
+from dwell.headers import DELIVER_AT, MAX_SCHEDULE_KEY_BYTES, SCHEDULE_KEY, TICK_TIME
 from dwell.index import bucket_index
+from dwell.index import topic as index
+from dwell.index.marks import cancel_mark_record
 from dwell.index.topic import TopicIndex, append_positions
 from dwell.tracker import LUA_DIR
 from dwell.tracker.metrics import (
@@ -31,11 +44,15 @@ from dwell.tracker.metrics import (
     INVALID,
     REBUILT,
     REBUILT_DUE,
+    REPLACED,
 )
 
 log = logging.getLogger("dwell.tracker.ingest")
 
-HEADERS: Final = (DELIVER_AT, TICK_TIME)  # the two the index needs of each record
+# What the index needs of each record: the two it is filed by, and a schedule key.
+HEADERS: Final = (DELIVER_AT, TICK_TIME, SCHEDULE_KEY)
+# How often a replacement whose message's bucket is being re-filed is asked again.
+_REPLACE_RETRY_S: Final = 0.05
 # The ingest's own script (its progress per delay-log partition); the index's are in
 # dwell/index/lua.
 
@@ -107,6 +124,11 @@ class Decoded:
     ok: np.ndarray  # bool: deliver-at and tick-time usable (tick >= 1)
     keys: list[bytes | None]  # the distinct record keys (Pulsar topics)
     codes: np.ndarray  # intp: each record's key, as an index into `keys`
+    # The records with a schedule key, few or none: their rows, keys, and whether each is
+    # a release (no dwell-deliver-at at all).
+    keyed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    schedule_keys: list[bytes] = field(default_factory=list)
+    releases: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -118,12 +140,17 @@ class Decoded:
             return parts[0]
         keys: dict[bytes | None, int] = {}
         codes = []
+        keyed, base = [], 0
         for d in parts:
             remap = np.array([keys.setdefault(k, len(keys)) for k in d.keys], dtype=np.intp)
             codes.append(remap[d.codes] if len(d) else d.codes)
+            keyed.append(d.keyed + base)
+            base += len(d)
         return Decoded(*(np.concatenate([getattr(d, f) for d in parts])
                          for f in ("partitions", "offsets", "deliver_at", "tick", "ok")),
-                       list(keys), np.concatenate(codes))
+                       list(keys), np.concatenate(codes), np.concatenate(keyed),
+                       [k for d in parts for k in d.schedule_keys],
+                       np.concatenate([d.releases for d in parts]))
 
 
 def last_offsets(parts: np.ndarray, offs: np.ndarray) -> dict[int, int]:
@@ -133,7 +160,8 @@ def last_offsets(parts: np.ndarray, offs: np.ndarray) -> dict[int, int]:
 
 
 def decode(batch: Columns) -> Decoded:
-    """`batch` (headers [deliverAt, tickTime]) as arrays, in C-level passes over it."""
+    """`batch` (headers HEADERS) as arrays, in C-level passes over it (and a Python one
+    over the records with a schedule key, if any)."""
     n = len(batch)
     da, tick, ok = _parse_ints(batch.headers[0], n), _parse_ints(batch.headers[1], n), None
     if da is None or tick is None:
@@ -144,8 +172,20 @@ def decode(batch: Columns) -> Decoded:
     code = {k: i for i, k in enumerate(dict.fromkeys(batch.keys))}
     codes = (np.zeros(n, dtype=np.intp) if len(code) <= 1 else
              np.fromiter(map(code.__getitem__, batch.keys), dtype=np.intp, count=n))
-    return Decoded(np.array(batch.partitions, dtype=np.int64),
-                   np.array(batch.offsets, dtype=np.int64), da, tick, ok, list(code), codes)
+    out = Decoded(np.array(batch.partitions, dtype=np.int64),
+                  np.array(batch.offsets, dtype=np.int64), da, tick, ok, list(code), codes)
+    col = batch.headers[2] if len(batch.headers) > 2 else None
+    if col is None or col.count(None) == n:
+        return out
+    # A key admission would have refused (anyone who may write the delay log chooses
+    # it, and it becomes a Redis hash field) is not one: the record is indexed without.
+    rows = [i for i, k in enumerate(col) if k and len(k) <= MAX_SCHEDULE_KEY_BYTES]
+    if not rows:
+        return out
+    deliver_at = batch.headers[0]
+    return Decoded(out.partitions, out.offsets, da, tick, ok, out.keys, codes,
+                   np.array(rows, dtype=np.intp), [col[i] or b"" for i in rows],
+                   np.array([deliver_at[i] is None for i in rows], dtype=bool))
 
 
 class Ingest:
@@ -155,8 +195,14 @@ class Ingest:
     records: dwell.core.positions.index_field)."""
 
     def __init__(self, r: redislib.Redis, source: str = DELAYED_TOPIC,
-                 field_base: int = 0) -> None:
+                 field_base: int = 0, *, clock_margin_ms: int = 2000,
+                 record_marks: Callable[[list[OutRecord]], None] | None = None) -> None:
         self.redis = r
+        # Replacements by schedule key (on the delay log's own records only): a message
+        # due within the margin is not cancelled, and the cancel marks are written by
+        # `record_marks` (KafkaUnavailable when Kafka did not take them).
+        self.clock_margin_ms = clock_margin_ms
+        self.record_marks = record_marks
         self._scripts = redis_adapter.Scripts(r, LUA_DIR)
         self._index_scripts = bucket_index.scripts(r)
         self.source = source
@@ -232,6 +278,13 @@ class Ingest:
             cuts = np.cumsum(np.bincount(d.codes, minlength=len(d.keys)))[:-1]
             groups = list(zip(d.keys, np.split(order, cuts), strict=True))
         rows: list[tuple[str, np.ndarray]] = []
+        keyed: list[tuple[str, np.ndarray]] = []
+        released = np.zeros(n, dtype=bool)
+        # Only the delay log's own records replace: a re-filed copy was applied as its
+        # original.
+        with_keys = len(d.keyed) > 0 and self.field_base == 0
+        if with_keys:
+            released[d.keyed[d.releases]] = True
         bad = 0
         for key, idx in groups:
             topic = _topic(key)
@@ -239,16 +292,25 @@ class Ingest:
                 bad += len(idx)
                 continue
             good = idx[ok[idx]]
-            bad += len(idx) - len(good)
+            bad += len(idx) - len(good) - int(released[idx].sum())
             if keep is not None:
                 good = good[keep[good]]
             if len(good):
                 rows.append((topic, good))
+            if with_keys:
+                applied = np.zeros(n, dtype=bool)
+                applied[good] = True
+                applied |= released
+                mine = d.keyed[applied[d.keyed] & np.isin(d.keyed, idx)]
+                if len(mine):
+                    keyed.append((topic, mine))
         if bad:
             INVALID.inc(bad)
             log.warning("skipped %d dwell.delayed records without a topic key, deliver-at or "
                         "tick-time", bad)
         started = time.perf_counter()
+        if keyed:
+            self._replace(d, parts, keyed)
         pipe = self.redis.pipeline(transaction=False)
         indexed = 0
         now = int(time.time() * 1000)
@@ -273,6 +335,46 @@ class Ingest:
         FLUSH_SECONDS.observe(time.perf_counter() - started)
         INGESTED.inc(indexed)
         return indexed
+
+    def _replace(self, d: Decoded, parts: np.ndarray,
+                 keyed: list[tuple[str, np.ndarray]]) -> None:
+        """Apply the records with a schedule key (rows of ``d``, per topic, in log order)
+        and record what they cancelled in Kafka before the batch is indexed. A record
+        whose key's message sits in a bucket being re-filed waits for the round."""
+        key_of = dict(zip(d.keyed.tolist(), d.schedule_keys, strict=True))
+        release = dict(zip(d.keyed.tolist(), d.releases.tolist(), strict=True))
+        marks: list[OutRecord] = []
+        for topic, mine in keyed:
+            todo = []
+            for row in mine.tolist():
+                bucket = None if release[row] else bucket_start(int(d.deliver_at[row]),
+                                                                int(d.tick[row]))
+                todo.append((key_of[row], bucket, int(parts[row]), int(d.offsets[row])))
+            idx = TopicIndex(self.redis, topic)
+            replaced = 0
+            while todo:
+                cutoff = int(time.time() * 1000) + 1 + self.clock_margin_ms
+                done = idx.replace(todo, cutoff)
+                for r in done:
+                    if r.code == index.CANCELLED or (
+                            r.code == index.ALREADY_CANCELLED and not self.skip_below):
+                        # Already cancelled while not rebuilding: its mark may be the one
+                        # a crash kept from being written.
+                        p, o = r.member.split(b":")
+                        marks.append(cancel_mark_record(self.source, topic, int(r.bucket),
+                                                        int(p), int(o)))
+                    replaced += r.code == index.CANCELLED
+                if done and done[-1].code == index.BUSY:
+                    # Not applied: asked again, with the records after it, once the
+                    # re-filing round let go of the bucket (its lease bounds the wait).
+                    todo = todo[len(done) - 1:]
+                    time.sleep(_REPLACE_RETRY_S)
+                else:
+                    todo = todo[len(done):]
+            if replaced:
+                REPLACED.labels(topic).inc(replaced)
+        if marks and self.record_marks is not None:
+            self.record_marks(marks)
 
     def _not_delivered(self, parts: np.ndarray, offs: np.ndarray) -> np.ndarray:
         """Mask of the records a rebuild must index: not below its end offset with a

@@ -21,9 +21,9 @@ import redis as redislib
 from pyroaring import BitMap64
 
 from dwell import keys, memory
-from dwell.adapters.kafka import Consumer, KafkaUnavailable
+from dwell.adapters.kafka import BulkProducer, Consumer, KafkaUnavailable, OutRecord
 from dwell.core.topics import InvalidTopicName, TopicName
-from dwell.index.marks import read_marks
+from dwell.index.marks import read_marks, write_marks
 from dwell.liveness import Heartbeat
 from dwell.tracker.ingest import HEADERS, Decoded, Ingest, decode, last_offsets
 from dwell.tracker.metrics import CANCELS_RESTORED, REBUILDS
@@ -70,8 +70,10 @@ class IngestLoop:
                  poll_timeout_ms: int = 100,
                  compaction_interval_ms: int = 1000, compaction_max_buckets: int = 2000,
                  compaction_busy_min_delta_bytes: int = 4096, queue_depth: int = 2,
-                 redis_check_interval_ms: int = 1000) -> None:
-        self.ingest = Ingest(r, source or topic, field_base)
+                 redis_check_interval_ms: int = 1000, clock_margin_ms: int = 2000) -> None:
+        self.ingest = Ingest(r, source or topic, field_base, clock_margin_ms=clock_margin_ms,
+                             record_marks=self._record_marks)
+        self._marks: BulkProducer | None = None
         self.bootstrap = bootstrap
         self.group_id = group_id
         self.redis_check_interval = redis_check_interval_ms / 1000
@@ -414,9 +416,9 @@ class IngestLoop:
                 n = self.ingest.index_batch(batch)
                 self.error = None
                 break
-            except (redislib.RedisError, OSError) as exc:
+            except (redislib.RedisError, OSError, KafkaUnavailable) as exc:
                 self.error = str(exc)
-                log.warning("Redis write failed, retrying the batch: %s", exc)
+                log.warning("the batch's write failed, retrying it: %s", exc)
                 if self.stopping.wait(0.5):
                     return False
                 self.writing.beat()
@@ -434,6 +436,13 @@ class IngestLoop:
             self.indexed += n
             self._lock.notify_all()
         return True
+
+    def _record_marks(self, marks: list[OutRecord]) -> None:
+        """The cancel marks of replacements by schedule key, acknowledged by Kafka
+        (KafkaUnavailable otherwise: the batch is written again)."""
+        if self._marks is None:
+            self._marks = BulkProducer(self.bootstrap, linger_ms=0)
+        write_marks(self._marks, marks)
 
     def _compact(self, min_delta_bytes: int) -> None:
         try:

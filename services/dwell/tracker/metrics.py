@@ -24,6 +24,11 @@ CANCELS_RESTORED = Counter("dwell_tracker_cancels_restored_total",
                            "marks of dwell.delivered")
 CANCELS_SWEPT = Counter("dwell_tracker_cancels_swept_total",
                         "Cancellations dropped because their bucket was long gone")
+REPLACED = Counter("dwell_tracker_replaced_messages_total", "Pending delayed messages "
+                   "cancelled because a newer one with their schedule key was published",
+                   ["topic"])
+SCHEDULE_KEYS_SWEPT = Counter("dwell_tracker_schedule_keys_swept_total",
+                              "Schedule keys dropped because their message was delivered")
 CANCELS = Counter("dwell_tracker_cancel_requests_total", "Requests to cancel a delayed "
                   "message, by answer (cancelled, delivered, not_found, too_late, busy)",
                   ["answer"])
@@ -85,6 +90,8 @@ _TOPIC_FAMILIES = {
          "delayedMessages"),
     "dwell_tracker_cancelled_messages":
         ("Cancelled messages the drain has not passed over yet", "cancelledMessages"),
+    "dwell_tracker_schedule_keys":
+        ("Schedule keys whose newest message may be pending", "scheduleKeys"),
     "dwell_tracker_next_due_at_ms": ("Earliest bucket start (ms since epoch)", "nextDueAt"),
     "dwell_tracker_drain_lag_ms": ("now - oldest due unclaimed bucket", "drainLagMs"),
     "dwell_tracker_fixed_delay_detected":

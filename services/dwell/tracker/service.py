@@ -61,7 +61,8 @@ def start_ingest(settings: TrackerSettings, topic: str, thread: str,
                       compaction_interval_ms=settings.compaction_interval_ms,
                       compaction_max_buckets=settings.compaction_max_buckets,
                       compaction_busy_min_delta_bytes=settings.compaction_busy_min_delta_bytes,
-                      redis_check_interval_ms=settings.redis_check_interval_ms)
+                      redis_check_interval_ms=settings.redis_check_interval_ms,
+                      clock_margin_ms=settings.cancel_clock_margin_ms)
     threading.Thread(target=loop.run, name=thread, daemon=True).start()
     return loop
 

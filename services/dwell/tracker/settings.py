@@ -76,7 +76,8 @@ class TrackerSettings(ServiceSettings, ReadyTopicSettings, RedisLossSettings, Co
         "How long a cancel request waits for the ingest to reach the message, or for a "
         "re-filing round that holds the message's bucket, before it answers 503 (retry)."))
     cancel_clock_margin_ms: int = Field(2000, ge=0, description=(
-        "A message due within this long is answered `too late` rather than cancelled: the "
+        "A message due within this long is answered `too late` rather than cancelled (by a "
+        "cancel request, or a replacement by schedule key): the "
         "margin covers the difference between this process's clock and the drain's."))
 
     lowmark_interval_ms: int = Field(10_000, ge=100, description=(

@@ -18,7 +18,7 @@ from dwell import keys
 from dwell.core.buckets import bucket_due_cutoff
 from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
-from dwell.index.topic import CANCEL_KEEP_MS, TopicIndex
+from dwell.index.topic import CANCEL_KEEP_MS, REPLACED_FIELD, TopicIndex
 from dwell.tracker import metrics
 from dwell.tracker.ingest import FIXED_FIELD
 from dwell.tracker.metrics import subscription_index_bytes
@@ -57,6 +57,7 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
         histogram.append({"le": le, "count": cum})
     # Cancelled messages stay in their buckets until the drain passes them over.
     cancelled = idx.cancellations()
+    scheduled = idx.schedule_keys()
     subs = {}
     for name in subscriptions.names(r, topic):
         sidx = SubscriptionIndex(r, topic, name)
@@ -66,7 +67,10 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
         "topic": topic,
         "delayedMessages": max(0, total - cancelled),
         "cancelledMessages": cancelled,
-        "bufferMemoryBytes": idx.memory_bytes(extra=[keys.stats(topic), idx.keys.cancelled]),
+        "replacedMessages": int(raw.get(REPLACED_FIELD.encode(), 0)),
+        "scheduleKeys": scheduled,
+        "bufferMemoryBytes": idx.memory_bytes(extra=[keys.stats(topic), idx.keys.cancelled,
+                                                     idx.keys.scheduled]),
         "buckets": len(counts),
         "claimedBuckets": len(set(counts) - live),
         "tickTimeMs": tick,
@@ -106,6 +110,20 @@ class StatsRefresher:
             swept = sum(TopicIndex(self.redis, s["topic"]).sweep_cancelled(
                 now - CANCEL_KEEP_MS) for s in snapshot if s["cancelledMessages"])
             metrics.CANCELS_SWEPT.inc(swept)
+            for s in snapshot:
+                if s["scheduleKeys"]:
+                    self._sweep_schedule_keys(TopicIndex(self.redis, s["topic"]),
+                                              now - CANCEL_KEEP_MS)
+
+    def _sweep_schedule_keys(self, idx: TopicIndex, before: int) -> None:
+        """Drop the topic's schedule keys whose message was delivered, a page of keys at a
+        time (each page one short script)."""
+        cursor = 0
+        while True:
+            cursor, dropped = idx.sweep_schedule_keys(before, cursor)
+            metrics.SCHEDULE_KEYS_SWEPT.inc(dropped)
+            if cursor == 0 or self._stop.is_set():
+                return
 
     def run(self) -> None:
         while not self._stop.is_set():

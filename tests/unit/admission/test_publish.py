@@ -200,6 +200,47 @@ def test_routing_and_headers(publisher: Publisher) -> None:
     assert results[1]["messageId"] == "dwell.delayed:1:9"
 
 
+def test_schedule_keys(publisher: Publisher) -> None:
+    """A delayed message carries its key; an immediate one goes to its ready topic and a
+    release (the key, no deliver-at, no result of its own) to the delay log, last."""
+    p = plan(publisher, "persistent://acme/ns/x", body(
+        {"payload": "later", "deliverAfterMs": 4000, "scheduleKey": "k1"},
+        {"payload": "now", "scheduleKey": "k2"},
+        {"payload": "too far", "deliverAfterMs": 9000, "scheduleKey": "k3"}))
+    assert [(s[0], s[1]) for s in p.sends] == [(names.DELAYED, b"later"),
+                                               ("acme.ns.x", b"now"), (names.DELAYED, b"")]
+    assert dict(p.sends[0][3])["dwell-schedule-key"] == b"k1"
+    assert "dwell-schedule-key" not in dict(p.sends[1][3])
+    release = dict(p.sends[2][3])
+    assert p.sends[2][2] == b"persistent://acme/ns/x"
+    assert release == {"dwell-topic": b"persistent://acme/ns/x",
+                       "dwell-publish-time": str(NOW_MS).encode(),
+                       "dwell-schedule-key": b"k2"}
+    assert (p.delayed, p.immediate, p.rejected, p.releases) == (1, 1, 1, 1)
+    offsets = [(1, 9), (3, 40), (1, 10)]
+    want = orjson.dumps({"messagePublishResults": Publisher.finish(
+        plan(publisher, "persistent://acme/ns/x", body(
+            {"payload": "later", "deliverAfterMs": 4000, "scheduleKey": "k1"},
+            {"payload": "now", "scheduleKey": "k2"},
+            {"payload": "too far", "deliverAfterMs": 9000, "scheduleKey": "k3"})), offsets),
+        "schemaVersion": 0})
+    answer = publisher.answer(p, offsets)
+    assert answer == want
+    assert [r["messageId"] for r in orjson.loads(answer)["messagePublishResults"]] == [
+        "dwell.delayed:1:9", "acme.ns.x:3:40", "-1"]
+    # Nothing is pending on a non-persistent topic: no release.
+    np = plan(publisher, "non-persistent://acme/ns/x", body({"payload": "a",
+                                                            "scheduleKey": "k"}))
+    assert [s[0] for s in np.sends] == ["non-persistent.acme.ns.x"] and np.releases == 0
+    for key, why in (("", "0 bytes"), ("x" * 257, "257 bytes")):
+        with pytest.raises(PublishError, match=f"messages\\[0\\].scheduleKey: {why}") as err:
+            plan(publisher, "persistent://acme/ns/x",
+                 body({"payload": "a", "deliverAfterMs": 1000, "scheduleKey": key}))
+        assert err.value.status == 400
+    assert plan(publisher, "persistent://acme/ns/x", body(
+        {"payload": "a", "deliverAfterMs": 4000, "scheduleKey": "é" * 128})).delayed == 1
+
+
 def test_fixed_delay_disabled_and_non_persistent(publisher: Publisher) -> None:
     fixed = plan(publisher, "persistent://acme/fixed/x", body({"payload": "a"},
                                                              {"payload": "b", "deliverAt": 1}))

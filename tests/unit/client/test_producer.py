@@ -68,6 +68,14 @@ def test_returns_the_message_id_and_sends_pulsar_fields() -> None:
     assert "deliverAt" not in msg
 
 
+def test_a_schedule_key_is_sent_only_when_given() -> None:
+    p, seen = producer(ok())
+    p.send(b"x", deliver_after=1000, schedule_key="order-7")
+    p.send(b"x")
+    assert seen[0]["messages"][0]["scheduleKey"] == "order-7"
+    assert "scheduleKey" not in seen[1]["messages"][0]
+
+
 def test_deliver_at_accepts_datetime_and_millis_and_text_stays_text() -> None:
     p, seen = producer(ok())
     when = datetime(2030, 1, 1, tzinfo=timezone.utc)

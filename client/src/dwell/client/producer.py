@@ -79,7 +79,8 @@ def _request_body(producer_name: str, sequence_id: int, payload: bytes | str, *,
                   key: str | None = None, properties: Mapping[str, str] | None = None,
                   deliver_at: datetime | int | None = None,
                   deliver_after: timedelta | int | None = None,
-                  event_time: datetime | int | None = None) -> dict[str, Any]:
+                  event_time: datetime | int | None = None,
+                  schedule_key: str | None = None) -> dict[str, Any]:
     """A publish request of one message, in Pulsar's REST fields; refuses both delays
     (ValueError) before anything is sent."""
     if deliver_at is not None and deliver_after is not None:
@@ -102,6 +103,8 @@ def _request_body(producer_name: str, sequence_id: int, payload: bytes | str, *,
                                  else int(deliver_after))
     if event_time is not None:
         msg["eventTime"] = _millis(event_time)
+    if schedule_key is not None:
+        msg["scheduleKey"] = schedule_key
     return {"producerName": producer_name, "messages": [msg]}
 
 
@@ -244,7 +247,8 @@ class Producer(_Publisher):
              properties: Mapping[str, str] | None = None,
              deliver_at: datetime | int | None = None,
              deliver_after: timedelta | int | None = None,
-             event_time: datetime | int | None = None) -> str:
+             event_time: datetime | int | None = None,
+             schedule_key: str | None = None) -> str:
         """Publish one message and return its message id.
 
         ``payload`` is bytes, or a str sent as text. ``key`` is the message's key and
@@ -252,11 +256,15 @@ class Producer(_Publisher):
         ``deliver_at`` is an absolute time (datetime or ms since epoch; a naive datetime
         is local time); ``deliver_after`` a delay (timedelta or ms); giving both raises
         ValueError before anything is sent. ``event_time`` (datetime or ms since epoch)
-        is the application's own time, kept in the ``dwell-event-time`` header. Raises
-        NotAllowedError for errorCode 2, PublishError for any other failure.
+        is the application's own time, kept in the ``dwell-event-time`` header.
+        ``schedule_key`` (1 to 256 bytes of UTF-8) replaces the topic's pending message
+        with the same key: that one is cancelled and this one is scheduled, or delivered
+        at once without a delay. Raises NotAllowedError for errorCode 2, PublishError for
+        any other failure.
         """
         body = self._next_body(payload, key=key, properties=properties, deliver_at=deliver_at,
-                               deliver_after=deliver_after, event_time=event_time)
+                               deliver_after=deliver_after, event_time=event_time,
+                               schedule_key=schedule_key)
         try:
             resp = self._http.post(self._path, json=body)
         except httpx.HTTPError as exc:
@@ -329,13 +337,15 @@ class AsyncProducer(_Publisher):
                    properties: Mapping[str, str] | None = None,
                    deliver_at: datetime | int | None = None,
                    deliver_after: timedelta | int | None = None,
-                   event_time: datetime | int | None = None) -> str:
+                   event_time: datetime | int | None = None,
+                   schedule_key: str | None = None) -> str:
         """Publish one message and return its message id (as ``Producer.send``); raises
         ProducerQueueIsFullError at once when ``max_pending_messages`` sends are pending."""
         if self._max_pending and self._pending >= self._max_pending:
             raise ProducerQueueIsFullError(self._max_pending)
         body = self._next_body(payload, key=key, properties=properties, deliver_at=deliver_at,
-                               deliver_after=deliver_after, event_time=event_time)
+                               deliver_after=deliver_after, event_time=event_time,
+                               schedule_key=schedule_key)
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._pending += 1
