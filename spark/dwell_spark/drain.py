@@ -290,7 +290,7 @@ class Drainer:
             idx = TopicIndex(self.redis, topic)
             mine = idx.claim(now_ms, s.drain_max_buckets, s.drain_lease_ms, self.strict)
             # Read after the claim: a cancel the index answered before it is here, and
-            # one after it found the lease and answered too late (cancel-3.lua).
+            # one after it found the lease and answered too late (cancel-5.lua).
             cancelled = idx.cancelled_in(b.bucket_start for b in mine) if mine else {}
             for b in mine:
                 n = len(claims)

@@ -82,6 +82,10 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
     }
 
 
+# Pages of about a thousand schedule keys a topic's sweep looks at per refresh, at most.
+KEY_SWEEP_PAGES: Final = 10
+
+
 class StatsRefresher:
     """Refreshes the index figures the tracker's metrics serve
     (`dwell.tracker.metrics.INDEX_STATS`) in the background, so a scrape never waits on
@@ -98,6 +102,8 @@ class StatsRefresher:
         self.rebuilding = rebuilding
         metrics.INDEX_STATS.cluster = cluster
         self._stop = threading.Event()
+        # Per topic, where the sweep of its schedule keys goes on at the next refresh.
+        self._key_cursors: dict[str, int] = {}
 
     def refresh(self) -> None:
         now = int(time.time() * 1000)
@@ -116,14 +122,16 @@ class StatsRefresher:
                                               now - CANCEL_KEEP_MS)
 
     def _sweep_schedule_keys(self, idx: TopicIndex, before: int) -> None:
-        """Drop the topic's schedule keys whose message was delivered, a page of keys at a
-        time (each page one short script)."""
-        cursor = 0
-        while True:
+        """Drop schedule keys of the topic whose message was delivered: up to
+        KEY_SWEEP_PAGES pages of keys a refresh (each page one short script), going on
+        where the last refresh stopped."""
+        cursor = self._key_cursors.pop(idx.topic, 0)
+        for _ in range(KEY_SWEEP_PAGES):
             cursor, dropped = idx.sweep_schedule_keys(before, cursor)
             metrics.SCHEDULE_KEYS_SWEPT.inc(dropped)
-            if cursor == 0 or self._stop.is_set():
+            if cursor == 0:
                 return
+        self._key_cursors[idx.topic] = cursor
 
     def run(self) -> None:
         while not self._stop.is_set():
