@@ -273,57 +273,72 @@ class Cancels(threading.Thread):
                 time.sleep(max(0.0, (at - now_ms()) / 1000))
                 topic = self.pub.topic_of[mid]
                 if action != "cancel":
-                    self._replace(http, mid, topic, immediate=action == "immediate")
+                    self._until_due(mid, self._replacement(http, mid, topic,
+                                                           immediate=action == "immediate"))
                     continue
                 p = producers.get(topic) or producers.setdefault(
                     topic, Producer(topic, admission_url=self.admission, timeout_s=30))
-                answer = "no answer"
-                while now_ms() < self.pub.deliver_at[mid]:
+
+                def cancel(p: Producer = p, mid: str = mid) -> str | None:
                     try:
-                        answer = p.cancel(self.pub.message_id[mid]).value
-                        break
+                        return p.cancel(self.pub.message_id[mid]).value
                     except PublishError as exc:
                         if not exc.retryable:
-                            with self.lock:
-                                self.errors.append(f"{mid}: {exc}")
-                            break
-                        with self.lock:
-                            self.retried += 1
-                        time.sleep(0.2)
-                with self.lock:
-                    self.answers[mid] = answer
+                            raise Refused(str(exc)) from None
+                        return None
+
+                self._until_due(mid, cancel)
         finally:
             http.close()
             for p in producers.values():
                 p.close()
 
-    def _replace(self, http: httpx.Client, mid: str, topic: str, immediate: bool) -> None:
-        """Publish ``mid``'s replacement: a message of its own id ``<mid>-r`` with the same
-        schedule key, due when ``mid`` is, or delivered at once; retried while refused,
-        until ``mid`` is due."""
-        new = f"{mid}-r"
-        msg: dict[str, object] = {"payload": new, "scheduleKey": self.pub.schedule_key[mid]}
-        if not immediate:
-            msg["deliverAt"] = self.pub.deliver_at[mid]
-        t = TopicName.parse(topic)
+    def _until_due(self, mid: str, attempt) -> None:
+        """``attempt()`` until it answers (None: try again shortly) or ``mid`` is due; its
+        answer, "no answer", or an error when it raises Refused."""
         answer = "no answer"
         while now_ms() < self.pub.deliver_at[mid]:
-            sent = now_ms()
             try:
-                resp = http.post(f"/topics/persistent/{t.tenant}/{t.namespace}/{t.local}",
-                                 json={"producerName": "faults", "messages": [msg]})
-            except httpx.HTTPError:
-                resp = None
-            if resp is not None and resp.status_code == 200:
-                self.pub.record([new], topic, sent, resp)
-                answer = "replaced"
-                break
-            if resp is not None and resp.status_code != 503:
+                got = attempt()
+            except Refused as exc:
                 with self.lock:
-                    self.errors.append(f"{mid}: {resp.status_code} {resp.text[:200]}")
+                    self.errors.append(f"{mid}: {exc}")
+                break
+            if got is not None:
+                answer = got
                 break
             with self.lock:
                 self.retried += 1
             time.sleep(0.2)
         with self.lock:
             self.answers[mid] = answer
+
+    def _replacement(self, http: httpx.Client, mid: str, topic: str, immediate: bool):
+        """An attempt at publishing ``mid``'s replacement: a message of its own id
+        ``<mid>-r`` with the same schedule key, due when ``mid`` is, or delivered at once;
+        "replaced" once admission took it."""
+        new = f"{mid}-r"
+        msg: dict[str, object] = {"payload": new, "scheduleKey": self.pub.schedule_key[mid]}
+        if not immediate:
+            msg["deliverAt"] = self.pub.deliver_at[mid]
+        t = TopicName.parse(topic)
+
+        def attempt() -> str | None:
+            sent = now_ms()
+            try:
+                resp = http.post(f"/topics/persistent/{t.tenant}/{t.namespace}/{t.local}",
+                                 json={"producerName": "faults", "messages": [msg]})
+            except httpx.HTTPError:
+                return None
+            if resp.status_code == 200:
+                self.pub.record([new], topic, sent, resp)
+                return "replaced"
+            if resp.status_code != 503:
+                raise Refused(f"{resp.status_code} {resp.text[:200]}")
+            return None
+
+        return attempt
+
+
+class Refused(Exception):
+    """A cancel or replacement refused for good."""

@@ -175,21 +175,27 @@ def test_a_cancel_survives_the_loss_of_the_index(services, redis_url, kafka_boot
     svc.stop()
 
 
-def test_the_sdk_and_dwell_admin_cancel_through_admission(services, redis_url,
-                                                           kafka_bootstrap, unique):
-    """Producer.cancel, AsyncProducer.cancel and `dwell-admin messages cancel` go to
-    admission, which hands the cancel to the tracker; nothing of it is delivered."""
-    r = connect(redis_url)
+def _tracker_and_admission(services, kafka_bootstrap: str, tenant: str):  # type: ignore[no-untyped-def]
+    """A policy service with namespace ``<tenant>/ns``, a tracker on `dwell.delayed` and an
+    admission that hands cancels to it."""
     policy = services.start("policy")
     with httpx.Client(base_url=policy.url, timeout=10) as http:
-        assert http.put(f"/admin/v2/tenants/{unique}", json={}).status_code in (200, 204)
-        assert http.put(f"/admin/v2/namespaces/{unique}/ns", json={}).status_code in (200, 204)
+        assert http.put(f"/admin/v2/tenants/{tenant}", json={}).status_code in (200, 204)
+        assert http.put(f"/admin/v2/namespaces/{tenant}/ns", json={}).status_code in (200, 204)
     env = _env(names.DELAYED)
     # dwell.delayed is shared with every other test: this group starts at its end.
     recovery.start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
                                 [names.DELAYED, names.REFILED])
     tracker = services.start("tracker", env=env)
-    admission = services.start("admission", env={"DWELL_TRACKER_URL": tracker.url})
+    return tracker, services.start("admission", env={"DWELL_TRACKER_URL": tracker.url})
+
+
+def test_the_sdk_and_dwell_admin_cancel_through_admission(services, redis_url,
+                                                           kafka_bootstrap, unique):
+    """Producer.cancel, AsyncProducer.cancel and `dwell-admin messages cancel` go to
+    admission, which hands the cancel to the tracker; nothing of it is delivered."""
+    r = connect(redis_url)
+    tracker, admission = _tracker_and_admission(services, kafka_bootstrap, unique)
     topic = f"persistent://{unique}/ns/x"
     with SdkProducer(topic, admission_url=admission.url) as producer:
         ids = [producer.send(f"m{i}", deliver_after=600_000) for i in range(3)]
@@ -372,15 +378,7 @@ def test_replace_through_admission_and_the_sdk(services, redis_url, kafka_bootst
     replaces the pending one, an immediate one is delivered at once and cancels it; bad
     keys are refused with 400."""
     r = connect(redis_url)
-    policy = services.start("policy")
-    with httpx.Client(base_url=policy.url, timeout=10) as http:
-        assert http.put(f"/admin/v2/tenants/{unique}", json={}).status_code in (200, 204)
-        assert http.put(f"/admin/v2/namespaces/{unique}/ns", json={}).status_code in (200, 204)
-    env = _env(names.DELAYED)
-    recovery.start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
-                                [names.DELAYED, names.REFILED])
-    tracker = services.start("tracker", env=env)
-    admission = services.start("admission", env={"DWELL_TRACKER_URL": tracker.url})
+    tracker, admission = _tracker_and_admission(services, kafka_bootstrap, unique)
     topic = f"persistent://{unique}/ns/x"
     idx = TopicIndex(r, topic)
     with SdkProducer(topic, admission_url=admission.url) as producer:
