@@ -5,8 +5,9 @@ subscription, `ledger:entry` -> deliverAt), all measured in one run.
     .venv/bin/python bench/tracker.py [--messages 1000000]
 
 Uses a private redis-server (started and stopped here, so other work on the machine
-neither skews nor is skewed by MEMORY USAGE) and the Kafka at DWELL_KAFKA_BOOTSTRAP
-(default: the test stack, 127.0.0.1:19092). Writes bench/out/tracker-memory.png.
+neither skews nor is skewed by MEMORY USAGE) and the Kafka at DWELL_KAFKA_BOOTSTRAP, or
+else the test profile's (started unless it runs, and stopped after). Writes
+bench/out/tracker-memory.png.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from pathlib import Path
 import numpy as np
 import redis as redislib
 
-from dwell.adapters.kafka import Consumer, Producer, ensure_topic
+from dwell import keys
+from dwell.adapters.kafka import Consumer, Producer, ensure_dwell_topics, ensure_topic
 from dwell.adapters.redis import connect
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import bucket_index, subscriptions
-from dwell.index.topic import TopicIndex, append_positions
+from dwell.index.topic import REPLACED_FIELD, TopicIndex, append_positions
 from dwell.tracker.ingest import HEADERS
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell_dev import devstack
+from dwell_dev.benchkit import test_servers
 from dwell_dev.procs import Child
 from dwell_dev.testkit import free_port
 
@@ -137,16 +140,29 @@ def zset_baseline(url: str, cols: tuple[np.ndarray, ...], copies: int) -> dict[s
     return {"bytes_1": one / n, f"bytes_{copies}": total / n, "rate": rate, "pop_ms": pop_ms}
 
 
-def end_to_end(url: str, bootstrap: str, n: int, rng: np.random.Generator) -> dict[str, float]:
+def end_to_end(url: str, bootstrap: str, n: int, rng: np.random.Generator,
+               keyed: float = 0.0, one_partition: bool = False) -> dict[str, float]:
+    """The ingest of n records from a delay log of its own against a raw consume of them,
+    spread over its partitions or, as one topic's records are, on one. A share ``keyed``
+    of the records carry a schedule key, each key twice: the second replaces the first
+    (a cancel mark each, on the test stack's dwell.delivered)."""
     topic = f"bench.delayed.{uuid.uuid4().hex[:8]}"
     ensure_topic(bootstrap, topic, PARTITIONS)
+    if keyed:
+        ensure_dwell_topics(bootstrap)  # dwell.delivered, for the cancel marks
     p = Producer(bootstrap, linger_ms=50, **{"batch.size": 1_000_000})
     deliver = T0 + rng.integers(0, 3_600_000, size=n, dtype=np.int64)
     t = time.perf_counter()
     ptopic = "persistent://bench/ns/e2e"
+    with_key = (rng.random(n) < keyed).tolist()
+    sent_keys = 0
     for i, d in enumerate(deliver.tolist()):
-        p.send(topic, b"x" * 100, ptopic, {"dwell-deliver-at": str(d), "dwell-tick-time": "1000"},
-               partition=i % PARTITIONS)
+        headers = {"dwell-deliver-at": str(d), "dwell-tick-time": "1000"}
+        if with_key[i]:
+            headers["dwell-schedule-key"] = f"k{sent_keys // 2}"
+            sent_keys += 1
+        # A topic's records sit on one partition, as the delay log's key puts them.
+        p.send(topic, b"x" * 100, ptopic, headers, partition=0 if one_partition else i % PARTITIONS)
     p.flush(120)
     p.close()
     produce_rate = n / (time.perf_counter() - t)
@@ -181,7 +197,9 @@ def end_to_end(url: str, bootstrap: str, n: int, rng: np.random.Generator) -> di
     while loop.ingest.compact(2000):
         pass
     total_s = ingest_s + time.perf_counter() - t
+    replaced = loop.ingest.redis.hget(keys.stats(ptopic), REPLACED_FIELD)
     return {"produce_rate": produce_rate, "raw_rate": raw_rate, "ingest_rate": n / ingest_s,
+            "replaced": int(replaced or 0),
             "ingest_compacted_rate": n / total_s, "ratio": (n / ingest_s) / raw_rate,
             "ratio_compacted": (n / total_s) / raw_rate}
 
@@ -218,8 +236,16 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--zset-copies", type=int, default=10)
     args = ap.parse_args()
+    if "DWELL_KAFKA_BOOTSTRAP" in os.environ:
+        measure(args, os.environ["DWELL_KAFKA_BOOTSTRAP"])
+        return
+    stack = devstack.Stack("test")
+    with test_servers(stack):
+        measure(args, stack.kafka_bootstrap)
+
+
+def measure(args: argparse.Namespace, bootstrap: str) -> None:
     n = args.messages
-    bootstrap = os.environ.get("DWELL_KAFKA_BOOTSTRAP", devstack.Stack("test").kafka_bootstrap)
     rng = np.random.default_rng(42)
     proc, url, d = start_redis()
     rows: list[tuple[str, str, str, str]] = []
@@ -287,6 +313,17 @@ def main() -> None:
             e2e["ratio"] >= 0.8)
         row("end-to-end ingest incl. final compaction / raw consume",
             f"{e2e['ratio_compacted']:.2f}", ">= 0.8", e2e["ratio_compacted"] >= 0.8)
+        r.flushdb()
+        # The same with a fifth of the records keyed, each key twice. The baseline: the same
+        # run without keys on one partition, as a topic's records are.
+        plain = end_to_end(url, bootstrap, n, rng, one_partition=True)
+        r.flushdb()
+        keyed = end_to_end(url, bootstrap, n, rng, keyed=0.2, one_partition=True)
+        row("end-to-end ingest, one partition, no keys", f"{plain['ingest_rate']:,.0f}/s", "",
+            None)
+        row("end-to-end ingest, one partition, 20% keyed (half replace)",
+            f"{keyed['ingest_rate']:,.0f}/s; {keyed['replaced']:,} replaced", "", None)
+        row("keyed / no keys", f"{keyed['ingest_rate'] / plain['ingest_rate']:.2f}", "", None)
         plot(ours, per_sub, [1, args.zset_copies])
         print(f"wrote {OUT / 'tracker-memory.png'}")
     finally:
