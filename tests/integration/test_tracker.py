@@ -135,20 +135,23 @@ def test_poll_columns_reads_the_last_value_of_each_header(kafka_bootstrap, delay
         (delayed_topic, b"a", b"k1", [("dwell-deliver-at", b"1"), ("other", b"x"),
                                       ("dwell-deliver-at", b"2"), ("dwell-tick-time", b"7")], None),
         (delayed_topic, b"b", None, None, None),
-        (delayed_topic, b"c", b"k3", [("dwell-tick-time", b"9")], None),
+        (delayed_topic, b"c", b"k3", [("dwell-tick-time", b"9"),
+                                      ("dwell-schedule-key", b"s")], None),
     ]).result(30)
     p.close()
     c = Consumer(kafka_bootstrap, "cols-" + uuid.uuid4().hex[:8], [delayed_topic])
     try:
-        got: list[tuple[int, int, bytes | None, bytes | None, bytes | None]] = []
+        got: list[tuple[int, int, bytes | None, bytes | None, bytes | None,
+                        bytes | None]] = []
         deadline = time.monotonic() + 30
         while len(got) < 3 and time.monotonic() < deadline:
             b = c.poll_columns(HEADERS, 100, 0.5)
             got += zip(b.partitions, b.offsets, b.keys, *b.headers, strict=True)
     finally:
         c.close()
-    by_key = {k: (da, tick) for _, _, k, da, tick in got}
-    assert by_key == {b"k1": (b"2", b"7"), None: (None, None), b"k3": (None, b"9")}
+    by_key = {k: (da, tick, key) for _, _, k, da, tick, key in got}
+    assert by_key == {b"k1": (b"2", b"7", None), None: (None, None, None),
+                      b"k3": (None, b"9", b"s")}
 
 
 def test_index_batch_groups_topics_and_skips_bad_records(redis_url, unique):

@@ -54,3 +54,22 @@ def test_decoded_batches_concatenate_in_order_with_their_keys_merged() -> None:
     assert one.ok.tolist() == [True, True, True, True, False]
     assert one.deliver_at[one.ok].tolist() == [10, 11, 12, 13]
     assert Decoded.concat([a]) is a
+
+
+def test_schedule_keys_are_decoded_and_kept_through_concat() -> None:
+    """Rows with a schedule key, which of them are releases (no deliver-at), and a key
+    admission would refuse (empty, over 256 bytes) is no key."""
+    a = decode(Columns([0, 0, 0, 0], [1, 2, 3, 4], [b"t"] * 4,
+                       [[b"10", None, b"12", b"13"], [b"5", None, b"5", b"5"],
+                        [b"k", b"k", b"", b"x" * 257]]))
+    assert a.keyed.tolist() == [0, 1]
+    assert a.schedule_keys == [b"k", b"k"]
+    assert a.releases.tolist() == [False, True]
+    assert a.ok.tolist() == [True, False, True, True]
+    b = decode(Columns([0], [5], [b"t"], [[b"14"], [b"5"], [None]]))
+    c = decode(Columns([0], [6], [b"t"], [[b"15"], [b"5"], [b"j"]]))
+    assert len(b.keyed) == 0
+    one = Decoded.concat([a, b, c])
+    assert one.keyed.tolist() == [0, 1, 5]
+    assert one.schedule_keys == [b"k", b"k", b"j"]
+    assert one.releases.tolist() == [False, True, False]
