@@ -9,8 +9,6 @@ DWELL_FAULTS_FULL=1 runs the issue's sizes (200 msg/s, delays 0-60 s)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import random
 import shutil
@@ -22,10 +20,9 @@ import httpx
 import pytest
 import redis
 
-from dwell.adapters.kafka import read_all
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
-from dwell.index.roaring import decode
+from dwell.index.marks import read_marks
 from dwell_dev.testkit import now_ms, wait_for
 from dwell_dev.workload import FaultStack
 
@@ -220,14 +217,9 @@ def test_cancels_and_replacements_under_faults(workload) -> None:
 
 def cancel_marks(bootstrap: str) -> set[tuple[int, int]]:
     """The positions of dwell.delayed that dwell.delivered's cancel marks name."""
-    out: set[tuple[int, int]] = set()
-    for rec in read_all(bootstrap, names.DELIVERED):
-        mark = json.loads(rec.value)
-        if mark.get("cancelled") and mark.get("log") == names.DELAYED:
-            for field, blob in mark["fields"].items():
-                out.update((int(field), o) for o in
-                           decode(base64.b64decode(blob)).to_array().tolist())
-    return out
+    cancels: list[tuple[str, int, bytes]] = []
+    read_marks(bootstrap, names.DELAYED, fields=[], cancels=cancels)
+    return {marked_position(f"{names.DELAYED}:{member.decode()}") for _, _, member in cancels}
 
 
 def marked_position(message_id: str) -> tuple[int, int]:

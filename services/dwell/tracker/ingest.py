@@ -278,13 +278,14 @@ class Ingest:
             cuts = np.cumsum(np.bincount(d.codes, minlength=len(d.keys)))[:-1]
             groups = list(zip(d.keys, np.split(order, cuts), strict=True))
         rows: list[tuple[str, np.ndarray]] = []
-        keyed: list[tuple[str, np.ndarray]] = []
         released = np.zeros(n, dtype=bool)
         # Only the delay log's own records replace: a re-filed copy was applied as its
         # original.
         with_keys = len(d.keyed) > 0 and self.field_base == 0
         if with_keys:
             released[d.keyed[d.releases]] = True
+        # The rows applied: indexed (below), or releases.
+        applied = released.copy() if with_keys else released
         bad = 0
         for key, idx in groups:
             topic = _topic(key)
@@ -297,20 +298,23 @@ class Ingest:
                 good = good[keep[good]]
             if len(good):
                 rows.append((topic, good))
-            if with_keys:
-                applied = np.zeros(n, dtype=bool)
-                applied[good] = True
-                applied |= released
-                mine = d.keyed[applied[d.keyed] & np.isin(d.keyed, idx)]
-                if len(mine):
-                    keyed.append((topic, mine))
+                if with_keys:
+                    applied[good] = True
         if bad:
             INVALID.inc(bad)
             log.warning("skipped %d dwell.delayed records without a topic key, deliver-at or "
                         "tick-time", bad)
         started = time.perf_counter()
-        if keyed:
-            self._replace(d, parts, keyed)
+        if with_keys:
+            # Each topic's applied keyed rows, in log order: one pass over the keyed rows,
+            # not one over the batch per topic.
+            keyed: dict[str, list[int]] = {}
+            for row in d.keyed[applied[d.keyed]].tolist():
+                topic = _topic(d.keys[d.codes[row]])
+                if topic is not None:
+                    keyed.setdefault(topic, []).append(row)
+            if keyed:
+                self._replace(d, parts, keyed)
         pipe = self.redis.pipeline(transaction=False)
         indexed = 0
         now = int(time.time() * 1000)
@@ -336,17 +340,16 @@ class Ingest:
         INGESTED.inc(indexed)
         return indexed
 
-    def _replace(self, d: Decoded, parts: np.ndarray,
-                 keyed: list[tuple[str, np.ndarray]]) -> None:
+    def _replace(self, d: Decoded, parts: np.ndarray, keyed: dict[str, list[int]]) -> None:
         """Apply the records with a schedule key (rows of ``d``, per topic, in log order)
         and record what they cancelled in Kafka before the batch is indexed. A record
         whose key's message sits in a bucket being re-filed waits for the round."""
         key_of = dict(zip(d.keyed.tolist(), d.schedule_keys, strict=True))
         release = dict(zip(d.keyed.tolist(), d.releases.tolist(), strict=True))
         marks: list[OutRecord] = []
-        for topic, mine in keyed:
+        for topic, mine in keyed.items():
             todo = []
-            for row in mine.tolist():
+            for row in mine:
                 bucket = None if release[row] else bucket_start(int(d.deliver_at[row]),
                                                                 int(d.tick[row]))
                 todo.append((key_of[row], bucket, int(parts[row]), int(d.offsets[row])))
