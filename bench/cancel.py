@@ -10,6 +10,10 @@ Then replacement by schedule key, on a second topic: N messages published with a
 each (delayed 1 h), then N more with the same keys. Prints the publish rate with keys,
 the index's bytes per pending message with a schedule key, and how fast the tracker's
 ingest applies the replacements (from the first replacement sent to the last applied).
+
+Then the same over Kafka, on a third topic: N messages published on `dwell.publish` in
+requests of 100, then cancelled there in requests of 100 ids; each rate from the first
+request sent to the last result read on `dwell.publish.results`.
 Writes bench/out/cancel.json.
 
 Starts the test-profile Redis and Kafka unless running (stopping only what it started,
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from dwell.adapters import kafka
 from dwell.client import AsyncProducer
@@ -38,11 +43,12 @@ from dwell.core import topics as names
 from dwell.tracker.recovery import start_group_at_end
 from dwell_dev import devstack
 from dwell_dev.benchkit import Procs, load_avg, start_service, test_servers
-from dwell_dev.testkit import wait_for
+from dwell_dev.testkit import read_results, wait_for, wait_ingress
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = b"x" * 200
 DELAY_MS = 3_600_000
+PER_REQUEST = 100  # messages or ids in a request on dwell.publish
 
 
 def figures(n: int, elapsed: float, latencies: list[float]) -> dict[str, float]:
@@ -116,6 +122,48 @@ async def replacements(n: int, k: int, admission_url: str, tracker_url: str,
             "index_bytes_per_pending": round(pending["bufferMemoryBytes"] / n, 1)}
 
 
+def over_kafka(n: int, bootstrap: str, admission_url: str, tracker_url: str,
+               topic: str) -> dict[str, Any]:
+    """N messages published on dwell.publish, then cancelled there; their rates."""
+    wait_ingress(admission_url)
+    name = "bench-" + uuid.uuid4().hex[:8]
+    payload = PAYLOAD.decode()
+    p = kafka.Producer(bootstrap, linger_ms=5)
+
+    def requests(values: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
+        ends = kafka.end_offsets(bootstrap, names.PUBLISH_RESULTS)
+        started = time.perf_counter()
+        sent = [p.send(names.PUBLISH, orjson.dumps(v), topic) for v in values]
+        for f in sent:
+            f.result(60)
+        got = read_results(bootstrap, ends, name, n, timeout=600)
+        return time.perf_counter() - started, got
+
+    secs, got = requests([
+        {"topic": topic, "producerName": name,
+         "messages": [{"payload": payload, "deliverAfterMs": DELAY_MS}] * PER_REQUEST}
+        for _ in range(n // PER_REQUEST)])
+    ids = [r["messageId"] for r in got if r["errorCode"] == 0]
+    if len(ids) != n // PER_REQUEST * PER_REQUEST:
+        raise RuntimeError(f"published over Kafka: {len(ids)} of {n}")
+    stats_path = "/v1/topics/" + topic.replace("://", "/") + "/stats"
+    with httpx.Client(base_url=tracker_url, timeout=30) as c:
+        wait_for(lambda: c.get(stats_path).json()["delayedMessages"] == len(ids), 300,
+                 "the tracker to index the messages published over Kafka")
+    random.Random(2).shuffle(ids)
+    cancel_secs, answers = requests([
+        {"topic": topic, "producerName": name, "cancel": ids[i:i + PER_REQUEST]}
+        for i in range(0, len(ids), PER_REQUEST)])
+    p.close()
+    results = [a.get("result") for a in answers]
+    if results.count("cancelled") != len(ids):
+        failed = [a for a in answers if a.get("result") != "cancelled"]
+        raise RuntimeError(f"cancel answers: {len(failed)} not cancelled, as {failed[:2]}")
+    return {"publish_per_s": round(len(ids) / secs, 1),
+            "cancel_per_s": round(len(ids) / cancel_secs, 1),
+            "ratio": round(secs / cancel_secs, 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,7 +186,9 @@ def main() -> None:
                                         env | {"DWELL_TRACKER_GROUP_ID": group})
             asks = env | {"DWELL_TRACKER_URL": tracker_url}
             policy_url = start_service(procs, "policy", asks)
-            admission_url = start_service(procs, "admission", asks)
+            admission_url = start_service(procs, "admission", asks | {
+                "DWELL_INGRESS_GROUP": "dwell-admission-bench-" + uuid.uuid4().hex[:6],
+                "DWELL_INGRESS_OFFSET_RESET": "latest"})
             topic = prepare(policy_url, admission_url)
             stats_path = "/v1/topics/" + topic.replace("://", "/") + "/stats"
             print(f"{n:,} messages, {len(PAYLOAD)} B, delayed 1 h; {k} requests in flight; "
@@ -172,6 +222,8 @@ def main() -> None:
             published, cancelled, stats = asyncio.run(both())
             keyed = asyncio.run(replacements(n, k, admission_url, tracker_url,
                                              topic.replace("/cancel", "/replace")))
+            kafka_path = over_kafka(n, stack.kafka_bootstrap, admission_url, tracker_url,
+                                    topic.replace("/cancel", "/kafka"))
             procs.check()
         finally:
             procs.stop_all()
@@ -187,7 +239,7 @@ def main() -> None:
               "index_bytes_per_pending": round(bytes_before, 1),
               "index_bytes_per_cancel": round(bytes_added, 1),
               "cancelled_messages": stats["after"]["cancelledMessages"],
-              "keyed": keyed}
+              "keyed": keyed, "kafka": kafka_path}
     print()
     for label, f in (("publish", published), ("cancel", cancelled)):
         print(f"{label:<10}{f['per_s']:>10,.0f} /s   {f['seconds']:6.1f} s   "
@@ -202,6 +254,8 @@ def main() -> None:
     print(f"replacements applied by the ingest: {keyed['applied_per_s']:,.0f} /s; "
           f"index bytes per pending message with a schedule key: "
           f"{keyed['index_bytes_per_pending']:.1f}")
+    print(f"over dwell.publish: publish {kafka_path['publish_per_s']:,.0f} /s, cancel "
+          f"{kafka_path['cancel_per_s']:,.0f} /s (cancel / publish = {kafka_path['ratio']})")
     out = ROOT / "bench" / "out" / "cancel.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

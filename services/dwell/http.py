@@ -186,6 +186,34 @@ class CancelBody(pydantic.BaseModel):
     reason: str
 
 
+# The most ids one request to the tracker's cancellations route may name: a cancel
+# request on dwell.publish holds at most DWELL_MAX_MESSAGES_PER_REQUEST (1,000 by
+# default) and is sent whole.
+MAX_CANCELS_PER_REQUEST = 10_000
+
+
+class CancelMany(pydantic.BaseModel):
+    """The body of the tracker's `POST .../cancellations`."""
+
+    messageIds: list[str] = pydantic.Field(max_length=MAX_CANCELS_PER_REQUEST)
+
+
+class CancelAnswer(pydantic.BaseModel):
+    """One id's answer in `CancelManyBody`, as `CancelBody`, plus `status`: what its own
+    DELETE would have answered. `result` is missing when there was no answer (400, or 503
+    when Kafka or Redis could not be asked)."""
+
+    messageId: str
+    status: int
+    result: str | None = None
+    delivered: bool = False
+    reason: str
+
+
+class CancelManyBody(pydantic.BaseModel):
+    results: list[CancelAnswer]
+
+
 # `responses=` of a cancel route, besides its 200.
 CANCEL_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     404: {"model": CancelBody, "description": "not_found: never existed, or (delivered: "

@@ -57,7 +57,8 @@ class TrackerClientSettings(BaseSettings):
         "The tracker, which holds the index of delayed messages: the policy service serves "
         "its figures on Pulsar's topic stats path (`GET /admin/v2/persistent/.../stats`, "
         "where pulsar-admin's `topics stats` asks), admission hands it cancels "
-        "(`DELETE /topics/.../messages/{messageId}`)."))
+        "(`DELETE /topics/.../messages/{messageId}`, and the cancel requests of "
+        "`dwell.publish`)."))
 
 
 class RedisLossSettings(BaseSettings):

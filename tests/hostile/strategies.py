@@ -146,7 +146,8 @@ def message() -> st.SearchStrategy[dict[str, Any]]:
 
 
 def publish_request(with_topic: bool) -> st.SearchStrategy[dict[str, Any]]:
-    """A publish request (the HTTP body; on dwell.publish with its `topic`)."""
+    """A publish request (the HTTP body; on dwell.publish with its `topic`, or a cancel
+    request)."""
     fields: dict[str, st.SearchStrategy[Any]] = {
         "producerName": st.text(max_size=10),
         "messages": st.one_of(
@@ -155,6 +156,10 @@ def publish_request(with_topic: bool) -> st.SearchStrategy[dict[str, Any]]:
                                         "deliverAfterMs": small()})))}
     if with_topic:
         fields["topic"] = st.sampled_from(TOPICS)
+        # A cancel request (dwell.admission.cancels): ids of any topic and shape, past
+        # the cap, with or without messages beside it.
+        fields["cancel"] = st.one_of(st.lists(st.sampled_from(MESSAGE_IDS), max_size=3),
+                                     many(st.sampled_from(MESSAGE_IDS)))
     return shaped(fields)
 
 

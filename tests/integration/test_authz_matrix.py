@@ -23,7 +23,12 @@ from starlette.routing import Route
 
 from dwell.admission.app import build_app as admission_app
 from dwell.admission.settings import AdmissionSettings
-from dwell.auth.tokens import create_kafka_token, create_secret_key, create_token
+from dwell.auth.tokens import (
+    create_delegated_token,
+    create_kafka_token,
+    create_secret_key,
+    create_token,
+)
 from dwell.client import Consumer, Producer, PublishError, SubscribeError
 from dwell.http import all_routes
 from dwell.policy.app import build_app as policy_app
@@ -36,7 +41,8 @@ SUPER, ADMIN, OTHER_ADMIN = "root", "own-admin", "other-admin"
 PRODUCER, CONSUMER = "own-producer", "own-consumer"
 
 # What each route needs. S: a super-user; A: the tenant's admin (or a super-user);
-# P: produce on the namespace; C: consume; L: produce or consume; U: any valid token.
+# P: produce on the namespace; C: consume; L: produce or consume; U: any valid token;
+# D: produce, and a delegated token of a role that may (admission's ingress sends one).
 NEEDS: dict[str, dict[tuple[str, str], str]] = {
     "policy": {
         ("GET", "/admin/v2/clusters"): "U",
@@ -88,7 +94,8 @@ NEEDS: dict[str, dict[tuple[str, str], str]] = {
         ("PUT", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/subscriptions/{sub}"): "C",
         ("GET", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/subscriptions/{sub}"): "C",
         ("DELETE", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/subscriptions/{sub}"): "C",
-        ("DELETE", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/messages/{message_id}"): "P",
+        ("DELETE", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/messages/{message_id}"): "D",
+        ("POST", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/cancellations"): "D",
         ("GET", "/v1/topics/{kind}/{tenant}/{namespace}/{topic}/stats"): "L",
         ("GET", "/v1/stats"): "S",
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats"): "L",
@@ -100,16 +107,18 @@ OPEN = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oaut
 
 # What each role meets on its own tenant and on the other one.
 MEETS = {
-    "super-user": ({"S", "A", "P", "C", "L", "U"},) * 2,
-    "tenant admin": ({"A", "P", "C", "L", "U"}, {"U"}),
-    "other tenant's admin": ({"U"}, {"A", "P", "C", "L", "U"}),
-    "produce-only": ({"P", "L", "U"}, {"U"}),
+    "super-user": ({"S", "A", "P", "D", "C", "L", "U"},) * 2,
+    "tenant admin": ({"A", "P", "D", "C", "L", "U"}, {"U"}),
+    "other tenant's admin": ({"U"}, {"A", "P", "D", "C", "L", "U"}),
+    "produce-only": ({"P", "D", "L", "U"}, {"U"}),
     "consume-only": ({"C", "L", "U"}, {"U"}),
     "no token": (set(), set()),
     "expired token": (set(), set()),
     "bad signature": (set(), set()),
     # A super-user's Kafka token: good on Kafka, refused over HTTP.
     "Kafka token": (set(), set()),
+    # A produce-only role's delegated token: the tracker's cancel route alone.
+    "delegated token": ({"D"}, set()),
 }
 
 
@@ -153,6 +162,7 @@ def secured(services: ServiceFactory) -> Iterator[Secured]:
         "expired token": token(ADMIN, expires_at=time.time() - 10),
         "bad signature": create_token(create_secret_key(), "HS256", SUPER),
         "Kafka token": create_kafka_token(secret, SUPER, 3_600_000)[0],
+        "delegated token": create_delegated_token(secret, PRODUCER),
     }
     own, other = "own" + uuid.uuid4().hex[:8], "other" + uuid.uuid4().hex[:8]
     root = httpx.Client(base_url=policy.url, timeout=30,
@@ -219,6 +229,8 @@ def _body(path: str, method: str, tenant: str) -> object:
         return {"adminRoles": [ADMIN if tenant.startswith("own") else OTHER_ADMIN]}
     if path.endswith("/partitions"):
         return 2
+    if path.endswith("/cancellations"):
+        return {"messageIds": ["x.ns.none:0:0"]}
     if path.startswith("/topics/"):
         return {"producerName": "matrix", "messages": [{"payload": "x"}]}
     if "/subscriptions/" in path:
@@ -234,6 +246,8 @@ def test_matrix(secured: Secured) -> None:
             for (method, path), need in sorted(table.items()):
                 for side, tenant in enumerate((secured.own, secured.other)):
                     for role, tok in secured.tokens.items():
+                        if role == "delegated token":  # it lives a minute
+                            tok = create_delegated_token(secured.secret, PRODUCER)
                         headers = {"Authorization": f"Bearer {tok}"} if tok else {}
                         answer = http.request(method, secured.urls[service]
                                               + _fill(path, tenant, method), headers=headers,
@@ -255,6 +269,8 @@ def test_matrix(secured: Secured) -> None:
                             # 401 for whoever has no valid token, 403 for the others.
                             want = 401 if role in ("no token", "expired token",
                                                    "bad signature", "Kafka token") else 403
+                            if role == "delegated token" and need != "D":
+                                want = 401
                             if answer.status_code != want:
                                 wrong.append(f"{want} expected: {where}")
     print(f"authz matrix: {cells} cells, unexpected allows: {allows}, "

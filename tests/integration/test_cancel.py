@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from dwell import keys
-from dwell.adapters.kafka import Producer, ensure_topic, read_all
+from dwell.adapters.kafka import Producer, end_offsets, ensure_topic, read_all
 from dwell.adapters.redis import connect
 from dwell.client import AsyncProducer, CancelResult, PublishError
 from dwell.client import Producer as SdkProducer
@@ -34,7 +34,7 @@ from dwell.core.topics import TopicName
 from dwell.index.roaring import decode
 from dwell.index.topic import TopicIndex
 from dwell.tracker import recovery
-from dwell_dev.testkit import wait_for
+from dwell_dev.testkit import read_results, wait_for, wait_ingress
 
 pytestmark = pytest.mark.integration
 TICK = 1000
@@ -177,7 +177,8 @@ def test_a_cancel_survives_the_loss_of_the_index(services, redis_url, kafka_boot
 
 def _tracker_and_admission(services, kafka_bootstrap: str, tenant: str):  # type: ignore[no-untyped-def]
     """A policy service with namespace ``<tenant>/ns``, a tracker on `dwell.delayed` and an
-    admission that hands cancels to it."""
+    admission that hands cancels to it, its Kafka ingress in a group of its own that
+    starts at the end of `dwell.publish`."""
     policy = services.start("policy")
     with httpx.Client(base_url=policy.url, timeout=10) as http:
         assert http.put(f"/admin/v2/tenants/{tenant}", json={}).status_code in (200, 204)
@@ -187,7 +188,13 @@ def _tracker_and_admission(services, kafka_bootstrap: str, tenant: str):  # type
     recovery.start_group_at_end(kafka_bootstrap, env["DWELL_TRACKER_GROUP_ID"],
                                 [names.DELAYED, names.REFILED])
     tracker = services.start("tracker", env=env)
-    return tracker, services.start("admission", env={"DWELL_TRACKER_URL": tracker.url})
+    return tracker, services.start("admission", env=_own_ingress(tracker.url))
+
+
+def _own_ingress(tracker_url: str) -> dict[str, str]:
+    return {"DWELL_TRACKER_URL": tracker_url,
+            "DWELL_INGRESS_GROUP": f"dwell-admission-{uuid.uuid4().hex[:8]}",
+            "DWELL_INGRESS_OFFSET_RESET": "latest"}
 
 
 def test_the_sdk_and_dwell_admin_cancel_through_admission(services, redis_url,
@@ -230,11 +237,68 @@ def test_the_sdk_and_dwell_admin_cancel_through_admission(services, redis_url,
     assert (stats["delayedMessages"], stats["cancelledMessages"]) == (0, 3)
     # Admission with no tracker to ask: 503, retryable.
     admission.stop()
-    lonely = services.start("admission", env={"DWELL_TRACKER_URL": "http://127.0.0.1:9"})
+    lonely = services.start("admission", env=_own_ingress("http://127.0.0.1:9"))
     with SdkProducer(topic, admission_url=lonely.url) as producer, \
             pytest.raises(PublishError, match="HTTP 503: tracker unreachable") as err:
         producer.cancel(ids[0])
     assert err.value.retryable
+
+
+def test_a_cancel_request_on_dwell_publish(services, redis_url, kafka_bootstrap, unique):
+    """`{"topic", "producerName", "cancel": [...]}` on dwell.publish: one result per id on
+    dwell.publish.results, in order, each the tracker's answer (or why there is none); a
+    request that both publishes and cancels is refused whole; with no tracker to ask, each
+    id is answered retriable."""
+    tracker, admission = _tracker_and_admission(services, kafka_bootstrap, unique)
+    wait_ingress(admission.url)
+    topic = f"persistent://{unique}/ns/x"
+    with SdkProducer(topic, admission_url=admission.url) as producer:
+        a, b = (producer.send(f"m{i}", deliver_after=600_000) for i in range(2))
+        now_id = producer.send("now")
+    never = f"{names.DELAYED}:0:{2**62}"
+    name = f"prod-{unique}"
+    requests = [  # (value, its results' errorCode and answer, or errorMsg)
+        {"topic": topic, "producerName": name,
+         "cancel": [a, a, now_id, "nope", never, "x" * 1000 + ":0:0"]},
+        {"topic": topic, "producerName": name, "cancel": [b], "messages": []},
+        {"producerName": name, "cancel": [b]},  # the topic from the record's key
+    ]
+    ends = end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    sent = [p.send(names.PUBLISH, json.dumps(v).encode(), topic).result(15) for v in requests]
+    p.close()
+    got = read_results(kafka_bootstrap, ends, name, 8)
+    by_request: dict[str, list[dict]] = {}
+    for res in got:
+        by_request.setdefault(res["requestId"], []).append(res)
+    first, whole, third = (by_request[f"{names.PUBLISH}:{part}:{off}"] for part, off in sent)
+    assert [(r["index"], r["messageId"], r["errorCode"], r.get("result"))
+            for r in first] == [(0, a, 0, "cancelled"), (1, a, 0, "cancelled"),
+                                (2, now_id, 0, "not_found"), (3, "nope", 2, None),
+                                (4, never, 0, "not_found"), (5, "x" * 1000 + ":0:0", 2, None)]
+    assert first[2]["delivered"] and "without a delay" in first[2]["reason"]
+    assert "invalid message id" in first[3]["errorMsg"]
+    assert first[5]["errorMsg"] == "messageId: 1004 characters; a message id has at most 280"
+    assert all(r["topic"] == topic and r["sequenceId"] is None for r in first)
+    assert [(r["errorCode"], r["index"])
+            for r in whole] == [(2, None)], whole
+    assert "either publishes (messages) or cancels" in whole[0]["errorMsg"]
+    assert [(r["messageId"], r["result"]) for r in third] == [(b, "cancelled")]
+    with httpx.Client(base_url=tracker.url, timeout=30) as http:
+        stats = http.get(f"/v1/topics/persistent/{unique}/ns/x/stats").json()
+    assert (stats["delayedMessages"], stats["cancelledMessages"]) == (0, 2)
+    # No tracker to ask: answered retriable, and the ingress goes on.
+    admission.stop()
+    lonely = services.start("admission", env=_own_ingress("http://127.0.0.1:9"))
+    wait_ingress(lonely.url)
+    ends = end_offsets(kafka_bootstrap, names.PUBLISH_RESULTS)
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    p.send(names.PUBLISH, json.dumps({"topic": topic, "producerName": name,
+                                      "cancel": [a]}).encode(), topic).result(15)
+    p.close()
+    (res,) = read_results(kafka_bootstrap, ends, name, 1)
+    assert (res["messageId"], res["errorCode"]) == (a, 1), res
+    assert res["errorMsg"].startswith("tracker unreachable"), res
 
 
 def test_the_sweep_drops_only_cancellations_of_buckets_long_gone(redis_url, unique):

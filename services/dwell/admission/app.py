@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import orjson
@@ -44,6 +43,7 @@ from dwell.policy_view import PolicyCache, PolicyFollower
 from dwell.security import http_verify
 
 from . import metrics
+from .cancels import cancel_path
 from .ingress import Ingress
 from .metrics import POLICY_VERSION_APPLIED
 from .publish import Publisher
@@ -392,13 +392,10 @@ def add_cancel_route(app: FastAPI, settings: AdmissionSettings,
             name = TopicName.of(domain, tenant, namespace, topic)
         except InvalidTopicName as exc:
             raise ApiError(400, str(exc)) from None
-        path = (f"/v1/topics/{name.domain}/{quote(name.tenant, safe='')}/"
-                f"{quote(name.namespace, safe='')}/{quote(name.local, safe='')}/"
-                f"messages/{quote(message_id, safe=':')}")
         auth = request.headers.get("authorization")
         try:
-            resp = await tracker.delete(path, headers={"Authorization": auth} if auth
-                                        else None)
+            resp = await tracker.delete(cancel_path(name, message_id),
+                                        headers={"Authorization": auth} if auth else None)
         except httpx.HTTPError as exc:
             raise ApiError(503, f"tracker unreachable: {str(exc) or type(exc).__name__}",
                            {"Retry-After": RETRY_AFTER_S}) from None

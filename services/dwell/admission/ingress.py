@@ -37,6 +37,10 @@ value, and checks `produce` on the namespace (with authorization on) before it p
 writes anything; a request refused gets one result with Pulsar's ServerError code:
 AuthenticationError (3) or AuthorizationError (4), and the reason.
 Metrics count every attempt, so a re-processed batch is counted again.
+
+A request may cancel pending delayed messages instead of publishing
+(dwell.admission.cancels): it is checked as a publish is, its cancels are handed to the
+tracker, and its results join the batch's transaction like any other.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -61,17 +66,14 @@ from dwell.core.topics import InvalidTopicName, TopicName
 from dwell.http import ApiError
 
 from . import metrics
-from .plan import INVALID_MESSAGE, Plan, failed
+from .cancels import CancelRequest, TrackerCancels, cancel_request
+from .plan import AUTHENTICATION_ERROR, AUTHORIZATION_ERROR, INVALID_MESSAGE, Plan, failed
 from .publish import Publisher
 from .schema import IngressRequest, PublishError, parse_request
 from .settings import AdmissionSettings
 
 log = logging.getLogger("dwell.admission.ingress")
 
-
-# Pulsar's ServerError codes (PulsarApi.proto) for a request refused for its credentials.
-AUTHENTICATION_ERROR = 3
-AUTHORIZATION_ERROR = 4
 
 
 def _request_level_result(value: bytes | None, reason: str,
@@ -104,6 +106,20 @@ class _Head(msgspec.Struct):
 
 _HEAD = msgspec.json.Decoder(_Head)
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw] | None)
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One record of a batch and what answers it: a plan, the results of a refusal, or
+    the cancels handed to the tracker."""
+
+    record: kafka.Record
+    request_id: str
+    producer_name: str | None
+    plan: Plan | None = None
+    sequence_ids: list[Any] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    cancel: tuple[TopicName, list[str], list[Future[list[dict[str, Any]]]]] | None = None
 
 
 class OncePerBatch:
@@ -146,6 +162,7 @@ class Ingress:
         self.assigned = threading.Event()
         self.error: str | None = None
         self._topics: BoundedCache[str, TopicName] = BoundedCache()
+        self.cancels = TrackerCancels(settings, self.guard.kafka_key if self.guard else None)
         # Tenants' results topics: True once made, False when Kafka refused the name
         # (names.tenant_results_topic).
         self._results_topics: dict[str, bool] = {}
@@ -215,6 +232,7 @@ class Ingress:
         finally:
             consumer.close()
             producer.close()
+            self.cancels.close()
 
     def _recover(self, producer: kafka.TransactionalProducer) -> kafka.TransactionalProducer:
         try:
@@ -236,17 +254,19 @@ class Ingress:
         started = time.perf_counter()
         pub = self.publisher
         producer.begin()
-        # (record, plan or None when refused, producer name, results when refused,
-        #  request id, sequence ids)
-        planned: list[tuple[kafka.Record, Plan | None, str | None, list[dict[str, Any]], str,
-                            list[Any]]] = []
+        planned: list[_Entry] = []
         futures: list[Future[list[tuple[int, int]]]] = []
         catch_up = OncePerBatch(pub)
         invalids: list[kafka.OutRecord] = []
         for r in records:
             request_id = f"{r.topic}:{r.partition}:{r.offset}"
             try:
-                req, topic = self._read(r, catch_up)
+                req, topic, role = self._read(r, catch_up)
+                if isinstance(req, CancelRequest):
+                    ids = req.cancel
+                    planned.append(_Entry(r, request_id, req.producerName, cancel=(
+                        topic, ids, self.cancels.submit(topic, ids, role))))
+                    continue
                 if pub.misses(topic):
                     catch_up()
                 version = pub.cache.version
@@ -254,8 +274,8 @@ class Ingress:
                 if plan.results:
                     pub.route(topic, producer)
                 futures.append(pub.send(plan, producer))
-                planned.append((r, plan, req.producerName, [], request_id,
-                                [m.sequenceId for m in req.messages]))
+                planned.append(_Entry(r, request_id, req.producerName, plan,
+                                      [m.sequenceId for m in req.messages]))
                 pub.count(plan, "kafka")
             except invalid.Malformed as exc:
                 self._set_aside(r, request_id, exc, planned, invalids)
@@ -287,22 +307,33 @@ class Ingress:
         dumps = orjson.dumps
         sent = iter(futures)
         ok = 0
-        for r, plan, producer_name, refused, request_id, seqs in planned:
-            key = producer_name.encode() if producer_name else None
-            if plan is None:
-                results = refused
-                topic_s = r.key.decode("utf-8", "replace") if r.key else None
+        cancels_due = time.monotonic() + self.cancels.timeout_s
+        for e in planned:
+            key = e.producer_name.encode() if e.producer_name else None
+            topic_s: str | None
+            if e.cancel is not None:
+                topic, ids, answers = e.cancel
+                results = self.cancels.results(answers, ids, cancels_due)
+                topic_s = str(topic)
+                tenant_topic = self._tenant_results(topic.tenant)
+                for i, res in enumerate(results):
+                    res |= {"sequenceId": None, "index": i, "requestId": e.request_id}
+                ok += 1
+            elif e.plan is None:
+                results = e.refused
+                topic_s = (e.record.key.decode("utf-8", "replace") if e.record.key
+                           else None)
                 # What names a request refused as a whole is not vouched for: a copy in
                 # the tenant it names would let anyone forge results there.
                 tenant_topic = None
             else:
-                results = Publisher.finish(plan, next(sent).result())
-                topic_s = str(plan.topic)
-                tenant_topic = self._tenant_results(plan.topic.tenant)
+                results = Publisher.finish(e.plan, next(sent).result())
+                topic_s = str(e.plan.topic)
+                tenant_topic = self._tenant_results(e.plan.topic.tenant)
                 for i, res in enumerate(results):
-                    res["sequenceId"] = seqs[i]
+                    res["sequenceId"] = e.sequence_ids[i]
                     res["index"] = i
-                    res["requestId"] = request_id
+                    res["requestId"] = e.request_id
                 ok += 1
             for res in results:
                 res["topic"] = topic_s
@@ -336,10 +367,11 @@ class Ingress:
             self._results_topics[name] = made
         return name if made else None
 
-    def _read(self, r: kafka.Record,
-              catch_up: OncePerBatch) -> tuple[IngressRequest, TopicName]:
-        """The request a record holds and the topic it names; Malformed when it is not
-        one (PublishError for a well-formed request refused later, as over HTTP)."""
+    def _read(self, r: kafka.Record, catch_up: OncePerBatch) -> tuple[
+            IngressRequest | CancelRequest, TopicName, str | None]:
+        """The request a record holds, the topic it names and the sender's role (None
+        with authentication off); Malformed when it is not one (PublishError for a
+        well-formed request refused later, as over HTTP)."""
         invalid.check_size(r.value, self.settings.max_request_bytes, "max_request_bytes",
                            "request")
         auth = r.headers.get(hdr.AUTHORIZATION)
@@ -347,9 +379,12 @@ class Ingress:
         # Who sent it, before any work on what it holds: an unauthenticated sender costs
         # one token check, whatever its body.
         role = self._authenticate(token, r)
+        req: IngressRequest | CancelRequest | None
         try:
-            req = parse_request(r.value or b"", IngressRequest,
-                                self.settings.max_messages_per_request)
+            req = cancel_request(r.value or b"", self.settings.max_messages_per_request)
+            if req is None:
+                req = parse_request(r.value or b"", IngressRequest,
+                                    self.settings.max_messages_per_request)
         except PublishError as exc:
             invalid.json_object(r.value)  # not JSON, not an object: that kind instead
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
@@ -359,7 +394,7 @@ class Ingress:
         except PublishError as exc:
             raise invalid.Malformed(invalid.FIELD, exc.reason) from None
         self._authorize(role, topic, catch_up)
-        return req, topic
+        return req, topic, role
 
     def _authenticate(self, token: str | None, r: kafka.Record) -> str | None:
         """The sender's role: PublishError 401 unless the token is a Kafka token valid
@@ -388,9 +423,7 @@ class Ingress:
             raise PublishError(exc.status, exc.reason) from None
 
     def _set_aside(self, r: kafka.Record, request_id: str, exc: invalid.Malformed,
-                   planned: list[tuple[kafka.Record, Plan | None, str | None,
-                                       list[dict[str, Any]], str, list[Any]]],
-                   invalids: list[kafka.OutRecord]) -> None:
+                   planned: list[_Entry], invalids: list[kafka.OutRecord]) -> None:
         """A malformed request: its refusal on the results, the record on dwell.invalid."""
         self._refuse(r, request_id, exc.reason, planned)
         invalids.append(invalid.invalid_record(r.topic, r.partition, r.offset, r.key,
@@ -401,13 +434,11 @@ class Ingress:
 
     @staticmethod
     def _refuse(r: kafka.Record, request_id: str, reason: str,
-                planned: list[tuple[kafka.Record, Plan | None, str | None,
-                                    list[dict[str, Any]], str, list[Any]]],
-                error_code: int = INVALID_MESSAGE) -> None:
+                planned: list[_Entry], error_code: int = INVALID_MESSAGE) -> None:
         """The results of a request refused as a whole."""
         producer_name, result = _request_level_result(r.value, reason, error_code)
         result["requestId"] = request_id
-        planned.append((r, None, producer_name, [result], request_id, []))
+        planned.append(_Entry(r, request_id, producer_name, refused=[result]))
 
     def _topic(self, name: str) -> TopicName:
         """The Pulsar topic a record names, parsed once per distinct name."""

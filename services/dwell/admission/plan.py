@@ -65,6 +65,9 @@ from .settings import AdmissionSettings
 
 RESERVED_HEADER_PREFIX = "dwell-"
 INVALID_MESSAGE = 2  # Pulsar's non-retriable errorCode
+# Pulsar's ServerError codes (PulsarApi.proto) for a request refused for its credentials.
+AUTHENTICATION_ERROR = 3
+AUTHORIZATION_ERROR = 4
 # ProducerAck's and ProducerAcks' schemaVersion: dwell keeps payloads as sent, under no
 # registered schema.
 SCHEMA_VERSION = 0

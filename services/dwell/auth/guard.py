@@ -17,7 +17,12 @@ from fastapi import Depends, Request
 from fastapi.params import Depends as DependsParam
 
 from dwell.auth.keys import kafka_token_key, verification_key
-from dwell.auth.tokens import InvalidToken, KafkaTokenVerifier, TokenVerifier
+from dwell.auth.tokens import (
+    DelegatedTokenVerifier,
+    InvalidToken,
+    KafkaTokenVerifier,
+    TokenVerifier,
+)
 from dwell.core.authz import NEEDS, NO_GRANTS, Grants, Need, Operation, allowed
 from dwell.http import ApiError
 from dwell.settings import CommonSettings
@@ -67,6 +72,8 @@ class Guard:
                           if self.authentication else None)
         self.kafka_verifier = (KafkaTokenVerifier(self.kafka_key)
                                if self.kafka_key is not None else None)
+        self.delegated_verifier = (DelegatedTokenVerifier(self.kafka_key)
+                                   if self.kafka_key is not None else None)
 
     def role(self, authorization: str | None) -> str:
         """The role an `Authorization` header authenticates; ApiError 401 otherwise."""
@@ -85,13 +92,34 @@ class Guard:
         except InvalidToken as exc:
             raise unauthenticated(str(exc)) from None
 
+    def delegated_role(self, authorization: str | None) -> str:
+        """The role of a delegated token (dwell.auth.tokens) in an `Authorization`
+        header; ApiError 401 otherwise."""
+        assert self.delegated_verifier is not None
+        if not authorization or authorization[:len(_BEARER)].lower() != _BEARER:
+            raise unauthenticated("no Bearer token")
+        try:
+            return self.delegated_verifier.role(authorization[len(_BEARER):].strip())
+        except InvalidToken as exc:
+            raise unauthenticated(str(exc)) from None
+
     async def check(self, authorization: str | None, operation: Operation,
-                    tenant: str | None = None, namespace: str | None = None) -> str | None:
+                    tenant: str | None = None, namespace: str | None = None, *,
+                    delegated: bool = False) -> str | None:
         """The caller's role (None with authentication off) when it may do `operation`
-        on `tenant` / `namespace`; ApiError 401 or 403 otherwise."""
+        on `tenant` / `namespace`; ApiError 401 or 403 otherwise. With ``delegated``, a
+        delegated token admission signed authenticates too."""
         if not self.authentication:
             return None
-        role = self.role(authorization)
+        try:
+            role = self.role(authorization)
+        except ApiError as refused:
+            if not delegated:
+                raise
+            try:
+                role = self.delegated_role(authorization)
+            except ApiError:
+                raise refused from None
         if not self.authorization:
             return role
         need = NEEDS[operation]
@@ -158,14 +186,15 @@ class Guard:
             raise ApiError(403, f"Unauthorized: role {role!r} may not read the metrics "
                                 "(a super-user or one of DWELL_METRICS_ROLES may)")
 
-    def require(self, operation: Operation) -> DependsParam:
+    def require(self, operation: Operation, *, delegated: bool = False) -> DependsParam:
         """The route dependency for `operation`; the tenant and namespace are the route's
-        `tenant` / `namespace` path parameters."""
+        `tenant` / `namespace` path parameters. ``delegated``: see `check`."""
 
         async def guard(request: Request) -> None:
             params = request.path_params
             await self.check(request.headers.get("authorization"), operation,
-                             params.get("tenant"), params.get("namespace"))
+                             params.get("tenant"), params.get("namespace"),
+                             delegated=delegated)
 
         guard.operation = operation  # type: ignore[attr-defined]  # read by the authz matrix
         return Depends(guard)

@@ -22,7 +22,16 @@ from dwell.core.policy import MAX_SUBSCRIPTIONS_FIELD, applied_limit
 from dwell.core.positions import CANCEL_STATUS
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import InvalidTopicName, TopicName, retry_topic, validate_subscription
-from dwell.http import CANCEL_RESPONSES, ApiError, BodyLimit, CancelBody, create_app, errors
+from dwell.http import (
+    CANCEL_RESPONSES,
+    ApiError,
+    BodyLimit,
+    CancelBody,
+    CancelMany,
+    CancelManyBody,
+    create_app,
+    errors,
+)
 from dwell.policy_view import PolicyCache, PolicyFollower
 from dwell.tracker import cancel as cancels
 from dwell.tracker import metrics
@@ -189,8 +198,10 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
             raise ApiError(404, "Subscription not found")
         return Response(status_code=204)
 
+    # Admission's Kafka ingress asks with a delegated token (dwell.auth.tokens).
     @app.delete(base + "/messages/{message_id}", response_model=CancelBody,
-                dependencies=[guard.require(Op.PRODUCE)], responses=CANCEL_RESPONSES)
+                dependencies=[guard.require(Op.PRODUCE, delegated=True)],
+                responses=CANCEL_RESPONSES)
     async def cancel_message(kind: str, tenant: str, namespace: str, topic: str,
                              message_id: str) -> JSONResponse:
         """Cancel a pending delayed message by the messageId its publish returned. A
@@ -209,6 +220,43 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
                              "delivered": out.delivered, "reason": out.detail},
                             status_code=status,
                             headers={"Retry-After": "1"} if status == 503 else None)
+
+    @app.post(base + "/cancellations", response_model=CancelManyBody,
+              dependencies=[guard.require(Op.PRODUCE, delegated=True)],
+              responses=errors(400))
+    async def cancel_messages(kind: str, tenant: str, namespace: str, topic: str,
+                              body: CancelMany) -> dict[str, Any]:
+        """Cancel several pending delayed messages of the topic at once (admission's Kafka
+        ingress sends a cancel request's ids this way): one answer per id, in order, with
+        the HTTP status its own DELETE would have had (400 for an id that is not one, 503
+        when Kafka or Redis could not be asked)."""
+        name = TopicName.parse(_topic(kind, tenant, namespace, topic))
+        asked: list[Any] = []
+        for message_id in body.messageIds:
+            try:
+                asked.append(cancel.cancel(name, message_id))
+            except ValueError as exc:
+                asked.append(exc)
+        results: list[dict[str, Any]] = []
+        for message_id, f in zip(body.messageIds, asked, strict=True):
+            if isinstance(f, ValueError):
+                results.append({"messageId": message_id, "status": 400,
+                                "reason": f"messageId: {f}"})
+                continue
+            try:
+                out = await asyncio.wrap_future(f)
+            except (kafka.KafkaUnavailable, cancels.NotRecorded) as exc:
+                results.append({"messageId": message_id, "status": 503,
+                                "reason": f"Kafka: {exc}"})
+                continue
+            except redislib.RedisError as exc:
+                results.append({"messageId": message_id, "status": 503,
+                                "reason": f"Redis: {type(exc).__name__}"})
+                continue
+            results.append({"messageId": message_id, "status": CANCEL_STATUS[out.answer],
+                            "result": out.answer, "delivered": out.delivered,
+                            "reason": out.detail})
+        return {"results": results}
 
     @app.get(base + "/stats",
              dependencies=[guard.require(Op.GET_STATS)])

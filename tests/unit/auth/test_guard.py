@@ -1,10 +1,20 @@
 import base64
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from dwell.auth.guard import Guard, operation_of
-from dwell.auth.tokens import create_secret_key, create_token
+from dwell.auth.tokens import (
+    DELEGATED_TOKEN_TTL_S,
+    DelegatedTokenVerifier,
+    InvalidToken,
+    KafkaTokenVerifier,
+    create_delegated_token,
+    create_kafka_token,
+    create_secret_key,
+    create_token,
+)
 from dwell.core.authz import Grants, Operation
 from dwell.http import create_app
 from dwell.settings import CommonSettings
@@ -29,6 +39,11 @@ def app_with(**env: object) -> FastAPI:
 
     @app.post("/p/{tenant}/{namespace}", dependencies=[guard.require(Operation.PRODUCE)])
     async def produce(tenant: str, namespace: str) -> str:
+        return "ok"
+
+    @app.delete("/c/{tenant}/{namespace}",
+                dependencies=[guard.require(Operation.PRODUCE, delegated=True)])
+    async def cancel(tenant: str, namespace: str) -> str:
         return "ok"
 
     @app.get("/tenants", dependencies=[guard.require(Operation.LIST_TENANTS)])
@@ -153,3 +168,41 @@ def test_a_refusal_of_a_kafka_record_catches_the_grants_up_when_the_caller_may()
     assert looked_up == ["acme", "acme", "acme"]
     with pytest.raises(ApiError):
         guard.authorize_sync("late", Operation.SUBSCRIBE, "acme", "ns", lookup, catch_up)
+
+
+def test_a_delegated_token_opens_only_the_routes_that_take_one() -> None:
+    """Admission's ingress signs a delegated token for the role a Kafka request
+    authenticated; the tracker's cancel route takes it (and still checks the role's
+    grants), no other route does, and neither do the Kafka paths."""
+    c = TestClient(app_with(**ON))
+    writer = {"Authorization": f"Bearer {create_delegated_token(SECRET, 'writer')}"}
+    reader = {"Authorization": f"Bearer {create_delegated_token(SECRET, 'reader')}"}
+    assert c.delete("/c/acme/ns", headers=writer).status_code == 200
+    assert c.delete("/c/acme/ns", headers=reader).status_code == 403
+    assert c.delete("/c/globex/ns", headers=writer).status_code == 403
+    # A user's own token still works there; a delegated one nowhere else.
+    assert c.delete("/c/acme/ns", headers=bearer("writer")).status_code == 200
+    refused = c.post("/p/acme/ns", headers=writer)
+    assert refused.status_code == 401
+    assert "accepted only on the tracker's cancel route" in refused.json()["reason"]
+    # Expired, forged (another key) or a Kafka token: refused on the cancel route too.
+    old = create_delegated_token(SECRET, "writer", now=1_000_000)
+    forged = create_delegated_token(create_secret_key(), "root")
+    kafka_token = create_kafka_token(SECRET, "writer", 60_000)[0]
+    for token in (old, forged, kafka_token):
+        assert c.delete("/c/acme/ns", headers={"Authorization": f"Bearer {token}"}
+                        ).status_code == 401, token
+    with pytest.raises(InvalidToken):
+        KafkaTokenVerifier(SECRET).role_at(create_delegated_token(SECRET, "w"), 0)
+
+
+def test_a_delegated_token_lives_a_minute() -> None:
+    now = [1_800_000_000.0]
+    v = DelegatedTokenVerifier(SECRET, clock=lambda: now[0])
+    token = create_delegated_token(SECRET, "writer", now=now[0])
+    assert v.role(token) == "writer"
+    now[0] += DELEGATED_TOKEN_TTL_S - 1
+    assert v.role(token) == "writer"  # from the cache
+    now[0] += 1
+    with pytest.raises(InvalidToken, match="expired"):
+        v.role(token)

@@ -11,20 +11,28 @@ signed with a key only dwell holds. `KafkaTokenVerifier` accepts one when it was
 the record's broker-assigned timestamp (LogAppendTime), so a record that waited in a
 backlog is still accepted and a token copied out of Kafka is worth nothing once it
 expired: re-sent, its record gets a new append time. `TokenVerifier` (HTTP) refuses
-Kafka tokens, and the Kafka paths refuse every other token."""
+Kafka tokens, and the Kafka paths refuse every other token.
+
+Delegated tokens: admission's Kafka ingress hands the cancels it read on `dwell.publish`
+to the tracker over HTTP, on behalf of the role the request's Kafka token authenticated.
+It signs, with the same key, a token of that role with audience `dwell-delegated` and a
+life of a minute (`create_delegated_token`); only the tracker's cancel route accepts one
+(`DelegatedTokenVerifier`). Such a token never goes to Kafka or to a client."""
 
 from __future__ import annotations
 
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from dwell.auth.keys import VerificationKey
+
+_T = TypeVar("_T")
 
 
 class InvalidToken(Exception):
@@ -34,6 +42,9 @@ class InvalidToken(Exception):
 # The audience of Kafka tokens, and the only one the Kafka paths accept.
 KAFKA_AUDIENCE: Final = "dwell-kafka"
 KAFKA_TOKEN_ROUTE: Final = "POST /admin/v2/kafka-tokens"
+# The audience of the tokens admission signs for the tracker (see the module's text).
+DELEGATED_AUDIENCE: Final = "dwell-delegated"
+DELEGATED_TOKEN_TTL_S: Final = 60
 # How far before its `iat` a record's append time may be: the policy service's clock and
 # the broker's are different clocks.
 KAFKA_TOKEN_SKEW_MS: Final = 10_000
@@ -113,10 +124,15 @@ class TokenVerifier:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             raise InvalidToken("token has no subject (sub claim)")
-        # Kafka tokens are signed with a key HTTP may share; they must not open HTTP.
-        if KAFKA_AUDIENCE in _audiences(claims):
+        # Kafka and delegated tokens are signed with a key HTTP may share; they must not
+        # open HTTP.
+        audiences = _audiences(claims)
+        if KAFKA_AUDIENCE in audiences:
             raise InvalidToken(f"a Kafka token (aud {KAFKA_AUDIENCE}) is accepted only on "
                                "dwell.publish and dwell.acks, not over HTTP")
+        if DELEGATED_AUDIENCE in audiences:
+            raise InvalidToken(f"a delegated token (aud {DELEGATED_AUDIENCE}) is accepted "
+                               "only on the tracker's cancel route")
         expiry = claims.get("exp")
         if expiry is not None:
             if not isinstance(expiry, (int, float)) or isinstance(expiry, bool):
@@ -161,6 +177,36 @@ class TokenVerifier:
         return self._bytes
 
 
+def _hs256_claims(token: str, key: bytes, wrong_key: str = "") -> dict[str, Any]:
+    """The claims of an HS256 token signed with ``key`` (dwell checks the times itself);
+    InvalidToken otherwise, its reason followed by ``wrong_key`` when the signature or
+    the algorithm is not that."""
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token, key, algorithms=["HS256"],
+            options={"verify_aud": False, "verify_exp": False, "verify_iat": False,
+                     "verify_nbf": False})
+    except jwt.InvalidTokenError as exc:
+        reason = _reason(exc)
+        if isinstance(exc, (jwt.InvalidSignatureError, jwt.InvalidAlgorithmError)):
+            reason += wrong_key
+        raise InvalidToken(reason) from None
+    return claims
+
+
+def _remembered(cache: dict[str, _T], size: int, token: str,
+                verify: Callable[[str], _T]) -> _T:
+    """What ``cache`` holds for ``token``, verified and put there first (dropping the
+    oldest entry when it holds ``size``)."""
+    hit = cache.get(token)
+    if hit is None:
+        hit = verify(token)
+        if len(cache) >= size:
+            del cache[next(iter(cache))]
+        cache[token] = hit
+    return hit
+
+
 class KafkaTokenVerifier:
     """Verifies Kafka tokens (HS256 with dwell's Kafka token key) against the timestamp
     of the record that carries them, and caches token -> (role, iat ms, exp ms)."""
@@ -173,13 +219,8 @@ class KafkaTokenVerifier:
     def role_at(self, token: str, record_ms: int) -> str:
         """The role of a Kafka token valid at ``record_ms`` (the record's broker-assigned
         timestamp); InvalidToken otherwise."""
-        hit = self._cache.get(token)
-        if hit is None:
-            hit = self._verify(token)
-            if len(self._cache) >= self._cache_size:
-                del self._cache[next(iter(self._cache))]
-            self._cache[token] = hit
-        role, issued_ms, expiry_ms = hit
+        role, issued_ms, expiry_ms = _remembered(self._cache, self._cache_size, token,
+                                                 self._verify)
         if record_ms > expiry_ms:
             raise InvalidToken("Kafka token expired before the record was written")
         if record_ms < issued_ms - KAFKA_TOKEN_SKEW_MS:
@@ -187,17 +228,9 @@ class KafkaTokenVerifier:
         return role
 
     def _verify(self, token: str) -> tuple[str, int, int]:
-        try:
-            claims: dict[str, Any] = jwt.decode(
-                token, self._key, algorithms=["HS256"],
-                options={"verify_aud": False, "verify_exp": False, "verify_iat": False,
-                         "verify_nbf": False})
-        except jwt.InvalidTokenError as exc:
-            reason = _reason(exc)
-            # A user's token under another key or algorithm: say what to send instead.
-            if isinstance(exc, (jwt.InvalidSignatureError, jwt.InvalidAlgorithmError)):
-                reason += f" with dwell's Kafka token key; {USE_KAFKA_TOKEN}"
-            raise InvalidToken(reason) from None
+        # A user's token under another key or algorithm: say what to send instead.
+        claims = _hs256_claims(token, self._key,
+                               f" with dwell's Kafka token key; {USE_KAFKA_TOKEN}")
         if KAFKA_AUDIENCE not in _audiences(claims):
             raise InvalidToken(USE_KAFKA_TOKEN)
         subject = claims.get("sub")
@@ -226,6 +259,45 @@ def create_kafka_token(key: bytes, subject: str, ttl_ms: int, now: float | None 
         expires = max(issued, min(expires, int(not_after)))
     claims = {"sub": subject, "aud": KAFKA_AUDIENCE, "iat": issued, "exp": expires}
     return jwt.encode(claims, key, algorithm="HS256"), expires * 1000
+
+
+def create_delegated_token(key: bytes, subject: str, now: float | None = None) -> str:
+    """A token of ``subject`` for the tracker's cancel route, valid
+    DELEGATED_TOKEN_TTL_S from ``now``, signed with the Kafka token key."""
+    issued = int(time.time() if now is None else now)
+    return jwt.encode({"sub": subject, "aud": DELEGATED_AUDIENCE, "iat": issued,
+                       "exp": issued + DELEGATED_TOKEN_TTL_S}, key, algorithm="HS256")
+
+
+class DelegatedTokenVerifier:
+    """Verifies delegated tokens (HS256 with the Kafka token key, audience
+    `dwell-delegated`, not expired) and caches token -> (role, expiry in s)."""
+
+    def __init__(self, key: bytes, *, cache_size: int = 1000,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._key = key
+        self._cache: dict[str, tuple[str, float]] = {}
+        self._cache_size = cache_size
+        self._clock = clock
+
+    def role(self, token: str) -> str:
+        """The role of a delegated token valid now; InvalidToken otherwise."""
+        hit = _remembered(self._cache, self._cache_size, token, self._verify)
+        if self._clock() >= hit[1]:
+            del self._cache[token]
+            raise InvalidToken("token expired")
+        return hit[0]
+
+    def _verify(self, token: str) -> tuple[str, float]:
+        claims = _hs256_claims(token, self._key)
+        if DELEGATED_AUDIENCE not in _audiences(claims):
+            raise InvalidToken(f"not a delegated token (aud {DELEGATED_AUDIENCE})")
+        subject, expiry = claims.get("sub"), claims.get("exp")
+        if not isinstance(subject, str) or not subject:
+            raise InvalidToken("token has no subject (sub claim)")
+        if not isinstance(expiry, (int, float)) or isinstance(expiry, bool):
+            raise InvalidToken("delegated token needs a numeric exp claim")
+        return subject, float(expiry)
 
 
 # -- making keys and tokens (dwell-admin tokens)

@@ -26,6 +26,11 @@ def format_message_id(kafka_topic: str, partition: int, offset: int) -> str:
     return f"{kafka_topic}:{partition}:{offset}"
 
 
+# The longest id `format_message_id` makes: a Kafka topic name (249 characters at most),
+# a partition (an int32) and an offset (an int64), colon-separated.
+MAX_MESSAGE_ID_CHARS = 249 + 1 + 10 + 1 + 19
+
+
 def parse_message_id(s: str) -> tuple[str, int, int]:
     """Inverse of :func:`format_message_id`; raise ValueError on anything else."""
     parts = s.rsplit(":", 2)
