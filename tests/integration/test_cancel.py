@@ -407,6 +407,32 @@ def test_a_schedule_key_replaces_the_pending_message(services, redis_url, kafka_
     svc.stop()
 
 
+def test_many_keyed_records_in_one_batch(services, redis_url, kafka_bootstrap, unique,
+                                         delayed_topic):
+    """More keyed records of a topic in one batch than one script applies: they go in
+    runs, in log order, to the same end."""
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    idx = TopicIndex(r, topic)
+    now = int(time.time() * 1000)
+    p = Producer(kafka_bootstrap, linger_ms=20)
+    keys_n = 1500
+    sent = [p.send(delayed_topic, b"x", topic, {
+        "dwell-topic": topic, "dwell-schedule-key": f"k{i % keys_n}",
+        "dwell-deliver-at": str(now + 600_000 + i * 1000), "dwell-tick-time": str(TICK)})
+        for i in range(2 * keys_n)]
+    ids = [format_message_id(delayed_topic, *f.result(30)) for f in sent]
+    p.close()
+    svc = services.start("tracker", env=_env(delayed_topic))
+    wait_for(lambda: _pending(r, topic) == 2 * keys_n, 60, "every record indexed",
+             interval=0.2)
+    assert sorted(r.zrange(idx.keys.cancelled, 0, -1)) == sorted(
+        _member(m) for m in ids[:keys_n])
+    assert r.hlen(idx.keys.scheduled) == keys_n
+    assert r.hget(idx.keys.scheduled, b"k0").endswith(b" " + _member(ids[keys_n]))
+    svc.stop()
+
+
 def _offsets(mark: dict) -> list[tuple[str, int]]:
     return [(f, o) for f, blob in mark["fields"].items()
             for o in decode(base64.b64decode(blob)).to_array().tolist()]

@@ -53,6 +53,9 @@ log = logging.getLogger("dwell.tracker.ingest")
 HEADERS: Final = (DELIVER_AT, TICK_TIME, SCHEDULE_KEY)
 # How often a replacement whose message's bucket is being re-filed is asked again.
 _REPLACE_RETRY_S: Final = 0.05
+# Records with a schedule key applied by one script at most (Redis runs nothing else
+# meanwhile).
+_REPLACE_ROWS: Final = 1000
 # The ingest's own script (its progress per delay-log partition); the index's are in
 # dwell/index/lua.
 
@@ -203,6 +206,9 @@ class Ingest:
         # `record_marks` (KafkaUnavailable when Kafka did not take them).
         self.clock_margin_ms = clock_margin_ms
         self.record_marks = record_marks
+        # Called while a replacement waits for a re-filing round (bounded by the round's
+        # lease): the writer's heartbeat, so that the wait is not taken for a stall.
+        self.waiting: Callable[[], None] | None = None
         self._scripts = redis_adapter.Scripts(r, LUA_DIR)
         self._index_scripts = bucket_index.scripts(r)
         self.source = source
@@ -357,7 +363,7 @@ class Ingest:
             replaced = 0
             while todo:
                 cutoff = int(time.time() * 1000) + 1 + self.clock_margin_ms
-                done = idx.replace(todo, cutoff)
+                done = idx.replace(todo[:_REPLACE_ROWS], cutoff)
                 for r in done:
                     if r.code == index.CANCELLED or (
                             r.code == index.ALREADY_CANCELLED and not self.skip_below):
@@ -372,6 +378,8 @@ class Ingest:
                     # re-filing round let go of the bucket (its lease bounds the wait).
                     todo = todo[len(done) - 1:]
                     time.sleep(_REPLACE_RETRY_S)
+                    if self.waiting is not None:
+                        self.waiting()
                 else:
                     todo = todo[len(done):]
             if replaced:

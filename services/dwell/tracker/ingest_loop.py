@@ -115,6 +115,7 @@ class IngestLoop:
         # dwell.liveness: the polling thread's rounds, and the writer's.
         self.polling = Heartbeat(f"{topic} ingest")
         self.writing = Heartbeat(f"{topic} ingest writer")
+        self.ingest.waiting = self.writing.beat
 
     # -- polling thread
 
