@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from dwell_dev import devstack
-from dwell_dev.testkit import ServiceFactory
+from dwell_dev.testkit import OwnRedis, ServiceFactory, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,6 +54,16 @@ def redis_url(stack: devstack.Stack) -> str:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(stack: devstack.Stack) -> str:
     return stack.kafka_bootstrap
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A redis-server of the test's own (dwell_dev.testkit.OwnRedis), started."""
+    server = OwnRedis(free_port(), tmp_path)
+    server.start()
+    yield server
+    if server.child is not None and server.child.running():
+        server.kill()
 
 
 @pytest.fixture()

@@ -293,3 +293,38 @@ class ServiceFactory:
         first ``since`` starts."""
         for svc in reversed(self.started[since:]):
             svc.stop()
+
+
+class OwnRedis:
+    """A redis-server of a test's own on ``port``, keeping nothing on disk: killed and
+    started again, it comes back empty (a Redis that lost its data)."""
+
+    def __init__(self, port: int, folder: Path) -> None:
+        self.port = port
+        self.folder = folder
+        self.child: Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import redis as redislib
+
+        from dwell_dev import devinstall
+
+        self.child = Child.spawn(
+            "redis", [devinstall.redis_server_bin(), "--port", str(self.port), "--bind",
+                      "127.0.0.1", "--save", "", "--appendonly", "no",
+                      "--dir", str(self.folder)], self.folder / "redis.log")
+
+        def answers() -> bool:
+            try:
+                return bool(redislib.Redis(port=self.port, socket_connect_timeout=0.2).ping())
+            except redislib.ConnectionError:
+                return False
+        self.child.wait_until(answers, 10, "answering", poll_s=0.05)
+
+    def kill(self) -> None:
+        assert self.child is not None
+        self.child.kill()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,46 +17,11 @@ import redis as redislib
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
 from dwell.index.redelivery import SubscriptionIndex
-from dwell_dev import devinstall
-from dwell_dev.procs import Child
-from dwell_dev.testkit import free_port
+from dwell_dev.testkit import OwnRedis
 from dwell_spark.backoff import Pass
 from dwell_spark.settings import SparkSettings
 
 TICK_MS = 100
-
-
-class OwnRedis:
-    def __init__(self, port: int, folder: Path) -> None:
-        self.port = port
-        self.folder = folder
-        self.child: Child | None = None
-
-    def start(self) -> None:
-        self.child = Child.spawn(
-            "redis", [devinstall.redis_server_bin(), "--port", str(self.port), "--bind",
-                      "127.0.0.1", "--save", "", "--appendonly", "no",
-                      "--dir", str(self.folder)], self.folder / "redis.log")
-
-        def answers() -> bool:
-            try:
-                return bool(redislib.Redis(port=self.port, socket_connect_timeout=0.2).ping())
-            except redislib.ConnectionError:
-                return False
-        self.child.wait_until(answers, 10, "answering", poll_s=0.05)
-
-    def kill(self) -> None:
-        assert self.child is not None
-        self.child.kill()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(free_port(), tmp_path)
-    server.start()
-    yield server
-    if server.child is not None and server.child.running():
-        server.kill()
 
 
 def work(port: int, timeout_s: float) -> Pass:

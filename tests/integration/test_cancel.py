@@ -175,6 +175,50 @@ def test_a_cancel_survives_the_loss_of_the_index(services, redis_url, kafka_boot
     svc.stop()
 
 
+def test_a_cancel_while_redis_is_down_and_after_it_came_back_empty(
+        services, own_redis, kafka_bootstrap, unique, delayed_topic):
+    """Redis unreachable: a cancel answers 503 (retry), nothing is decided. Redis back
+    with nothing in it: the tracker rebuilds the index from Kafka, the message cancelled
+    before stays cancelled (its mark), and the one refused meanwhile can be cancelled."""
+    topic = f"persistent://{unique}/ns/x"
+    now = int(time.time() * 1000)
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    first, second = (_send(p, delayed_topic, topic, now + 600_000 + i * TICK)
+                     for i in range(2))
+    p.close()
+    svc = services.start("tracker", env=_env(delayed_topic) | {
+        "DWELL_REDIS_URL": own_redis.url})
+    r = connect(own_redis.url)
+    base = f"/v1/topics/persistent/{unique}/ns/x/messages"
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        wait_for(lambda: _pending(r, topic) == 2, 60, "indexed", interval=0.1)
+        assert http.delete(f"{base}/{first}").json()["result"] == "cancelled"
+        own_redis.kill()
+        for message_id in (first, second):
+            down = http.delete(f"{base}/{message_id}")
+            assert down.status_code == 503 and down.headers["retry-after"], down.text
+            assert down.json()["reason"].startswith("Redis: "), down.text
+        own_redis.start()  # empty
+        answers: dict[str, str] = {}
+
+        def decided() -> bool:
+            for message_id in (first, second):
+                resp = http.delete(f"{base}/{message_id}")
+                if resp.status_code != 503:
+                    answers[message_id] = resp.json()["result"]
+            return len(answers) == 2
+
+        wait_for(decided, 90, "the index rebuilt and both answered", interval=0.5)
+        assert answers == {first: "cancelled", second: "cancelled"}
+        idx = TopicIndex(r, topic)
+        assert sorted(r.zrange(idx.keys.cancelled, 0, -1)) == [_member(first),
+                                                              _member(second)]
+        # The first was not indexed again (its mark); the second keeps its position,
+        # among the cancelled ones, until the drain passes its bucket.
+        assert _pending(r, topic) == 1
+    svc.stop()
+
+
 def _tracker_and_admission(services, kafka_bootstrap: str, tenant: str):  # type: ignore[no-untyped-def]
     """A policy service with namespace ``<tenant>/ns``, a tracker on `dwell.delayed` and an
     admission that hands cancels to it, its Kafka ingress in a group of its own that
