@@ -24,7 +24,14 @@ import httpx
 import pytest
 
 from dwell import keys
-from dwell.adapters.kafka import Producer, end_offsets, ensure_topic, read_all
+from dwell.adapters.kafka import (
+    Columns,
+    KafkaUnavailable,
+    Producer,
+    end_offsets,
+    ensure_topic,
+    read_all,
+)
 from dwell.adapters.redis import connect
 from dwell.client import AsyncProducer, CancelResult, PublishError
 from dwell.client import Producer as SdkProducer
@@ -32,8 +39,9 @@ from dwell.core import topics as names
 from dwell.core.positions import format_message_id
 from dwell.core.topics import TopicName
 from dwell.index.roaring import decode
-from dwell.index.topic import TopicIndex
+from dwell.index.topic import Replaced, TopicIndex
 from dwell.tracker import recovery
+from dwell.tracker.ingest import Ingest
 from dwell_dev.testkit import read_results, wait_for, wait_ingress
 
 pytestmark = pytest.mark.integration
@@ -475,6 +483,57 @@ def test_many_keyed_records_in_one_batch(services, redis_url, kafka_bootstrap, u
     assert r.hlen(idx.keys.scheduled) == keys_n
     assert r.hget(idx.keys.scheduled, b"k0").endswith(b" " + _member(ids[keys_n]))
     svc.stop()
+
+
+def test_a_replacement_is_marked_in_kafka_before_it_cancels(redis_url, unique):
+    """The ingest asks what a run of keyed records would cancel (a dry run that changes
+    nothing), records those cancel marks, and only then applies the run: when the marks
+    are not taken, or the process dies right after they were, nothing is cancelled yet;
+    the batch read again cancels, and every cancellation has its mark."""
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    idx = TopicIndex(r, topic)
+    now = int(time.time() * 1000)
+    older = (now + 600_000) // TICK * TICK
+    newer = (now + 700_000) // TICK * TICK
+
+    def batch(offsets: list[int], due: list[int]) -> Columns:
+        return Columns([0] * len(offsets), offsets, [topic.encode()] * len(offsets),
+                       [[b"%d" % t for t in due], [b"%d" % TICK] * len(offsets),
+                        [b"k"] * len(offsets)])
+
+    marked: list[list[bytes]] = []
+
+    def refused(marks: list) -> None:
+        raise KafkaUnavailable("the marks were not taken")
+
+    def dies_after_writing(marks: list) -> None:
+        marked.append([m[1] for m in marks])
+        raise KafkaUnavailable("the process died after the marks were written")
+
+    Ingest(r, "test.delayed", record_marks=refused).index_batch(batch([10], [older]))
+    assert r.hget(idx.keys.scheduled, b"k") == b"%d 0:10" % older
+    before = r.hgetall(idx.keys.scheduled)
+    assert idx.replace([(b"k", newer, 0, 11)], now, dry_run=True) == [
+        Replaced(1, b"%d" % older, b"0:10")]
+    assert r.hgetall(idx.keys.scheduled) == before and idx.replaced() == 0
+    for record_marks in (refused, dies_after_writing):
+        with pytest.raises(KafkaUnavailable):
+            Ingest(r, "test.delayed", record_marks=record_marks).index_batch(
+                batch([11], [newer]))
+        assert idx.cancellations() == 0 and r.hgetall(idx.keys.scheduled) == before
+    assert len(marked) == 1 and json.loads(marked[0][0])["cancelled"]
+
+    def takes(marks: list) -> None:
+        marked.append([m[1] for m in marks])
+
+    Ingest(r, "test.delayed", record_marks=takes).index_batch(batch([11], [newer]))
+    assert r.zrange(idx.keys.cancelled, 0, -1) == [b"0:10"] and idx.replaced() == 1
+    assert r.hget(idx.keys.scheduled, b"k") == b"%d 0:11" % newer
+    assert marked[1] == marked[0]
+    # Read once more (a crash before the batch's progress): nothing new to mark.
+    Ingest(r, "test.delayed", record_marks=takes).index_batch(batch([11], [newer]))
+    assert len(marked) == 2 and idx.replaced() == 1
 
 
 def _offsets(mark: dict) -> list[tuple[str, int]]:

@@ -103,14 +103,14 @@ class TopicIndex(BucketIndex):
                                  ["answer", bucket_start, f"{partition}:{offset}", cutoff],
                                  client=client)
 
-    def replace(self, rows: list[tuple[bytes, int | None, int, int]],
-                cutoff: int) -> list[Replaced]:
+    def replace(self, rows: list[tuple[bytes, int | None, int, int]], cutoff: int, *,
+                dry_run: bool = False) -> list[Replaced]:
         """Apply records with a schedule key, ``(scheduleKey, bucketStart or None for a
         release, partition, offset)`` in log order: each cancels the key's pending
         message, unless a bucket up to ``cutoff`` may be drained already (cancel-5.lua).
         One Replaced per record applied; the last is BUSY when the rest must be asked
-        again."""
-        args: list[Any] = ["replace", cutoff]
+        again. ``dry_run``: what it would cancel, changing nothing."""
+        args: list[Any] = ["victims" if dry_run else "replace", cutoff]
         for key, bucket, partition, offset in rows:
             args += [key, "" if bucket is None else bucket, f"{partition}:{offset}"]
         out = self._scripts.run("cancel", self._cancel_keys(), args)

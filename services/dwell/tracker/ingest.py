@@ -347,45 +347,54 @@ class Ingest:
         return indexed
 
     def _replace(self, d: Decoded, parts: np.ndarray, keyed: dict[str, list[int]]) -> None:
-        """Apply the records with a schedule key (rows of ``d``, per topic, in log order)
-        and record what they cancelled in Kafka before the batch is indexed. A record
-        whose key's message sits in a bucket being re-filed waits for the round."""
+        """Apply the records with a schedule key (rows of ``d``, per topic, in log order),
+        each run of them in three steps: what it would cancel (a dry run), the cancel
+        marks of that in Kafka, then the run applied. A crash between any two leaves a
+        mark for every cancellation made (a mark of one not made is harmless: the next
+        read of the batch makes it). A record whose key's message sits in a bucket being
+        re-filed waits for the round."""
         key_of = dict(zip(d.keyed.tolist(), d.schedule_keys, strict=True))
         release = dict(zip(d.keyed.tolist(), d.releases.tolist(), strict=True))
-        marks: list[OutRecord] = []
+        todo: dict[str, list[tuple[bytes, int | None, int, int]]] = {}
         for topic, mine in keyed.items():
-            todo = []
-            for row in mine:
-                bucket = None if release[row] else bucket_start(int(d.deliver_at[row]),
-                                                                int(d.tick[row]))
-                todo.append((key_of[row], bucket, int(parts[row]), int(d.offsets[row])))
-            idx = TopicIndex(self.redis, topic)
-            replaced = 0
-            while todo:
-                cutoff = int(time.time() * 1000) + 1 + self.clock_margin_ms
-                done = idx.replace(todo[:_REPLACE_ROWS], cutoff)
-                for r in done:
-                    if r.code == index.CANCELLED or (
-                            r.code == index.ALREADY_CANCELLED and not self.skip_below):
-                        # Already cancelled while not rebuilding: its mark may be the one
-                        # a crash kept from being written.
-                        p, o = r.member.split(b":")
-                        marks.append(cancel_mark_record(self.source, topic, int(r.bucket),
-                                                        int(p), int(o)))
-                    replaced += r.code == index.CANCELLED
-                if done and done[-1].code == index.BUSY:
-                    # Not applied: asked again, with the records after it, once the
-                    # re-filing round let go of the bucket (its lease bounds the wait).
-                    todo = todo[len(done) - 1:]
-                    time.sleep(_REPLACE_RETRY_S)
-                    if self.waiting is not None:
-                        self.waiting()
-                else:
-                    todo = todo[len(done):]
-            if replaced:
-                REPLACED.labels(topic).inc(replaced)
-        if marks and self.record_marks is not None:
-            self.record_marks(marks)
+            todo[topic] = [(key_of[row], None if release[row] else bucket_start(
+                int(d.deliver_at[row]), int(d.tick[row])), int(parts[row]),
+                int(d.offsets[row])) for row in mine]
+        while todo:
+            cutoff = int(time.time() * 1000) + 1 + self.clock_margin_ms
+            runs: dict[str, list[tuple[bytes, int | None, int, int]]] = {}
+            marks: list[OutRecord] = []
+            for topic, rows in todo.items():
+                run = rows[:_REPLACE_ROWS]
+                found = TopicIndex(self.redis, topic).replace(run, cutoff, dry_run=True)
+                if found and found[-1].code == index.BUSY:
+                    # That record and the ones after it wait for the re-filing round to
+                    # let go of the bucket (its lease bounds the wait).
+                    run = run[:len(found) - 1]
+                runs[topic] = run
+                marks += [self._cancel_mark(topic, r) for r in found
+                          if r.code == index.CANCELLED]
+            if marks and self.record_marks is not None:
+                self.record_marks(marks)
+            stalled = False
+            for topic, run in runs.items():
+                done = TopicIndex(self.redis, topic).replace(run, cutoff) if run else []
+                applied = len(done) - (1 if done and done[-1].code == index.BUSY else 0)
+                replaced = sum(r.code == index.CANCELLED for r in done)
+                if replaced:
+                    REPLACED.labels(topic).inc(replaced)
+                stalled |= applied == 0
+                todo[topic] = todo[topic][applied:]
+                if not todo[topic]:
+                    del todo[topic]
+            if todo and stalled:
+                time.sleep(_REPLACE_RETRY_S)
+                if self.waiting is not None:
+                    self.waiting()
+
+    def _cancel_mark(self, topic: str, r: index.Replaced) -> OutRecord:
+        p, o = r.member.split(b":")
+        return cancel_mark_record(self.source, topic, int(r.bucket), int(p), int(o))
 
     def _not_delivered(self, parts: np.ndarray, offs: np.ndarray) -> np.ndarray:
         """Mask of the records a rebuild must index: not below its end offset with a

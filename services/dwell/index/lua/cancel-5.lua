@@ -24,6 +24,9 @@
           "answer"; an empty bucketStart is a release (a message published with the key
           and no delay: nothing of its own is indexed). A record older than the key's
           message (a replay) is the one cancelled instead.
+      "victims" cutoff (scheduleKey bucketStart member)...
+          what "replace" with the same arguments would cancel, changing nothing: the
+          ingest records those cancels in Kafka before it applies the records
       "sweep" latestBucket limit
           drop up to `limit` cancellations of buckets up to `latestBucket` that hold
           nothing, live or claimed (a rebuild puts back every cancellation it finds,
@@ -36,7 +39,8 @@
     answer:     1 CANCELLED (or already: a retried request), 0 DELIVERED (the bucket is
                 due and holds nothing any more), -1 TOO_LATE (due, and held or claimed:
                 being delivered), -2 BUSY (claimed while not due: the tracker re-files it)
-    replace:    per record, {code, bucketStart, member} of the message it cancelled:
+    replace, victims:
+                per record, {code, bucketStart, member} of the message it cancelled:
                 code 1 (cancelled), 2 (cancelled already), 0, -1 as for "answer", or 3 with
                 nothing to cancel. It stops at a record answered -2 (BUSY), whose row is
                 the last and changed nothing: the caller asks again from that record.
@@ -50,8 +54,9 @@ local function idle(bucket)
       redis.call("HEXISTS", KEYS[2], bucket) == 0
 end
 
--- The rules of a cancel; 2 for a message cancelled already.
-local function decide(bucket, member, cutoff)
+-- The rules of a cancel; 2 for a message cancelled already. A dry run decides without
+-- cancelling.
+local function decide(bucket, member, cutoff, dry)
   if redis.call("ZSCORE", KEYS[3], member) then return 2 end
   local due = tonumber(bucket) <= cutoff
   if redis.call("HEXISTS", KEYS[2], bucket) == 1 then
@@ -64,7 +69,7 @@ local function decide(bucket, member, cutoff)
   end
   -- Not due and not claimed: whatever of the bucket is pending (live, or a re-filed copy
   -- on its way to the index) has not been delivered.
-  redis.call("ZADD", KEYS[3], bucket, member)
+  if not dry then redis.call("ZADD", KEYS[3], bucket, member) end
   return 1
 end
 
@@ -84,12 +89,16 @@ if mode == "answer" then
   return code
 end
 
-if mode == "replace" then
+if mode == "replace" or mode == "victims" then
+  local dry = mode == "victims"
   local cutoff = tonumber(ARGV[2])
   local out = {}
+  -- A dry run's moves of the keys: scheduleKey -> value, or false once released.
+  local moved = {}
   for i = 3, #ARGV, 3 do
     local key, bucket, member = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-    local cur = redis.call("HGET", KEYS[4], key)
+    local cur = moved[key]
+    if cur == nil then cur = redis.call("HGET", KEYS[4], key) end
     local vb, vm, move = "", "", true
     if cur then
       local cb, cm = string.match(cur, "^(%S+) (%S+)$")
@@ -102,14 +111,18 @@ if mode == "replace" then
     end
     local code = 3
     if vm ~= "" then
-      code = decide(vb, vm, cutoff)
+      code = decide(vb, vm, cutoff, dry)
       if code == -2 then
         out[#out + 1] = {code, vb, vm}
         return out
       end
-      if code == 1 then redis.call("HINCRBY", KEYS[5], "replacedMessages", 1) end
+      if code == 1 and not dry then
+        redis.call("HINCRBY", KEYS[5], "replacedMessages", 1)
+      end
     end
-    if move then
+    if move and dry then
+      if bucket == "" then moved[key] = false else moved[key] = bucket .. " " .. member end
+    elseif move then
       if bucket == "" then
         redis.call("HDEL", KEYS[4], key)
       else
