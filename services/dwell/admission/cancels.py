@@ -20,6 +20,7 @@ message `cancelled` every time."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +38,8 @@ from dwell.security import http_verify
 from .plan import AUTHENTICATION_ERROR, AUTHORIZATION_ERROR, INVALID_MESSAGE
 from .schema import PublishError
 from .settings import AdmissionSettings
+
+log = logging.getLogger("dwell.admission.cancels")
 
 # Pulsar's REST producer's ProducerAck errorCode for a retriable failure (2,
 # INVALID_MESSAGE, is the non-retriable one).
@@ -149,6 +152,11 @@ class TrackerCancels:
                 f.cancel()
                 out += [_failed(m, RETRIABLE, "the tracker did not answer in time; send "
                                               "the cancel again") for m in chunk]
+            except Exception as exc:
+                # A failure no check foresaw must not stop the ingress.
+                log.exception("asking the tracker to cancel failed")
+                out += [_failed(m, RETRIABLE, f"{type(exc).__name__} while asking the "
+                                              "tracker") for m in chunk]
         return out
 
     def close(self) -> None:

@@ -75,7 +75,6 @@ from .settings import AdmissionSettings
 log = logging.getLogger("dwell.admission.ingress")
 
 
-
 def _request_level_result(value: bytes | None, reason: str,
                           error_code: int = INVALID_MESSAGE) -> tuple[str | None,
                                                                       dict[str, Any]]:
@@ -252,6 +251,8 @@ class Ingress:
                 consumer: kafka.Consumer) -> None:
         """One transaction: the batch's messages, their results and its offsets."""
         started = time.perf_counter()
+        # The transaction's timeout counts from here: so do the cancels' answers.
+        cancels_due = time.monotonic() + self.cancels.timeout_s
         pub = self.publisher
         producer.begin()
         planned: list[_Entry] = []
@@ -307,7 +308,6 @@ class Ingress:
         dumps = orjson.dumps
         sent = iter(futures)
         ok = 0
-        cancels_due = time.monotonic() + self.cancels.timeout_s
         for e in planned:
             key = e.producer_name.encode() if e.producer_name else None
             topic_s: str | None
