@@ -184,6 +184,31 @@ def publish_delayed(bootstrap: str, log: str, topic: str, deliver_at: list[int])
         p.close()
 
 
+def configure_topic(bootstrap: str, topic: str, config: dict[str, str]) -> None:
+    """Set ``topic``'s ``config`` entries, as an operator would (max.message.bytes to make
+    Kafka refuse its records, for one); acknowledged before this returns."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    from dwell.adapters import kafka
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+        for k, v in config.items()])
+    admin = kafka.admin(bootstrap)  # held until the future is done
+    admin.incremental_alter_configs([res])[res].result(15)
+
+
+def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
+    """``topic``'s configuration, every entry, as the broker describes it."""
+    from confluent_kafka.admin import ConfigResource
+
+    from dwell.adapters import kafka
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    admin = kafka.admin(bootstrap)
+    return {k: e.value for k, e in admin.describe_configs([res])[res].result(15).items()}
+
+
 def ok(r: httpx.Response) -> httpx.Response:
     """``r``, asserted a success: the test stops with the status and body otherwise."""
     assert r.status_code < 300, (r.status_code, r.text)

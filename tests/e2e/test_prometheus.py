@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from dwell.adapters import kafka
 from dwell.client import ExponentialRedeliveryBackoff, NotAllowedError, Producer
 from dwell.core.topics import TopicName, dlq_topic
 from dwell_dev import devstack, promserver
+from dwell_dev.testkit import configure_topic
 
 from .conftest import Dwell, consumer, free_port, make_topic, new_tenant
 
@@ -108,15 +108,6 @@ def wait_prom(prom: promserver.Prometheus, expr: str, timeout: float) -> None:
     while not prom.query(expr):
         assert time.monotonic() < deadline, f"{expr} empty after {timeout}s"
         time.sleep(0.5)
-
-
-def set_max_message_bytes(bootstrap: str, topic: str, value: int) -> None:
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry("max.message.bytes", str(value),
-                    incremental_operation=AlterConfigOpType.SET)])
-    admin = kafka.admin(bootstrap)  # held until the futures are done
-    for f in admin.incremental_alter_configs([res]).values():
-        f.result(15)
 
 
 def unavailable(admission: str, ns: str) -> None:
@@ -226,7 +217,7 @@ def workload(e2e: Dwell, prom: promserver.Prometheus,
     # The operator raises the limit: the topic is delivered and failing no more, so that
     # the next e2e modules see a healthy drain. Its next try comes after a wait that has
     # doubled from the drain lease (5 s) with each failure: 40 s after four.
-    set_max_message_bytes(e2e.bootstrap, w.big_ready, 1 << 20)
+    configure_topic(e2e.bootstrap, w.big_ready, {"max.message.bytes": str(1 << 20)})
     deadline = time.monotonic() + 90
     while scalar(prom, "max(dwell_drain_failing_topics)") > 0:
         assert time.monotonic() < deadline, "the drain still fails after the limit was raised"

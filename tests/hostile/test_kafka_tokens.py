@@ -18,7 +18,6 @@ import httpx
 import jwt
 import orjson
 import pytest
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from dwell import headers as hdr
 from dwell.adapters import kafka
@@ -30,7 +29,7 @@ from dwell.core import topics as names
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.core.topics import TopicName
 from dwell.index import subscriptions
-from dwell_dev.testkit import ServiceFactory, read_until, wait_for
+from dwell_dev.testkit import ServiceFactory, configure_topic, read_until, topic_config, wait_for
 
 # Kafka tokens short enough to outlive in a test, and long enough for a loaded machine to
 # write a record with one before it expires (their times are whole seconds).
@@ -113,16 +112,11 @@ def test_a_kafka_token_never_outlives_the_token_it_was_exchanged_for(
 
 def test_publish_and_acks_have_broker_timestamps_even_when_made_without(
         kafka_bootstrap: str) -> None:
-    client = kafka.admin(kafka_bootstrap)
-    acks = ConfigResource(ConfigResource.Type.TOPIC, names.ACKS, incremental_configs=[
-        ConfigEntry("message.timestamp.type", "CreateTime",
-                    incremental_operation=AlterConfigOpType.SET)])
-    client.incremental_alter_configs([acks])[acks].result(30)
+    configure_topic(kafka_bootstrap, names.ACKS, {"message.timestamp.type": "CreateTime"})
     kafka.ensure_dwell_topics(kafka_bootstrap)
     for name in (names.PUBLISH, names.ACKS):
-        res = ConfigResource(ConfigResource.Type.TOPIC, name)
-        got = client.describe_configs([res])[res].result(30)
-        assert got["message.timestamp.type"].value == "LogAppendTime", name
+        assert topic_config(kafka_bootstrap, name)["message.timestamp.type"] == \
+            "LogAppendTime", name
 
 
 def test_the_ingress_judges_kafka_tokens_when_written_and_refuses_the_others(

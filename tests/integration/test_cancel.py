@@ -42,7 +42,13 @@ from dwell.index.roaring import decode
 from dwell.index.topic import Replaced, TopicIndex
 from dwell.tracker import recovery
 from dwell.tracker.ingest import Ingest
-from dwell_dev.testkit import read_results, wait_for, wait_ingress
+from dwell_dev.testkit import (
+    configure_topic,
+    read_results,
+    topic_config,
+    wait_for,
+    wait_ingress,
+)
 
 pytestmark = pytest.mark.integration
 TICK = 1000
@@ -225,6 +231,56 @@ def test_a_cancel_while_redis_is_down_and_after_it_came_back_empty(
         # among the cancelled ones, until the drain passes its bucket.
         assert _pending(r, topic) == 1
     svc.stop()
+
+
+def test_cancel_marks_kafka_refuses(services, redis_url, kafka_bootstrap, unique,
+                                    delayed_topic):
+    """Kafka refuses the cancel marks (dwell.delivered's max.message.bytes set below their
+    size, as an operator might): a cancel request is answered 503, retry, and is cancelled
+    once Kafka takes its mark; a replacement by schedule key holds its batch back (the
+    ingest cancels nothing and records no progress past it) until then."""
+    r = connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    idx = TopicIndex(r, topic)
+    now = int(time.time() * 1000)
+    p = Producer(kafka_bootstrap, linger_ms=0)
+    plain = _send(p, delayed_topic, topic, now + 600_000)
+    older = _send_keyed(p, delayed_topic, topic, now + 600_000, "k")
+    svc = services.start("tracker", env=_env(delayed_topic))
+    wait_for(lambda: _pending(r, topic) == 2, 60, "indexed", interval=0.1)
+    limit = topic_config(kafka_bootstrap, names.DELIVERED)["max.message.bytes"]
+    url = f"/v1/topics/persistent/{unique}/ns/x/messages/{plain}"
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        configure_topic(kafka_bootstrap, names.DELIVERED, {"max.message.bytes": "16"})
+        try:
+            refused = http.delete(url)
+            assert refused.status_code == 503 and refused.headers["retry-after"], \
+                refused.text
+            assert "did not take the cancel mark" in refused.json()["reason"], refused.text
+            newer = _send_keyed(p, delayed_topic, topic, now + 700_000, "k")
+            part, offset = (int(x) for x in _member(newer).split(b":"))
+            time.sleep(3.0)  # the ingest has read the record, and tried its mark
+            assert _member(older) not in r.zrange(idx.keys.cancelled, 0, -1)
+            assert r.hget(idx.keys.scheduled, b"k") == b"%d %s" % (
+                (now + 600_000) // TICK * TICK, _member(older))
+            assert int(r.hget(keys.INGESTED, str(part)) or 0) <= offset
+        finally:
+            configure_topic(kafka_bootstrap, names.DELIVERED, {"max.message.bytes": limit})
+        wait_for(lambda: r.hget(idx.keys.scheduled, b"k") == b"%d %s" % (
+            (now + 700_000) // TICK * TICK, _member(newer)), 60,
+            "the replacement applied once Kafka took its mark", interval=0.2)
+        assert int(r.hget(keys.INGESTED, str(part))) > offset
+        again = http.delete(url)
+        assert again.status_code == 200 and again.json()["result"] == "cancelled", \
+            again.text
+    svc.stop()
+    p.close()
+    assert sorted(r.zrange(idx.keys.cancelled, 0, -1)) == sorted(
+        [_member(plain), _member(older)])
+    marked = {member for m in read_all(kafka_bootstrap, names.DELIVERED)
+              if m.key == topic.encode() and json.loads(m.value).get("cancelled")
+              for member in (f"{f}:{o}" for f, o in _offsets(json.loads(m.value)))}
+    assert marked == {_member(plain).decode(), _member(older).decode()}
 
 
 def _tracker_and_admission(services, kafka_bootstrap: str, tenant: str):  # type: ignore[no-untyped-def]

@@ -13,14 +13,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.topics import TopicName
 from dwell.tracker import recovery
 from dwell_dev import devstack
-from dwell_dev.testkit import local_spark, wait_for
+from dwell_dev.testkit import configure_topic, local_spark, topic_config, wait_for
 from dwell_spark.drain import Drainer
 
 pytestmark = pytest.mark.integration
@@ -31,20 +30,6 @@ SEGMENT_MS = 5_000
 # Past the retention, a segment roll and the broker's retention check interval.
 LONG_DELAY_MS = 90_000
 LONG = 50
-
-
-def _configure(bootstrap: str, topic: str, config: dict[str, str]) -> None:
-    client = kafka.admin(bootstrap)
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-        for k, v in config.items()])
-    client.incremental_alter_configs([res])[res].result(15)
-
-
-def _config(bootstrap: str, topic: str) -> dict[str, str]:
-    client = kafka.admin(bootstrap)
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    return {k: e.value for k, e in client.describe_configs([res])[res].result(15).items()}
 
 
 @pytest.fixture()
@@ -63,8 +48,8 @@ def test_messages_due_after_the_retention_are_all_delivered(services, stack, dra
     drain, redis_url = drainer
     bootstrap = stack.kafka_bootstrap
     kafka.ensure_topic(bootstrap, names.DELAYED, 4)
-    _configure(bootstrap, names.DELAYED, {"retention.ms": str(RETENTION_MS),
-                                          "segment.ms": str(SEGMENT_MS)})
+    configure_topic(bootstrap, names.DELAYED, {"retention.ms": str(RETENTION_MS),
+                                               "segment.ms": str(SEGMENT_MS)})
     group = f"dwell-trk-{unique}"
     recovery.start_group_at_end(bootstrap, group, [names.DELAYED, names.REFILED])
     tracker = services.start("tracker", env={
@@ -72,7 +57,7 @@ def test_messages_due_after_the_retention_are_all_delivered(services, stack, dra
         "DWELL_RESTAGE_ENABLED": "false", "DWELL_LOWMARK_INTERVAL_MS": "500",
         "DWELL_TRIM_INTERVAL_MS": "1000", "DWELL_TRIM_KEEP_DELIVERED_MS": "0"})
     try:
-        config = _config(bootstrap, names.DELAYED)
+        config = topic_config(bootstrap, names.DELAYED)
         assert (config["retention.ms"], config["retention.bytes"]) == ("-1", "-1")
         assert config["segment.ms"] == str(SEGMENT_MS)
 

@@ -26,7 +26,7 @@ from dwell.core.topics import TopicName, dlq_topic, retry_topic
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import TopicIndex
 from dwell_dev import devstack
-from dwell_dev.testkit import free_port, local_spark, wait_for
+from dwell_dev.testkit import configure_topic, free_port, local_spark, wait_for
 from dwell_spark.backoff import Pass, send_warm_up
 from dwell_spark.drain import Drainer
 from dwell_spark.recovery import IndexKeeper
@@ -359,8 +359,6 @@ def test_a_topic_that_cannot_be_delivered_holds_no_other_back(spark_env,
     below their size, as an operator might set it): the other topic of the same rounds is
     delivered all the same, the failing one is retried alone with a growing wait and
     counted, and delivered in full once its ready topic takes the records."""
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-
     spark, settings, r = spark_env
     settings = settings.model_copy(update={"drain_lease_ms": 1000})
     bad, good = f"persistent://{unique}/ns/bad", f"persistent://{unique}/ns/good"
@@ -409,12 +407,7 @@ def test_a_topic_that_cannot_be_delivered_holds_no_other_back(spark_env,
     assert drainer.failing[bad].rounds == 3
     assert drainer.failing[bad].retry_at_ms == t2 + 2000
     # The operator raises the limit: the topic is delivered in full and failing no more.
-    admin = kafka.admin(settings.kafka_bootstrap)
-    res = ConfigResource(ConfigResource.Type.TOPIC, bad_ready, incremental_configs=[
-        ConfigEntry("max.message.bytes", "1048576",
-                    incremental_operation=AlterConfigOpType.SET)])
-    for f in admin.incremental_alter_configs([res]).values():
-        f.result(15)
+    configure_topic(settings.kafka_bootstrap, bad_ready, {"max.message.bytes": str(1 << 20)})
     p.close()
     deadline = time.monotonic() + 30
     delivered = 0
