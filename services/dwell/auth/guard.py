@@ -46,6 +46,15 @@ def unauthenticated(reason: str) -> ApiError:
     return ApiError(401, f"Authentication required: {reason}", CHALLENGE)
 
 
+def _bearer(authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header; ApiError 401 otherwise."""
+    if not authorization:
+        raise unauthenticated("no Authorization header (Authorization: Bearer <token>)")
+    if authorization[:len(_BEARER)].lower() != _BEARER:
+        raise unauthenticated("the Authorization header is not a Bearer token")
+    return authorization[len(_BEARER):].strip()
+
+
 class Guard:
     """Authentication and authorization of one service, from its settings."""
 
@@ -83,12 +92,8 @@ class Guard:
         """(the role an `Authorization` header authenticates, its token's expiry in s or
         None); ApiError 401 otherwise."""
         assert self.verifier is not None
-        if not authorization:
-            raise unauthenticated("no Authorization header (Authorization: Bearer <token>)")
-        if authorization[:len(_BEARER)].lower() != _BEARER:
-            raise unauthenticated("the Authorization header is not a Bearer token")
         try:
-            return self.verifier.identity(authorization[len(_BEARER):].strip())
+            return self.verifier.identity(_bearer(authorization))
         except InvalidToken as exc:
             raise unauthenticated(str(exc)) from None
 
@@ -96,10 +101,8 @@ class Guard:
         """The role of a delegated token (dwell.auth.tokens) in an `Authorization`
         header; ApiError 401 otherwise."""
         assert self.delegated_verifier is not None
-        if not authorization or authorization[:len(_BEARER)].lower() != _BEARER:
-            raise unauthenticated("no Bearer token")
         try:
-            return self.delegated_verifier.role(authorization[len(_BEARER):].strip())
+            return self.delegated_verifier.role(_bearer(authorization))
         except InvalidToken as exc:
             raise unauthenticated(str(exc)) from None
 
