@@ -267,8 +267,7 @@ def main() -> int:
               f"({statistics.mean(round_counts):,.0f} messages each)")
         return 0
     finally:
-        proc.terminate()
-        proc.wait(30)
+        proc.stop(timeout=30)
         shutil.rmtree(d, ignore_errors=True)
 
 

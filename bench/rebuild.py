@@ -305,8 +305,7 @@ def main() -> int:
               + ("ok" if got == left else f"MISMATCH (want {left:,})"))
         return 0 if got == left else 1
     finally:
-        proc.terminate()
-        proc.wait(10)
+        proc.stop(timeout=10)
         shutil.rmtree(d, ignore_errors=True)
 
 
