@@ -8,12 +8,17 @@ unmaps free pages inside the heap, in every arena). It is called after large wor
 ingest batch stream going idle, a restage round, a large drain round), and by
 `Releaser`, every process's watch on its allocator: memory freed later, or by threads
 that are not dwell's (librdkafka's, Py4J's), goes back too. Elsewhere than glibc it does
-nothing."""
+nothing.
+
+`cycles_paused()` keeps the cyclic garbage collector from running over a copy that holds
+many objects at once (a restage round, a drain round, a backoff batch)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import sys
@@ -115,6 +120,34 @@ def release() -> None:
     """Return the allocator's free memory to the system (glibc), if it can."""
     if _TRIM is not None:
         _TRIM(0)  # type: ignore[operator]
+
+
+_paused = 0
+_paused_lock = threading.Lock()
+_was_enabled = True
+
+
+@contextlib.contextmanager
+def cycles_paused() -> Iterator[None]:
+    """No cyclic collection while the block runs (in any thread: the collector is the
+    process's). For work that makes a few containers per record and no cycles, all alive
+    until it ends: each collection would walk them again for nothing, and reference
+    counting frees them when the work drops them.
+    Blocks may overlap, in one thread or several: the collector comes back as it was when
+    the last one ends."""
+    global _paused, _was_enabled
+    with _paused_lock:
+        if not _paused:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused += 1
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused -= 1
+            if not _paused and _was_enabled:
+                gc.enable()
 
 
 class Releaser:

@@ -45,7 +45,6 @@ dwell_spark.recovery rebuilds them by replaying dwell.acks."""
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import threading
@@ -70,7 +69,7 @@ from pyspark.sql.types import (
 )
 
 from dwell import headers as hdr
-from dwell import keys
+from dwell import keys, memory
 from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.cache import ExpiringCache
@@ -384,11 +383,8 @@ class Pass:
             if batch.num_rows:
                 # A batch makes a few objects per record and no cycles: the cyclic
                 # collector would only scan them again and again (a third of the time).
-                gc.disable()
-                try:
+                with memory.cycles_paused():
                     row = self.run(batch.to_pydict())
-                finally:
-                    gc.enable()
                 yield pa.RecordBatch.from_pylist([row], schema=_SUMMARY_ARROW)
 
 

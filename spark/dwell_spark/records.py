@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import time
 import uuid
 from collections import Counter
@@ -19,6 +18,7 @@ import numpy as np
 from pyroaring import BitMap64
 
 from dwell import headers as hdr
+from dwell import memory
 from dwell.adapters import kafka
 from dwell.core import topics as names
 from dwell.core.positions import format_message_id
@@ -325,13 +325,8 @@ def _copy(consumer: kafka.Consumer, producer: kafka.BulkProducer,
     # A round allocates a few tuples and lists per record that all live until it ends:
     # the cyclic collector would walk them again and again, for nothing: refcounting
     # frees them after the round.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with memory.cycles_paused():
         return _copy_records(consumer, producer, ranges, lost)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _stop_claims(cursors: Iterable[_Cursor], claims: Set[int]) -> None:

@@ -4,9 +4,11 @@ back (glibc, this process: dwell's images and the local stack run on Debian)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from dwell import memory
@@ -110,3 +112,40 @@ def test_the_tracker_runs_on_glibcs_allocator_unless_told_otherwise() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
     assert _allocator(env, "a", "b c") == ["malloc", "a,b", "c", "True"]
     assert _allocator(env | {"PYTHONMALLOC": "pymalloc"}) == ["pymalloc", "-", "False"]
+
+
+def test_cycles_paused_blocks_overlap_and_the_collector_comes_back_as_it_was() -> None:
+    """Two threads' blocks overlap: the collector stays off until the last one ends, then
+    is on again; a process that had it off keeps it off; an exception ends a block too."""
+    assert gc.isenabled()
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with memory.cycles_paused():
+            inside.set()
+            release.wait(5)
+
+    t = threading.Thread(target=other)
+    with memory.cycles_paused():
+        t.start()
+        assert inside.wait(5)
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread's block still runs
+    release.set()
+    t.join(5)
+    assert gc.isenabled()
+
+    try:
+        with memory.cycles_paused():
+            raise ValueError("a copy failed")
+    except ValueError:
+        pass
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        with memory.cycles_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
