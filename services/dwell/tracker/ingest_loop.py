@@ -154,16 +154,19 @@ class IngestLoop:
         """Up to batch_max records, read POLL_CHUNK at a time and decoded at once: the
         batches queued for the writer hold arrays, and no more than one chunk's records
         are Python objects at a time. The many small objects of a whole batch, freed at
-        once, would leave the interpreter's arenas fragmented after a burst."""
-        chunks = [decode(self.consumer.poll_columns(
-            HEADERS, min(POLL_CHUNK, self.batch_max), self.poll_timeout))]
-        read = len(chunks[0])
-        while read < self.batch_max and len(chunks[-1]) == POLL_CHUNK:
-            # Only what librdkafka already holds: the batch waits for no more.
-            chunks.append(decode(self.consumer.poll_columns(
-                HEADERS, min(POLL_CHUNK, self.batch_max - read), 0)))
-            read += len(chunks[-1])
-        return Decoded.concat(chunks)
+        once, would leave the interpreter's arenas fragmented after a burst. A chunk's
+        messages and header lists hold no cycles: the cyclic collector is paused while
+        they live (memory.cycles_paused)."""
+        with memory.cycles_paused():
+            chunks = [decode(self.consumer.poll_columns(
+                HEADERS, min(POLL_CHUNK, self.batch_max), self.poll_timeout))]
+            read = len(chunks[0])
+            while read < self.batch_max and len(chunks[-1]) == POLL_CHUNK:
+                # Only what librdkafka already holds: the batch waits for no more.
+                chunks.append(decode(self.consumer.poll_columns(
+                    HEADERS, min(POLL_CHUNK, self.batch_max - read), 0)))
+                read += len(chunks[-1])
+            return Decoded.concat(chunks)
 
     def _check_writer(self) -> None:
         if self._failure is not None:
