@@ -34,12 +34,11 @@ import uuid
 
 import numpy as np
 from pyroaring import BitMap64
-from tracker import BATCH, PARTITIONS, T0, TICK, start_redis
+from tracker import BATCH, PARTITIONS, T0, TICK, raw_consume, start_redis
 
 from dwell import keys
 from dwell.adapters.kafka import (
     BulkProducer,
-    Consumer,
     Producer,
     end_offsets,
     ensure_topic,
@@ -50,7 +49,6 @@ from dwell.core.buckets import bucket_starts
 from dwell.core.positions import index_field
 from dwell.index.marks import mark_record, write_marks
 from dwell.index.topic import TopicIndex
-from dwell.tracker.ingest import HEADERS
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell_dev import devstack
@@ -164,22 +162,6 @@ def mark_direct(bootstrap: str, log: str, n: int, spread_ms: int, topics: list[s
     return len(t)
 
 
-def consume_rate(bootstrap: str, log: str, n: int) -> float:
-    c = Consumer(bootstrap, f"bench-raw-{uuid.uuid4().hex[:6]}", [log],
-                 **{"fetch.max.bytes": 104857600, "queued.max.messages.kbytes": 262144})
-    got, start = 0, None
-    try:
-        while got < n:
-            recs = c.poll_columns(HEADERS, BATCH, 0.1)
-            if len(recs) and start is None:
-                start = time.perf_counter()
-            got += len(recs)
-    finally:
-        c.close()
-    assert start is not None
-    return n / (time.perf_counter() - start)
-
-
 def pending(r, topics: list[str]) -> int:
     return sum(sum(TopicIndex(r, t).counts().values()) for t in topics)
 
@@ -253,7 +235,7 @@ def main() -> int:
         else:
             produce(bootstrap, log, n, rng, args.spread_ms, topics)
         print(f"produced {n:,} delayed messages in {time.perf_counter() - t:.1f}s", flush=True)
-        raw = consume_rate(bootstrap, log, min(n, RAW_SAMPLE))
+        raw = raw_consume(bootstrap, log, min(n, RAW_SAMPLE))
         print(f"plain consume of the log: {raw:,.0f} msg/s", flush=True)
 
         if args.direct:
