@@ -49,6 +49,7 @@ from dwell.core.buckets import bucket_starts
 from dwell.core.positions import index_field
 from dwell.index.marks import mark_record, write_marks
 from dwell.index.topic import TopicIndex
+from dwell.tracker.index_view import IndexView
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell_dev import devstack
@@ -199,7 +200,7 @@ def first_ingest_and_drain(r, bootstrap: str, log: str, group: str, n: int,
     marks.close()
     print(f"drained {drained:,} in rounds of {DRAIN_ROUND} buckets in "
           f"{time.perf_counter() - t:.1f}s", flush=True)
-    keeper = LowmarkKeeper(r, bootstrap, group, delayed_topic=log,
+    keeper = LowmarkKeeper(IndexView(r), bootstrap, group, delayed_topic=log,
                            refiled_topic=f"{log}.refiled", interval_s=1)
     t = time.perf_counter()
     keeper.run_once()

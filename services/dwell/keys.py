@@ -171,6 +171,9 @@ class IndexKeys:
     - `<prefix>leases`    HASH bucketStart -> lease id;
     - `<prefix>clm:<b>`   LIST field, blob, field, blob, ... : a claimed bucket's blobs;
     - `<prefix>clmd:<b>`  STRING: a claimed bucket's deltas;
+    - `<prefix>changes`   STREAM: entries `b` = bucket starts whose positions changed
+      (appended to, completed), a topic index only (index/lua/append-3.lua,
+      complete-7.lua; read by dwell.tracker.index_view);
     - `<prefix>restaged`  STRING: the last chunk of buckets the tracker re-filed (a topic
       index only; dwell.tracker.restage);
     - `<prefix>cancelled` ZSET "<partition>:<offset>" -> bucketStart: cancelled messages
@@ -223,6 +226,10 @@ class IndexKeys:
 
     def claimed_delta(self, bucket_start: int) -> str:
         return f"{self.prefix}clmd:{bucket_start}"
+
+    @property
+    def changes(self) -> str:
+        return f"{self.prefix}changes"
 
     @property
     def restaged(self) -> str:

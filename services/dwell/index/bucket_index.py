@@ -1,6 +1,6 @@
 """What a topic's index and a subscription's redelivery index share: reading buckets,
 claiming due ones under a lease (claim-5.lua), renewing the lease (renew-2.lua),
-completing them (complete-6.lua) and folding deltas into blobs (merge-4.lua)."""
+completing them (complete-7.lua) and folding deltas into blobs (merge-4.lua)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ LUA_DIR: Final = Path(__file__).parent / "lua"
 # Buckets `counts` reads a round trip.
 COUNT_CHUNK: Final = 10_000
 
-# Return codes of complete-6.lua
+# Return codes of complete-7.lua
 COMPLETED: Final = 1
 NOT_CLAIMED: Final = 0
 LEASE_MISMATCH: Final = -1
@@ -59,8 +59,10 @@ class BucketIndex:
     """What a topic's index and a subscription's redelivery index share."""
 
     def __init__(self, r: redislib.Redis, ikeys: keys.IndexKeys, due_key: str, due_member: str,
-                 int_fields: bool) -> None:
+                 int_fields: bool, changes_kept: int = 0) -> None:
         self.redis = r
+        # Entries of the index's changes stream kept (0: the index writes none).
+        self._changes_kept = changes_kept
         self.keys = ikeys
         self._due_key = due_key
         self._due_member = due_member
@@ -181,8 +183,9 @@ class BucketIndex:
         ks = self.keys
         rc = self._scripts.run(
             "complete", [ks.claims, ks.leases, ks.claimed(bucket_start),
-                         ks.claimed_delta(bucket_start), ks.index, self._due_key],
-            [bucket_start, lease_id, self._due_member])
+                         ks.claimed_delta(bucket_start), ks.index, self._due_key,
+                         ks.changes],
+            [bucket_start, lease_id, self._due_member, self._changes_kept])
         return int(rc) == COMPLETED
 
     def renew(self, bucket_starts: Sequence[int], lease_id: str, expiry_ms: int,

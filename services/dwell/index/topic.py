@@ -32,6 +32,10 @@ BUSY: Final = -2
 ALREADY_CANCELLED: Final = 2  # replace only
 NOTHING_TO_REPLACE: Final = 3  # replace only
 REPLACED_FIELD: Final = "replacedMessages"  # of the topic's stats HASH (cancel-5.lua)
+# Entries a topic index's changes stream keeps, about: one per append-3.lua call and one
+# per completed bucket. A reader that falls further behind reads the index whole again
+# (dwell.tracker.index_view).
+CHANGES_KEPT: Final = 10_000
 
 
 class Replaced(NamedTuple):
@@ -49,7 +53,8 @@ class TopicIndex(BucketIndex):
     `dwell.delayed` (ints) and offsets are that partition's offsets."""
 
     def __init__(self, r: redislib.Redis, topic: str) -> None:
-        super().__init__(r, keys.topic_index(topic), keys.DUE, topic, int_fields=True)
+        super().__init__(r, keys.topic_index(topic), keys.DUE, topic, int_fields=True,
+                         changes_kept=CHANGES_KEPT)
         self.topic = topic
 
     def add(self, positions: Iterable[tuple[int, int, int, int]]) -> int:
@@ -180,7 +185,7 @@ class TopicIndex(BucketIndex):
         self._scripts.run("advance", [self.keys.restaged], [chunk])
 
 
-# Buckets per append-2.lua call: bounds both Lua's unpack() and how long one call holds Redis.
+# Buckets per append-3.lua call: bounds both Lua's unpack() and how long one call holds Redis.
 APPEND_CHUNK: Final = 1000
 
 
@@ -188,8 +193,9 @@ def append_positions(pipe: Any, scripts: Scripts, topic: str, partitions: np.nda
                      offsets: np.ndarray, deliver_at: np.ndarray, tick_ms: np.ndarray) -> None:
     """Queue on `pipe` (a pipeline of the client `scripts` were loaded on,
     dwell.index.bucket_index.scripts) the commands that index these positions of `topic`
-    (numpy int64 columns of equal length): one append-2.lua call per chunk of buckets (APPEND each
-    bucket's deltas, ZADD the index and the dirty set), the due hint, the topic set and
+    (numpy int64 columns of equal length): one append-3.lua call per chunk of buckets (APPEND each
+    bucket's deltas, ZADD the index and the dirty set, an entry in the changes stream),
+    the due hint, the topic set and
     the tick. The caller executes the pipeline."""
     ks = keys.topic_index(topic)
     starts = bucket_starts(deliver_at, tick_ms)
@@ -203,10 +209,10 @@ def append_positions(pipe: Any, scripts: Scripts, topic: str, partitions: np.nda
     # due by (without it, claim falls back to a 1 ms tick and strict mode is early).
     pipe.hset(keys.stats(topic), TICK_FIELD, int(tick_ms[-1]))
     for c in range(0, len(names), APPEND_CHUNK):
-        args: list[Any] = [ks.delta_prefix]
+        args: list[Any] = [ks.delta_prefix, CHANGES_KEPT]
         for i in range(c, min(c + APPEND_CHUNK, len(names))):
             args += (names[i], packed[bounds[i]:bounds[i + 1]])
-        scripts.run("append", [ks.index, ks.dirty], args, client=pipe)
+        scripts.run("append", [ks.index, ks.dirty, ks.changes], args, client=pipe)
     pipe.zadd(keys.DUE, {topic: names[0]}, lt=True)
     pipe.sadd(keys.TOPICS, topic)
 

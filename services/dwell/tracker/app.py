@@ -35,6 +35,7 @@ from dwell.http import (
 from dwell.policy_view import PolicyCache, PolicyFollower
 from dwell.tracker import cancel as cancels
 from dwell.tracker import metrics
+from dwell.tracker.index_view import IndexView
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
@@ -78,7 +79,8 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
               restager: Restager | None = None,
               keeper: LowmarkKeeper | None = None,
               registry: SubscriptionRegistry | None = None,
-              canceller: cancels.Canceller | None = None) -> FastAPI:
+              canceller: cancels.Canceller | None = None,
+              view: IndexView | None = None) -> FastAPI:
     # The replay of dwell.policies gives the grants (with authorization) and the
     # namespaces' maxSubscriptionsPerTopic.
     feed_checked, policies = feed_guard(settings)
@@ -130,9 +132,11 @@ def build_app(settings: TrackerSettings, r: redislib.Redis,
     strict = settings.delayed_delivery_deliver_at_time_strict
     lookahead = settings.delayed_delivery_fixed_delay_detection_lookahead
 
+    index_view = view or IndexView(r)
+
     def stats_of(topic: str) -> dict[str, Any]:
         reg.ensure()  # the stats list the topic's registered subscriptions
-        return topic_stats(r, topic, int(time.time() * 1000), strict=strict,
+        return topic_stats(index_view, topic, int(time.time() * 1000), strict=strict,
                            lookahead=lookahead)
 
     base = "/v1/topics/{kind}/{tenant}/{namespace}/{topic}"

@@ -19,19 +19,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from typing import Final
 
 import redis as redislib
 
 from dwell import keys
 from dwell.adapters import kafka
-from dwell.adapters import redis as redis_adapter
 from dwell.core.positions import field_partition
-from dwell.index.roaring import DELTA_DTYPE, unpack_deltas
-from dwell.tracker import LUA_DIR
+from dwell.tracker.index_view import CorruptIndex, IndexView
 
 log = logging.getLogger("dwell.tracker.recovery")
-
 
 
 def lowmark_group(tracker_group: str) -> str:
@@ -51,62 +47,26 @@ def start_group_at_end(bootstrap: str, tracker_group: str, logs: Iterable[str]) 
 # -- low watermarks
 
 
-# Buckets one call of minima-1.lua reads: bounds how long it holds Redis (about 7 ms,
-# 14 µs a bucket of one or two blobs).
-MINIMA_CHUNK: Final = 500
-
-
-class CorruptIndex(ValueError):
-    """Redis holds index data that dwell's scripts cannot have written: no low watermark
-    is computed from it (a wrong one could let the trim delete pending records)."""
-
-
-def pending_minimums(r: redislib.Redis) -> dict[int, int]:
+def pending_minimums(view: IndexView) -> dict[int, int]:
     """Per index field, the lowest offset any topic's index still holds (live and claimed
-    buckets, blobs and deltas).
-
-    A bucket's positions move only among its own four keys (live blobs and deltas,
-    claimed blobs and deltas: a claim, a compaction, an expired lease's return) until
-    `complete` deletes them as delivered, and every bucket holding any is in the index
-    ZSET or the claims ZSET. So both ZSETs are read in one transaction and each listed
-    bucket's four keys by one script call (minima-1.lua, which sends back the blobs'
-    minima and the deltas): nothing pending can move out of sight between two reads. (A bucket whose
-    lease expired is back in the index with its data still in the claimed keys until it
-    is claimed again.)"""
-    scripts = redis_adapter.Scripts(r, LUA_DIR)
+    buckets, blobs and deltas), from ``view`` synced now (dwell.tracker.index_view: what
+    changed since its last sync is read, and it is exact)."""
     low: dict[int, int] = {}
-    for raw in r.smembers(keys.TOPICS):
-        ks = keys.topic_index(raw.decode())
-        pipe = r.pipeline(transaction=True)
-        pipe.zrange(ks.index, 0, -1)
-        pipe.zrange(ks.claims, 0, -1)
-        live, claimed = pipe.execute()
-        buckets = sorted({int(float(b)) for b in (*live, *claimed)})
-        prefixes = [ks.bucket_prefix, ks.delta_prefix, ks.claimed_prefix,
-                    ks.claimed_delta_prefix]
-        for i in range(0, len(buckets), MINIMA_CHUNK):
-            flat, deltas = scripts.run("minima", [ks.index],
-                                       [*prefixes, *buckets[i:i + MINIMA_CHUNK]])
-            torn = [len(d) for d in deltas if len(d) % DELTA_DTYPE.itemsize]
-            if torn:
-                # Joined, a torn string would shift every entry after it.
-                raise CorruptIndex(f"{len(torn)} delta strings of {raw.decode()} are not "
-                                   f"whole {DELTA_DTYPE.itemsize}-byte entries (the first "
-                                   f"{torn[0]} bytes)")
-            minima = list(zip(flat[::2], flat[1::2], strict=True))
-            minima += [(f, int(offs.min()))
-                       for f, offs in unpack_deltas(b"".join(deltas)).items()]
-            for f, offset in minima:
-                if offset < low.get(f, offset + 1):
-                    low[f] = offset
+    for fig in view.sync_all().values():
+        for f, offset in fig.minima().items():
+            if offset < low.get(f, offset + 1):
+                low[f] = offset
     return low
 
 
-def low_watermarks(r: redislib.Redis) -> dict[int, int]:
+def low_watermarks(view: IndexView) -> dict[int, int]:
     """Per index field the ingest has written: the offset below which nothing is pending
-    (min of what is indexed up to, and the lowest offset still in the index)."""
+    (min of what is indexed up to, and the lowest offset still in the index). The
+    ingested positions are read first: a position indexed after that is at or above
+    them."""
+    r = view.redis
     ingested = {int(f): int(o) for f, o in r.hgetall(keys.INGESTED).items()}
-    pending = pending_minimums(r)
+    pending = pending_minimums(view)
     # Read again: a field whose ingested position fell meanwhile (a rebuild started, Redis
     # lost writes) is left out this time rather than given a mark it may not have.
     again = {int(f): int(o) for f, o in r.hgetall(keys.INGESTED).items()}
@@ -118,9 +78,9 @@ class LowmarkKeeper:
     """Commits the low watermarks every ``interval_s`` as the offsets of the group
     `<tracker group>.lowmark`, never lowering one."""
 
-    def __init__(self, r: redislib.Redis, bootstrap: str, tracker_group: str, *,
+    def __init__(self, view: IndexView, bootstrap: str, tracker_group: str, *,
                  delayed_topic: str, refiled_topic: str, interval_s: float) -> None:
-        self.redis = r
+        self.view = view
         self.bootstrap = bootstrap
         self.group = lowmark_group(tracker_group)
         self.delayed_topic = delayed_topic
@@ -135,7 +95,7 @@ class LowmarkKeeper:
         return (self.refiled_topic if refiled else self.delayed_topic), partition
 
     def run_once(self) -> dict[tuple[str, int], int]:
-        marks = {self.position(f): o for f, o in low_watermarks(self.redis).items()}
+        marks = {self.position(f): o for f, o in low_watermarks(self.view).items()}
         fresh = {tp: o for tp, o in marks.items() if o > self.committed.get(tp, -1)}
         if fresh:
             c = kafka.Consumer(self.bootstrap, self.group)

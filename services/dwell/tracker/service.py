@@ -23,6 +23,7 @@ from dwell.core.positions import REFILED_FIELD_BASE
 from dwell.http import serve
 from dwell.tracker import metrics
 from dwell.tracker.app import build_app
+from dwell.tracker.index_view import IndexView
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
@@ -76,7 +77,9 @@ def main() -> None:
     # The restage's copies, indexed under the delay log's name with fields of their own.
     refiled = start_ingest(settings, settings.refile_log, "tracker-ingest-refiled",
                            field_base=REFILED_FIELD_BASE)
-    keeper = LowmarkKeeper(connect(settings.redis_url), settings.kafka_bootstrap,
+    # One view of the index for the low watermarks, the stats and the HTTP stats.
+    view = IndexView(connect(settings.redis_url))
+    keeper = LowmarkKeeper(view, settings.kafka_bootstrap,
                            settings.tracker_group_id, delayed_topic=settings.delayed_topic,
                            refiled_topic=settings.refile_log,
                            interval_s=settings.lowmark_interval_ms / 1000)
@@ -112,7 +115,7 @@ def main() -> None:
                             compression_type=settings.kafka_compression_type)
         threading.Thread(target=restager.run, args=(settings.restage_interval_ms,),
                          name="tracker-restage", daemon=True).start()
-    collector = StatsRefresher(connect(settings.redis_url), settings.cluster,
+    collector = StatsRefresher(view, settings.cluster,
                                strict=settings.delayed_delivery_deliver_at_time_strict,
                                lookahead=settings.delayed_delivery_fixed_delay_detection_lookahead,
                                interval_s=settings.stats_refresh_s,
@@ -120,7 +123,8 @@ def main() -> None:
     REGISTRY.register(metrics.INDEX_STATS)
     threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
     try:
-        serve(build_app(settings, r, loop, refiled, restager, keeper, registry), settings)
+        serve(build_app(settings, r, loop, refiled, restager, keeper, registry,
+                        view=view), settings)
     finally:
         registry_stop.set()
         registry.close()

@@ -1,5 +1,6 @@
 """Figures about a topic's index, measured from Redis: message count (distinct
-positions), bytes (MEMORY USAGE of every key), buckets, due times, drain lag, the
+positions), bytes (MEMORY USAGE of every key; the buckets' kept up to date by
+dwell.tracker.index_view), buckets, due times, drain lag, the
 fixed-delay flag (detected as Pulsar's InMemoryDelayedDeliveryTracker does),
 per-subscription pending redeliveries; and the thread that keeps the tracker's metrics
 (`dwell.tracker.metrics.INDEX_STATS`) up to date with them."""
@@ -20,6 +21,7 @@ from dwell.index import subscriptions
 from dwell.index.redelivery import SubscriptionIndex
 from dwell.index.topic import CANCEL_KEEP_MS, REPLACED_FIELD, TopicIndex
 from dwell.tracker import metrics
+from dwell.tracker.index_view import IndexView
 from dwell.tracker.ingest import FIXED_FIELD
 from dwell.tracker.metrics import subscription_index_bytes
 
@@ -33,28 +35,32 @@ def topics(r: redislib.Redis) -> list[str]:
     return sorted(t.decode() for t in r.smembers(keys.TOPICS))
 
 
-def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
+def topic_stats(view: IndexView, topic: str, now_ms: int, *, strict: bool,
                 lookahead: int) -> dict[str, Any]:
+    """The figures of ``topic``'s index, its buckets from ``view`` synced now."""
+    r = view.redis
+    fig = view.figures(topic)
     idx = TopicIndex(r, topic)
-    counts = idx.counts()
-    live = set(idx.buckets())
-    total = sum(counts.values())
+    ks = idx.keys
     tick = idx.tick_time_ms() or 1
     cutoff = bucket_due_cutoff(now_ms, tick, strict)
-    due_live = [b for b in live if b <= cutoff]
-    raw = r.hgetall(keys.stats(topic))
+    pipe = r.pipeline(transaction=False)
+    pipe.zrange(ks.index, "-inf", cutoff, byscore=True, offset=0, num=1)
+    pipe.zrange(ks.claims, 0, -1)
+    pipe.hgetall(keys.stats(topic))
+    for name in (ks.index, ks.dirty, ks.claims, ks.leases, ks.changes, keys.stats(topic),
+                 ks.cancelled, ks.scheduled):
+        pipe.memory_usage(name, samples=0)
+    first_due, claimed, raw, *sizes = pipe.execute()
+    # A claimed bucket may also be back in the index (its lease expired).
+    in_index = r.zmscore(ks.index, claimed) if claimed else []
+    total = int(fig.counts.sum())
     fixed = raw.get(FIXED_FIELD.encode()) == b"1"
-    hist = [0] * (len(HISTOGRAM_BOUNDS_MS) + 1)
-    for b, n in counts.items():
-        i = 0
-        while i < len(HISTOGRAM_BOUNDS_MS) and b - now_ms > HISTOGRAM_BOUNDS_MS[i]:
-            i += 1
-        hist[i] += n
-    cum, histogram = 0, []
-    for i, n in enumerate(hist):
-        cum += n
-        le = str(HISTOGRAM_BOUNDS_MS[i]) if i < len(HISTOGRAM_BOUNDS_MS) else "+Inf"
-        histogram.append({"le": le, "count": cum})
+    histogram = []
+    for i in range(len(HISTOGRAM_BOUNDS_MS) + 1):
+        bound = HISTOGRAM_BOUNDS_MS[i] if i < len(HISTOGRAM_BOUNDS_MS) else None
+        histogram.append({"le": "+Inf" if bound is None else str(bound),
+                          "count": total if bound is None else fig.due_by(now_ms + bound)})
     # Cancelled messages stay in their buckets until the drain passes them over.
     cancelled = idx.cancellations()
     scheduled = idx.schedule_keys()
@@ -69,13 +75,12 @@ def topic_stats(r: redislib.Redis, topic: str, now_ms: int, *, strict: bool,
         "cancelledMessages": cancelled,
         "replacedMessages": int(raw.get(REPLACED_FIELD.encode(), 0)),
         "scheduleKeys": scheduled,
-        "bufferMemoryBytes": idx.memory_bytes(extra=[keys.stats(topic), idx.keys.cancelled,
-                                                     idx.keys.scheduled]),
-        "buckets": len(counts),
-        "claimedBuckets": len(set(counts) - live),
+        "bufferMemoryBytes": int(fig.nbytes.sum()) + sum(x or 0 for x in sizes),
+        "buckets": len(fig.starts),
+        "claimedBuckets": sum(1 for x in in_index if x is None),
         "tickTimeMs": tick,
-        "nextDueAt": min(counts) if counts else None,
-        "drainLagMs": max(0, now_ms - min(due_live)) if due_live else 0,
+        "nextDueAt": int(fig.starts[0]) if len(fig.starts) else None,
+        "drainLagMs": max(0, now_ms - int(float(first_due[0]))) if first_due else 0,
         "fixedDelayDetected": bool(fixed and lookahead > 0 and total >= lookahead),
         "dueHistogram": histogram,
         "subscriptions": subs,
@@ -91,9 +96,10 @@ class StatsRefresher:
     (`dwell.tracker.metrics.INDEX_STATS`) in the background, so a scrape never waits on
     Redis."""
 
-    def __init__(self, r: redislib.Redis, cluster: str, *, strict: bool, lookahead: int,
+    def __init__(self, view: IndexView, cluster: str, *, strict: bool, lookahead: int,
                  interval_s: float, rebuilding: Callable[[], bool] = lambda: False) -> None:
-        self.redis = r
+        self.view = view
+        self.redis = view.redis
         self.strict = strict
         self.lookahead = lookahead
         self.interval_s = interval_s
@@ -108,7 +114,7 @@ class StatsRefresher:
     def refresh(self) -> None:
         now = int(time.time() * 1000)
         snapshot = [
-            topic_stats(self.redis, t, now, strict=self.strict, lookahead=self.lookahead)
+            topic_stats(self.view, t, now, strict=self.strict, lookahead=self.lookahead)
             for t in topics(self.redis)]
         metrics.INDEX_STATS.snapshot = snapshot
         if not self.rebuilding():
