@@ -171,8 +171,8 @@ class IndexKeys:
     - `<prefix>leases`    HASH bucketStart -> lease id;
     - `<prefix>clm:<b>`   LIST field, blob, field, blob, ... : a claimed bucket's blobs;
     - `<prefix>clmd:<b>`  STRING: a claimed bucket's deltas;
-    - `<prefix>changes`   STREAM: entries `b` = bucket starts whose positions changed
-      (appended to, completed), a topic index only (index/lua/append-3.lua,
+    - `<prefix>changes`   STREAM: entries `b` = bucket starts appended to, claimed or
+      completed, a topic index only (index/lua/append-3.lua, claim-6.lua,
       complete-7.lua; read by dwell.tracker.index_view);
     - `<prefix>restaged`  STRING: the last chunk of buckets the tracker re-filed (a topic
       index only; dwell.tracker.restage);

@@ -427,7 +427,7 @@ def _three_buckets(r: redislib.Redis, kafka_bootstrap: str, delayed_topic: str, 
 def test_a_round_that_lost_a_lease_leaves_that_bucket_to_its_new_holder(
         redis_url, kafka_bootstrap, delayed_topic, unique, ingest, slow_kafka) -> None:
     """Another round holds one of the round's buckets now (its lease id replaced ours, as
-    claim-5.lua leaves it after a lease ran out): the round's next renewal finds out, and
+    claim-6.lua leaves it after a lease ran out): the round's next renewal finds out, and
     the round re-files no more of that bucket's records (pieces cut by offset hold part of
     every bucket: those copied before are Kafka-level repeats the SDK drops), and neither
     marks nor completes it; the other buckets are re-filed as usual."""

@@ -518,7 +518,7 @@ def test_a_round_longer_than_its_lease_delivers_each_record_once(
 
 def test_a_round_that_lost_its_lease_stops_writing_the_bucket(
         spark_env, unique: str, slow_kafka: None) -> None:
-    """Another drainer holds the bucket now (its lease id replaced ours, as claim-5.lua
+    """Another drainer holds the bucket now (its lease id replaced ours, as claim-6.lua
     leaves it after a lease ran out): the round's next renewal finds out, the copy stops
     writing the bucket's records, and the round neither marks nor completes it."""
     spark, settings, r = spark_env

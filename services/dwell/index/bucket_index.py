@@ -1,5 +1,5 @@
 """What a topic's index and a subscription's redelivery index share: reading buckets,
-claiming due ones under a lease (claim-5.lua), renewing the lease (renew-2.lua),
+claiming due ones under a lease (claim-6.lua), renewing the lease (renew-2.lua),
 completing them (complete-7.lua) and folding deltas into blobs (merge-4.lua)."""
 
 from __future__ import annotations
@@ -166,11 +166,11 @@ class BucketIndex:
         expiry = now_ms + lease_ms
         args: list[Any] = [cutoff, max_buckets, lease, expiry, now_ms, self._due_member,
                            ks.bucket_prefix, ks.delta_prefix, ks.claimed_prefix,
-                           ks.claimed_delta_prefix]
+                           ks.claimed_delta_prefix, self._changes_kept]
         if first is not None:
             args.append(first)
-        res = self._scripts.run(
-            "claim", [ks.index, ks.claims, ks.leases, ks.dirty, self._due_key], args)
+        res = self._scripts.run("claim", [ks.index, ks.claims, ks.leases, ks.dirty,
+                                          self._due_key, ks.changes], args)
         out = []
         for b, flat, delta in res:
             positions = self._merge(zip(flat[::2], flat[1::2], strict=True), delta)

@@ -32,9 +32,9 @@ BUSY: Final = -2
 ALREADY_CANCELLED: Final = 2  # replace only
 NOTHING_TO_REPLACE: Final = 3  # replace only
 REPLACED_FIELD: Final = "replacedMessages"  # of the topic's stats HASH (cancel-5.lua)
-# Entries a topic index's changes stream keeps, about: one per append-3.lua call and one
-# per completed bucket. A reader that falls further behind reads the index whole again
-# (dwell.tracker.index_view).
+# Entries a topic index's changes stream keeps, about: one per append-3.lua call, one per
+# claim-6.lua call that claimed buckets and one per completed bucket. A reader that falls
+# further behind reads the index whole again (dwell.tracker.index_view).
 CHANGES_KEPT: Final = 10_000
 
 

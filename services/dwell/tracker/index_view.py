@@ -1,23 +1,26 @@
 """What the tracker's periodic work needs of each topic's index, per bucket: how many
 distinct positions it holds, its keys' bytes (MEMORY USAGE) and the lowest offset of each
 field. A topic is read whole once; after that, each sync reads its changes stream
-(`keys.IndexKeys.changes`: the buckets append-3.lua appended to and complete-7.lua
-completed) and then only those buckets. A round of the stats or of the low watermarks
-costs what changed since the last one, not the size of the index.
+(`keys.IndexKeys.changes`: the buckets append-3.lua appended to, claim-6.lua claimed and
+complete-7.lua completed) and then only those buckets. A round of the stats or of the
+low watermarks costs what changed since the last one, not the size of the index.
 
 Why the figures stay exact (the low watermarks depend on it, dwell.tracker.recovery): a
 position enters a bucket only through append-3.lua, which names the bucket in the changes
 stream in the same call. After that it moves only among the bucket's own four keys
-(compaction, a claim, an expired lease) until complete-7.lua deletes it, which names the
-bucket again. A sync reads the stream first and then the buckets it names, the four keys
-of each bucket at once. So every position appended before the stream was read is in what
-the view holds for its bucket. A topic is read whole again when the entry its view read
-last is gone from the stream: the stream was trimmed past it (a reader more than
+(a claim, which names the bucket; compaction; an expired lease) until complete-7.lua
+deletes it, which names the bucket again. A sync reads the stream first and then the
+buckets it names, the four keys of each bucket at once, and moves its place in the stream
+only once they are read. So every position appended before the stream was read is in
+what the view holds for its bucket. A topic is read whole again when the entry its view
+read last is gone from the stream: the stream was trimmed past it (a reader more than
 `CHANGES_KEPT` calls behind), or Redis lost it (FLUSHALL, a failover).
 
-Compaction changes a bucket's bytes but not its positions, and it writes no change: the
-bytes of a bucket read while its deltas still waited to be compacted are measured again
-at the first sync that finds it compacted."""
+Compaction and an expired lease change a bucket's bytes but not its positions, and they
+write no change. The bytes of a bucket read while its deltas still waited to be
+compacted are measured again at the first sync that finds it compacted; a bucket whose
+lease expired keeps its data in the claimed keys, as measured, until it is claimed
+again."""
 
 from __future__ import annotations
 
@@ -32,16 +35,20 @@ import redis as redislib
 from pyroaring import BitMap64
 
 from dwell import keys
+from dwell.adapters import redis as redis_adapter
 from dwell.index.roaring import DELTA_DTYPE, decode, unpack_deltas
 from dwell.index.topic import CHANGES_KEPT
+from dwell.tracker import LUA_DIR
+from dwell.tracker.metrics import VIEW_READS
 
 log = logging.getLogger("dwell.tracker.index_view")
 
-# Buckets read a round trip (one MULTI of 9 commands a bucket).
+# Buckets read a round trip (one buckets-1.lua call).
 READ_CHUNK: Final = 1000
 # Entries of a changes stream read a round trip.
 CHANGES_PAGE: Final = 10_000
 _EMPTY = np.zeros(0, dtype=np.int64)
+_NONE = np.iinfo(np.int64).max  # no offset in Kafka is this high
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +68,13 @@ class Figures:
 
     def minima(self) -> dict[int, int]:
         """Per field, the lowest offset any bucket holds."""
-        out: dict[int, int] = {}
-        for f in np.unique(self.rows_field).tolist() if len(self.rows_field) else []:
-            out[int(f)] = int(self.rows_min[self.rows_field == f].min())
-        return out
+        if not len(self.rows_field):
+            return {}
+        # Fields are small (partitions, and the re-file log's from 2**20): one slot each.
+        low = np.full(int(self.rows_field.max()) + 1, _NONE, dtype=np.int64)
+        np.minimum.at(low, self.rows_field, self.rows_min)
+        fields = np.flatnonzero(low != _NONE)
+        return dict(zip(fields.tolist(), low[fields].tolist(), strict=True))
 
     def due_by(self, at_ms: int) -> int:
         """Positions of the buckets starting at or before ``at_ms``."""
@@ -99,49 +109,44 @@ class _Read:
 
 
 def read_buckets(r: redislib.Redis, ks: keys.IndexKeys, starts: Iterable[int]) -> _Read:
-    """The figures of buckets ``starts`` (ascending), each read atomically: its live blobs
-    and deltas, its claimed blobs and deltas, their MEMORY USAGE and its dirty mark."""
+    """The figures of buckets ``starts`` (ascending), each read atomically (buckets-1.lua):
+    its live blobs and deltas, its claimed blobs and deltas, their MEMORY USAGE and its
+    dirty mark."""
     out = _Read([], [], [], [], set())
+    scripts = redis_adapter.Scripts(r, LUA_DIR)
     todo = list(starts)
+    prefixes = [ks.bucket_prefix, ks.delta_prefix, ks.claimed_prefix, ks.claimed_delta_prefix]
     for i in range(0, len(todo), READ_CHUNK):
         chunk = todo[i:i + READ_CHUNK]
-        pipe = r.pipeline(transaction=True)
-        for b in chunk:
-            names = (ks.bucket(b), ks.delta(b), ks.claimed(b), ks.claimed_delta(b))
-            pipe.hgetall(names[0])
-            pipe.get(names[1])
-            pipe.lrange(names[2], 0, -1)
-            pipe.get(names[3])
-            for name in names:
-                pipe.memory_usage(name, samples=0)
-            pipe.zscore(ks.dirty, b)
-        res = pipe.execute()
-        for j, b in enumerate(chunk):
-            live, delta, claimed, claimed_delta, *sizes, dirty = res[9 * j:9 * j + 9]
+        res = scripts.run("buckets", [ks.dirty], [*prefixes, *chunk])
+        for b, (live, delta, claimed, claimed_delta, size, dirty) in zip(chunk, res,
+                                                                         strict=True):
             fields: dict[int, BitMap64] = {}
-            pairs = [*live.items(), *zip(claimed[::2], claimed[1::2], strict=True)]
-            for f, blob in pairs:
+            for f, blob in zip(live[::2] + claimed[::2], live[1::2] + claimed[1::2],
+                               strict=True):
                 bm = _bitmap(b, f, blob)
                 if int(f) in fields:
                     fields[int(f)] |= bm
                 else:
                     fields[int(f)] = bm
             for raw in (delta, claimed_delta):
-                if raw and len(raw) % DELTA_DTYPE.itemsize:
+                if not raw:
+                    continue
+                if len(raw) % DELTA_DTYPE.itemsize:
                     # Unpacked, a torn string would shift every entry after it.
                     raise CorruptIndex(f"the deltas of bucket {b} are not whole "
                                        f"{DELTA_DTYPE.itemsize}-byte entries ({len(raw)} "
                                        f"bytes)")
-                for f, offs in unpack_deltas(raw or b"").items():
+                for f, offs in unpack_deltas(raw).items():
                     fields.setdefault(f, BitMap64()).update(offs)
             n = sum(len(bm) for bm in fields.values())
             if not n:
                 continue
             out.starts.append(b)
             out.counts.append(n)
-            out.nbytes.append(sum(s or 0 for s in sizes))
+            out.nbytes.append(int(size))
             out.rows += [(b, f, fields[f].min()) for f in sorted(fields) if fields[f]]
-            if dirty is not None:
+            if dirty:
                 out.unsettled.add(b)
     return out
 
@@ -218,13 +223,15 @@ class IndexView:
             self._read_whole(topic, ks, view)
             return
         anchor, starts = changed
-        view.anchor = anchor
         if starts:
             todo = np.array(sorted(starts), dtype=np.int64)
             got = read_buckets(self.redis, ks, todo.tolist())
             self.buckets_read += len(todo)
+            VIEW_READS.labels("changed").inc(len(todo))
             view.figures = _replace(view.figures, todo, got)
             view.unsettled = (view.unsettled - starts) | got.unsettled
+        # Only once what it names is read: a sync that fails reads it again.
+        view.anchor = anchor
         self._remeasure(ks, view)
 
     def _remeasure(self, ks: keys.IndexKeys, view: _TopicView) -> None:
@@ -295,6 +302,7 @@ class IndexView:
         got = read_buckets(self.redis, ks, starts)
         self.full_reads += 1
         self.buckets_read += len(starts)
+        VIEW_READS.labels("whole").inc(len(starts))
         rows = np.array(got.rows, dtype=np.int64).reshape(-1, 3)
         view.figures = Figures(np.array(got.starts, dtype=np.int64),
                                np.array(got.counts, dtype=np.int64),

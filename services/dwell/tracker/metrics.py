@@ -33,6 +33,11 @@ CANCELS = Counter("dwell_tracker_cancel_requests_total", "Requests to cancel a d
                   "message, by answer (cancelled, delivered, not_found, too_late, busy)",
                   ["answer"])
 COMPACTED = Counter("dwell_tracker_compacted_buckets_total", "Buckets whose deltas were folded")
+VIEW_READS = Counter("dwell_tracker_index_view_buckets_read_total",
+                     "Buckets the tracker's index view read for the stats and the low "
+                     "watermarks, by why: changed (named in the topic's changes stream) or "
+                     "whole (a topic read whole: its first sync, or its place in the stream "
+                     "was lost)", ["why"])
 LOOP_ROUND_AGE = Gauge("dwell_tracker_loop_round_age_seconds",
                        "Seconds since a loop of the tracker last went round; past "
                        "DWELL_STALL_TIMEOUT_MS its /healthz answers 503", ["loop"])

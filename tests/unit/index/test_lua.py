@@ -14,7 +14,7 @@ SCRIPTS = sorted(LUA_DIR.glob("*.lua"))
 
 
 def test_due_hint_is_shared() -> None:
-    for name in ("claim-5.lua", "complete-7.lua"):
+    for name in ("claim-6.lua", "complete-7.lua"):
         text = script_source(LUA_DIR / name)
         assert "@include" not in text
         assert text.count("local function updateDueHint(") == 1

@@ -2,7 +2,7 @@
   Cancel pending delayed messages of a topic: a message's origin position (the one its
   messageId names) goes into the topic's cancellations, which the drain leaves out of
   every round that claims the message's bucket. Atomic against the drain's claim
-  (claim-5.lua), whose lease it checks: a message answered "cancelled" is never copied.
+  (claim-6.lua), whose lease it checks: a message answered "cancelled" is never copied.
   The same rules decide a cancel request and a replacement by schedule key.
 
   Input:

@@ -1,10 +1,10 @@
 --[[
   Renew (extend) the leases a drainer still holds on claimed buckets of one index, so
   that a round running longer than its lease keeps its buckets: another drainer's claim
-  (claim-5.lua) takes back only claims whose expiry has passed.
+  (claim-6.lua) takes back only claims whose expiry has passed.
 
   A claim is held while the leases HASH names this lease id for its bucket. A lease
-  past its expiry that nobody has claimed since is still held (claim-5.lua hands a
+  past its expiry that nobody has claimed since is still held (claim-6.lua hands a
   claim out again, and clears its lease id, in the same script that takes it back), so
   renewing it is safe. A renewal never shortens a lease (ZADD GT) and never creates a
   claim (ZADD XX): a completed bucket stays completed. Bucket membership does not

@@ -1,5 +1,5 @@
 --[[
-  Included by claim-5.lua and complete-7.lua (the loader, dwell.adapters.redis, pastes
+  Included by claim-6.lua and complete-7.lua (the loader, dwell.adapters.redis, pastes
   this file in place of their include line). Recompute an index's due hint: its member in the global due
   ZSET scores the earliest bucketStart that holds messages (live in the index) or an
   outstanding claim; with neither, the member goes.

@@ -18,6 +18,8 @@
     KEYS[4] dirty ZSET       bucketStart -> bytes of deltas waiting to be compacted
     KEYS[5] due ZSET         global `dwell:due` (member ARGV[6]); the one key outside
                              the index's hash-tag slot (not Redis-Cluster safe)
+    KEYS[6] changes STREAM   gets an entry `b` = the buckets claimed, comma-separated (as
+                             append-3.lua writes): their data moved to other keys
     ARGV[1] cutoff           largest due bucketStart
     ARGV[2] max buckets
     ARGV[3] lease id
@@ -28,8 +30,10 @@
     ARGV[8] delta key prefix           live STRING
     ARGV[9] claimed key prefix         LIST field, blob, field, blob...
     ARGV[10] claimed delta key prefix  STRING
-    ARGV[11] smallest bucketStart to claim (optional, default -inf): the tracker's
-             restage claims a chunk of future buckets (ARGV 11 to ARGV 1)
+    ARGV[11] entries the changes stream keeps, about; "0" = no entry (an index nobody
+             reads the changes of)
+    ARGV[12] smallest bucketStart to claim (optional, default -inf): the tracker's
+             restage claims a chunk of future buckets (ARGV 12 to ARGV 1)
     All dynamically named keys share KEYS[1]'s hash tag.
 
   Output:
@@ -44,9 +48,10 @@ for _, b in ipairs(expired) do
   redis.call("ZADD", KEYS[1], b, b)
 end
 
-local due = redis.call("ZRANGEBYSCORE", KEYS[1], ARGV[11] or "-inf", ARGV[1], "LIMIT", 0,
+local due = redis.call("ZRANGEBYSCORE", KEYS[1], ARGV[12] or "-inf", ARGV[1], "LIMIT", 0,
                       tonumber(ARGV[2]))
 local out = {}
+local claimedStarts = {}
 for _, b in ipairs(due) do
   -- A bucket held under a lease that has not expired is skipped (see the header).
   if redis.call("HEXISTS", KEYS[3], b) == 0 then
@@ -69,7 +74,11 @@ for _, b in ipairs(due) do
     redis.call("ZADD", KEYS[2], ARGV[4], b)
     redis.call("HSET", KEYS[3], b, ARGV[3])
     out[#out + 1] = {b, redis.call("LRANGE", claimed, 0, -1), redis.call("GET", claimedDelta)}
+    claimedStarts[#claimedStarts + 1] = b
   end
+end
+if #claimedStarts > 0 and ARGV[11] ~= "0" then
+  redis.call("XADD", KEYS[6], "MAXLEN", "~", ARGV[11], "*", "b", table.concat(claimedStarts, ","))
 end
 
 updateDueHint(KEYS[1], KEYS[2], KEYS[5], ARGV[6])
