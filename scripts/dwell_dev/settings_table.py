@@ -47,7 +47,9 @@ COMMON_GROUPS: list[tuple[str, tuple[str, ...]]] = [
         "max_topics_per_namespace", "max_subscriptions_per_topic")),
     ("Kafka and Redis", ("kafka_bootstrap", "kafka_replication_factor",
                          "kafka_compression_type", "delayed_topic_partitions",
-                         "acks_topic_partitions", "redis_url")),
+                         "refiled_topic_partitions", "acks_topic_partitions",
+                         "delivered_topic_partitions", "publish_topic_partitions",
+                         "redis_url")),
     ("Encryption and secured Kafka and Redis (`dwell/security.py`)", (
         *TlsSettings.model_fields, *KafkaSecurity.model_fields,
         *RedisSecurity.model_fields)),

@@ -123,6 +123,17 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
         "Partitions of `dwell.acks`, the consumers' delivered/ack/nack events, when dwell "
         "creates it: the backoff job reads one Spark task per partition. An existing "
         "topic keeps its count, as `DWELL_DELAYED_TOPIC_PARTITIONS`'s does."))
+    refiled_topic_partitions: int = Field(4, ge=1, le=10_000, description=(
+        "Partitions of `dwell.delayed.refiled`, the tracker's re-file log, when dwell "
+        "creates it: how many tracker ingest loops can share its copies. An existing "
+        "topic keeps its count."))
+    delivered_topic_partitions: int = Field(4, ge=1, le=10_000, description=(
+        "Partitions of `dwell.delivered`, the delivered marks a rebuild of the index "
+        "skips, when dwell creates it. An existing topic keeps its count."))
+    publish_topic_partitions: int = Field(4, ge=1, le=10_000, description=(
+        "Partitions of `dwell.publish` and `dwell.publish.results` (publishing through "
+        "Kafka, and its results) when dwell creates them: how many admission readers can "
+        "share them. An existing topic keeps its count."))
     cluster: str = Field("standalone", description=(
         "The one cluster dwell is (Pulsar's `clusterName`), the only one a tenant's "
         "`allowedClusters` may name."))
@@ -157,7 +168,11 @@ class CommonSettings(TlsSettings, KafkaSecurity, RedisSecurity, BaseSettings):
     def dwell_topic_partitions(self) -> dict[str, int]:
         """The partition counts of dwell's own topics that are settings, by topic."""
         return {names.DELAYED: self.delayed_topic_partitions,
-                names.ACKS: self.acks_topic_partitions}
+                names.REFILED: self.refiled_topic_partitions,
+                names.ACKS: self.acks_topic_partitions,
+                names.DELIVERED: self.delivered_topic_partitions,
+                names.PUBLISH: self.publish_topic_partitions,
+                names.PUBLISH_RESULTS: self.publish_topic_partitions}
 
     authentication_enabled: bool = Field(False, description=(
         "Pulsar's `authenticationEnabled`: every call needs a token."))

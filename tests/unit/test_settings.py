@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from dwell.adapters.kafka import DWELL_TOPIC_DEFAULTS
 from dwell.settings import INSECURE_NAMES, CommonSettings
+from dwell.tracker.service import log_partitions
+from dwell.tracker.settings import TrackerSettings
 
 SECURE = {"env": "production", "redis_url": "rediss://:pw@redis:6379/0",
           "authentication_enabled": True, "token_secret_key": SecretStr("x" * 44),
@@ -59,7 +62,30 @@ def test_the_partition_counts_of_dwells_topics_come_from_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DWELL_ACKS_TOPIC_PARTITIONS", "12")
     monkeypatch.setenv("DWELL_DELAYED_TOPIC_PARTITIONS", "8")
-    assert CommonSettings().dwell_topic_partitions() == {"dwell.acks": 12, "dwell.delayed": 8}
+    monkeypatch.setenv("DWELL_REFILED_TOPIC_PARTITIONS", "6")
+    monkeypatch.setenv("DWELL_DELIVERED_TOPIC_PARTITIONS", "3")
+    monkeypatch.setenv("DWELL_PUBLISH_TOPIC_PARTITIONS", "16")
+    assert CommonSettings().dwell_topic_partitions() == {
+        "dwell.acks": 12, "dwell.delayed": 8, "dwell.delayed.refiled": 6,
+        "dwell.delivered": 3, "dwell.publish": 16, "dwell.publish.results": 16}
     monkeypatch.setenv("DWELL_ACKS_TOPIC_PARTITIONS", "0")
     with pytest.raises(ValidationError, match="acks_topic_partitions"):
         CommonSettings()
+
+
+def test_every_topic_of_more_than_one_partition_has_its_count_in_a_setting() -> None:
+    """A single-partition topic is a feed read whole in order; every other one's count is
+    the user's to choose, not a number in the code."""
+    set_ = CommonSettings().dwell_topic_partitions()
+    several = {name for name, (parts, _) in DWELL_TOPIC_DEFAULTS.items() if parts > 1}
+    assert several <= set(set_)
+    assert all(set_[name] == DWELL_TOPIC_DEFAULTS[name][0] for name in several)
+
+
+def test_the_tracker_creates_each_log_with_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DWELL_DELAYED_TOPIC_PARTITIONS", "8")
+    monkeypatch.setenv("DWELL_REFILED_TOPIC_PARTITIONS", "6")
+    monkeypatch.setenv("DWELL_DELIVERED_TOPIC_PARTITIONS", "3")
+    s = TrackerSettings()
+    assert [log_partitions(s, t) for t in (s.delayed_topic, s.refile_log, "dwell.delivered")
+            ] == [8, 6, 3]

@@ -35,13 +35,22 @@ from dwell.tracker.trim import Trimmer
 log = logging.getLogger("dwell.tracker")
 
 
+def log_partitions(settings: TrackerSettings, topic: str) -> int:
+    """The partitions a delay log or `dwell.delivered` is created with."""
+    if topic == settings.refile_log:
+        return settings.refiled_topic_partitions
+    if topic == topics.DELIVERED:
+        return settings.delivered_topic_partitions
+    return settings.delayed_topic_partitions
+
+
 def keep_logs(settings: TrackerSettings) -> None:
     """Create the delay logs and dwell.delivered, or make the existing ones keep their
     records until the trim removes them; SystemExit naming the topic and the setting when
     Kafka refuses (the tracker would index messages that retention then drops)."""
     for topic in (settings.delayed_topic, settings.refile_log, topics.DELIVERED):
-        ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor,
-                     KEPT_TOPIC_CONFIG)
+        ensure_topic(settings.kafka_bootstrap, topic, log_partitions(settings, topic),
+                     settings.kafka_replication_factor, KEPT_TOPIC_CONFIG)
         try:
             ensure_retention(settings.kafka_bootstrap, topic)
         except RetentionRefused as exc:
@@ -53,8 +62,8 @@ def start_ingest(settings: TrackerSettings, topic: str, thread: str,
                  field_base: int = 0) -> IngestLoop:
     """An ingest loop of the delay log ``topic`` (created if missing) on a thread of its own;
     its positions are indexed as ``settings.delayed_topic``'s, fields from ``field_base``."""
-    ensure_topic(settings.kafka_bootstrap, topic, 4, settings.kafka_replication_factor,
-                 KEPT_TOPIC_CONFIG)
+    ensure_topic(settings.kafka_bootstrap, topic, log_partitions(settings, topic),
+                 settings.kafka_replication_factor, KEPT_TOPIC_CONFIG)
     loop = IngestLoop(connect(settings.redis_url), settings.kafka_bootstrap, topic,
                       settings.tracker_group_id, source=settings.delayed_topic,
                       field_base=field_base, batch_max=settings.ingest_batch_max,
