@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyroaring import BitMap64
 
 from dwell.adapters.redis import connect
+from dwell.index.roaring import pack_deltas
 from dwell.index.topic import TopicIndex
 from dwell.tracker.index_view import CorruptIndex, Figures, IndexView
 from dwell.tracker.recovery import pending_minimums
@@ -112,6 +114,23 @@ def test_it_reads_a_topic_whole_again_when_redis_lost_its_place(r) -> None:  # t
 
     r.flushdb()
     assert pending_minimums(view) == {}
+
+
+@pytest.mark.parametrize("where", ["a blob's name", "a delta's field"])
+def test_a_field_no_delay_log_has_is_refused(r, where: str) -> None:  # type: ignore[no-untyped-def]
+    """A field beyond any partition (from bytes dwell's scripts cannot have written) could
+    make the minima allocate a slot for each value below it."""
+    topic = "persistent://t/ns/field"
+    idx = TopicIndex(r, topic)
+    at = int(time.time() * 1000) + 3_600_000
+    idx.add([(0, 5, at, TICK)])
+    [b] = idx.buckets()
+    if where == "a blob's name":
+        r.hset(idx.keys.bucket(b), "4294967295", bytes(BitMap64([1]).serialize()))
+    else:
+        r.append(idx.keys.delta(b), pack_deltas(np.array([0xFFFFFFFF]), np.array([1])))
+    with pytest.raises(CorruptIndex, match="not a partition"):
+        IndexView(r).figures(topic)
 
 
 def test_a_torn_delta_is_refused(r) -> None:  # type: ignore[no-untyped-def]

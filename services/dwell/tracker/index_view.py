@@ -36,6 +36,7 @@ from pyroaring import BitMap64
 
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
+from dwell.core.positions import REFILED_FIELD_BASE
 from dwell.index.roaring import DELTA_DTYPE, decode, unpack_deltas
 from dwell.index.topic import CHANGES_KEPT
 from dwell.tracker import LUA_DIR
@@ -70,7 +71,8 @@ class Figures:
         """Per field, the lowest offset any bucket holds."""
         if not len(self.rows_field):
             return {}
-        # Fields are small (partitions, and the re-file log's from 2**20): one slot each.
+        # Fields are small (partitions, the re-file log's from 2**20; `_field`): one slot
+        # each.
         low = np.full(int(self.rows_field.max()) + 1, _NONE, dtype=np.int64)
         np.minimum.at(low, self.rows_field, self.rows_min)
         fields = np.flatnonzero(low != _NONE)
@@ -87,6 +89,20 @@ NO_FIGURES: Final = Figures(_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
 class CorruptIndex(ValueError):
     """Redis holds index data that dwell's scripts cannot have written: no low watermark
     is computed from it (a wrong one could let the trim delete pending records)."""
+
+
+def _field(bucket: int, raw: bytes | int) -> int:
+    """An index field as a blob's name or a delta entry gives it: a partition of a delay
+    log (the re-file log's from REFILED_FIELD_BASE)."""
+    try:
+        field = int(raw)
+    except ValueError:
+        field = -1
+    if not 0 <= field < 2 * REFILED_FIELD_BASE:
+        shown = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        raise CorruptIndex(f"bucket {bucket} holds field {shown!r}, not a partition of a "
+                           f"delay log")
+    return field
 
 
 def _bitmap(bucket: int, field: bytes, blob: bytes) -> BitMap64:
@@ -122,13 +138,14 @@ def read_buckets(r: redislib.Redis, ks: keys.IndexKeys, starts: Iterable[int]) -
         for b, (live, delta, claimed, claimed_delta, size, dirty) in zip(chunk, res,
                                                                          strict=True):
             fields: dict[int, BitMap64] = {}
-            for f, blob in zip(live[::2] + claimed[::2], live[1::2] + claimed[1::2],
-                               strict=True):
-                bm = _bitmap(b, f, blob)
-                if int(f) in fields:
-                    fields[int(f)] |= bm
+            for raw_field, blob in zip(live[::2] + claimed[::2], live[1::2] + claimed[1::2],
+                                       strict=True):
+                f = _field(b, raw_field)
+                bm = _bitmap(b, raw_field, blob)
+                if f in fields:
+                    fields[f] |= bm
                 else:
-                    fields[int(f)] = bm
+                    fields[f] = bm
             for raw in (delta, claimed_delta):
                 if not raw:
                     continue
@@ -138,7 +155,7 @@ def read_buckets(r: redislib.Redis, ks: keys.IndexKeys, starts: Iterable[int]) -
                                        f"{DELTA_DTYPE.itemsize}-byte entries ({len(raw)} "
                                        f"bytes)")
                 for f, offs in unpack_deltas(raw).items():
-                    fields.setdefault(f, BitMap64()).update(offs)
+                    fields.setdefault(_field(b, f), BitMap64()).update(offs)
             n = sum(len(bm) for bm in fields.values())
             if not n:
                 continue
