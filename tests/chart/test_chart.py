@@ -708,6 +708,13 @@ def test_spark_jvms_may_fetch_oauthbearer_tokens_in_both_modes(helm: str) -> Non
 
 
 
+def test_trackers_of_two_releases_never_run_side_by_side(helm: str) -> None:
+    """A tracker's low watermarks rely on every append naming its bucket in the changes
+    stream; a tracker of an older release would append without it."""
+    deploy = by_kind(render(helm), "Deployment")["rel-dwell-tracker"]
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+
+
 def test_spark_driver_runs_spark_submit_on_kubernetes(helm: str) -> None:
     docs = render(helm, "--set", "spark.executor.instances=3",
                   "--set", "spark.sparkConf.spark\\.kubernetes\\.executor\\.request\\.cores=500m")
