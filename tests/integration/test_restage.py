@@ -626,3 +626,31 @@ def test_a_chunk_that_would_be_refiled_after_it_is_due_is_left_in_place(
         assert rs.run_once(now + CHUNK).records == 60
     finally:
         rs.close()
+
+
+def test_chunks_whose_lead_passed_are_counted_and_left_in_place(
+        redis_url, kafka_bootstrap, delayed_topic, unique, ingest) -> None:
+    """A round that ran long (or a tracker that was down) leaves chunks behind whose lead
+    passed: their records are counted in the metric once, and left where they lie for the
+    drain; the round goes on with the chunk due now."""
+    r = connect(redis_url)
+    topic = f"persistent://t/ns/passed-{unique}"
+    now, k, _ = _sixty_a_chunk(r, kafka_bootstrap, delayed_topic, topic, 3)
+    before = _positions(r, topic)
+    rs = restager(r, kafka_bootstrap, delayed_topic)
+    try:
+        rs.run_once(now - CHUNK)
+        assert TopicIndex(r, topic).restaged_chunk() == k - 1
+        left = _metric("dwell_tracker_restage_left_total")
+        # Two chunks later: chunks k and k + 1 passed; k + 2 is due.
+        rnd = rs.run_once(now + 2 * CHUNK)
+        assert _metric("dwell_tracker_restage_left_total") == left + 120
+        assert rnd.records == 60
+        assert TopicIndex(r, topic).restaged_chunk() == k + 2
+        passed = {b: v for b, v in before.items() if b < (k + 2) * CHUNK}
+        assert len(passed) == 2
+        assert {b: v for b, v in _positions(r, topic).items() if b in passed} == passed
+        rs.run_once(now + 2 * CHUNK)
+        assert _metric("dwell_tracker_restage_left_total") == left + 120  # counted once
+    finally:
+        rs.close()

@@ -56,7 +56,7 @@ RESTAGED = Counter("dwell_tracker_restaged_total",
 RESTAGE_LEFT = Counter("dwell_tracker_restage_left_total",
                        "Delayed messages of a chunk left where they lie in the delay log: "
                        "at the measured copy rate they would have been re-filed after "
-                       "they were due")
+                       "they were due, or the chunk's lead passed before a round took it")
 RESTAGE_SECONDS = Histogram("dwell_tracker_restage_seconds",
                             "One restage round (claim, read, write, complete)",
                             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40))

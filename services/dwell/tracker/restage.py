@@ -229,6 +229,8 @@ class Restager:
                 continue
             if todo >= self.max_records:
                 break
+            if done < k - 1:
+                self._passed(idx, done + 1, k - 1)
             rnd.topics += 1
             late = self._too_late(idx, first, last, now)
             if late is not None:
@@ -317,6 +319,20 @@ class Restager:
             todo += count
             j += 1
         return out, j
+
+    def _passed(self, idx: TopicIndex, first_chunk: int, last_chunk: int) -> None:
+        """Count and log the records of ``idx``'s chunks ``first_chunk``..``last_chunk``,
+        whose lead passed before a round took them (a round ran long, or the tracker was
+        down): the drain reads them where they lie. They are marked done, so they are
+        counted once."""
+        first, last = first_chunk * self.chunk_ms, (last_chunk + 1) * self.chunk_ms - 1
+        n = idx.count_between(first, last)
+        RESTAGE_LEFT.inc(n)
+        if n:
+            log.warning("restage: %d records of %s for [%d, %d] (%d chunks) left where they "
+                        "lie: their lead passed before a round took them", n, idx.topic,
+                        first, last, last_chunk - first_chunk + 1)
+        idx.mark_restaged(last_chunk)
 
     def _too_late(self, idx: TopicIndex, first: int, last: int, now: int) -> int | None:
         """The records of ``idx``'s chunk [first, last] when, at the last round's copy
