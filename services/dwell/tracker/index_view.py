@@ -217,7 +217,13 @@ class IndexView:
         self.buckets_read = 0
 
     def figures(self, topic: str) -> Figures:
-        """``topic``'s figures, synced now."""
+        """``topic``'s figures, synced now; none for a topic nothing was indexed for (a
+        request naming any topic writes nothing and keeps nothing)."""
+        if not self.redis.sismember(keys.TOPICS, topic):
+            return NO_FIGURES
+        return self._figures(topic)
+
+    def _figures(self, topic: str) -> Figures:
         with self._lock:
             view = self._topics.setdefault(topic, _TopicView())
         with view.lock:
@@ -231,7 +237,7 @@ class IndexView:
         with self._lock:
             for gone in set(self._topics) - set(names):
                 del self._topics[gone]
-        return {t: self.figures(t) for t in names}
+        return {t: self._figures(t) for t in names}
 
     def _sync(self, topic: str, view: _TopicView) -> None:
         ks = keys.topic_index(topic)
