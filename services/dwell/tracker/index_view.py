@@ -124,12 +124,12 @@ class _Read:
     unsettled: set[int]  # read while their deltas waited for compaction
 
 
-def read_buckets(r: redislib.Redis, ks: keys.IndexKeys, starts: Iterable[int]) -> _Read:
+def read_buckets(scripts: redis_adapter.Scripts, ks: keys.IndexKeys,
+                 starts: Iterable[int]) -> _Read:
     """The figures of buckets ``starts`` (ascending), each read atomically (buckets-1.lua):
     its live blobs and deltas, its claimed blobs and deltas, their MEMORY USAGE and its
     dirty mark."""
     out = _Read([], [], [], [], set())
-    scripts = redis_adapter.Scripts(r, LUA_DIR)
     todo = list(starts)
     prefixes = [ks.bucket_prefix, ks.delta_prefix, ks.claimed_prefix, ks.claimed_delta_prefix]
     for i in range(0, len(todo), READ_CHUNK):
@@ -213,6 +213,7 @@ class IndexView:
         self.redis = r
         self._topics: dict[str, _TopicView] = {}
         self._lock = threading.Lock()
+        self._scripts = redis_adapter.Scripts(r, LUA_DIR)
         self.full_reads = 0  # topics read whole (the first time, or after a loss)
         self.buckets_read = 0
 
@@ -248,7 +249,7 @@ class IndexView:
         anchor, starts = changed
         if starts:
             todo = np.array(sorted(starts), dtype=np.int64)
-            got = read_buckets(self.redis, ks, todo.tolist())
+            got = read_buckets(self._scripts, ks, todo.tolist())
             self.buckets_read += len(todo)
             VIEW_READS.labels("changed").inc(len(todo))
             view.figures = _replace(view.figures, todo, got)
@@ -322,15 +323,11 @@ class IndexView:
         pipe.zrange(ks.claims, 0, -1)
         live, claimed = pipe.execute()
         starts = sorted({int(float(b)) for b in (*live, *claimed)})
-        got = read_buckets(self.redis, ks, starts)
+        got = read_buckets(self._scripts, ks, starts)
         self.full_reads += 1
         self.buckets_read += len(starts)
         VIEW_READS.labels("whole").inc(len(starts))
-        rows = np.array(got.rows, dtype=np.int64).reshape(-1, 3)
-        view.figures = Figures(np.array(got.starts, dtype=np.int64),
-                               np.array(got.counts, dtype=np.int64),
-                               np.array(got.nbytes, dtype=np.int64),
-                               rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy())
+        view.figures = _replace(NO_FIGURES, _EMPTY, got)
         view.unsettled = got.unsettled
         view.anchor = anchor
         if view.figures.starts.size > READ_CHUNK:
