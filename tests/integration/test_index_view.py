@@ -157,3 +157,21 @@ def test_a_torn_delta_is_refused(r) -> None:  # type: ignore[no-untyped-def]
         view.figures(topic)
     with pytest.raises(CorruptIndex):  # and again: the view did not move past it
         view.figures(topic)
+
+
+@pytest.mark.parametrize("entry", [{"b": "12,x"}, {"b": "9" * 400}, {"b": ","}])
+def test_a_changes_entry_that_names_no_bucket_means_a_whole_read(r, entry) -> None:  # type: ignore[no-untyped-def]
+    """The stream only says where to look; the index itself is read whole instead."""
+    topic = "persistent://t/ns/garbled"
+    idx = TopicIndex(r, topic)
+    at = int(time.time() * 1000) + 3_600_000
+    idx.add([(0, 5, at, TICK)])
+    view = IndexView(r)
+    assert view.figures(topic).minima() == {0: 5}
+    r.xadd(idx.keys.changes, entry)
+    idx.add([(1, 2, at, TICK)])
+    assert view.figures(topic).minima() == {0: 5, 1: 2}
+    assert view.full_reads == 2
+    idx.add([(1, 1, at, TICK)])  # and the stream is followed again after it
+    assert view.figures(topic).minima() == {0: 5, 1: 1}
+    assert view.full_reads == 2
