@@ -105,6 +105,10 @@ DUE_SUBSCRIPTIONS = "dwell:due:subs"  # ZSET "<topic> <sub>" -> earliest redeliv
 # them). Redis losing it, or holding less than the tracker wrote, is how the tracker sees
 # that Redis lost writes (dwell.tracker.recovery).
 INGESTED = "dwell:trk:ingested"
+# STRING, expiring: the id of the tracker replica that does the bookkeeping every replica
+# would otherwise repeat (the index figures its metrics export, the low watermarks;
+# dwell.tracker.lease).
+TRACKER_LEASE = "dwell:trk:bookkeeper"
 # STRING: the offset of `dwell.subscriptions` below which Redis holds every registration
 # (`dwell:subs:{topic}`). Only a rebuild of the registry creates it, so a Redis that lost
 # it lost the registry; a value below what the tracker wrote means a rollback

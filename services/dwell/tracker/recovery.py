@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis as redislib
 
@@ -79,13 +79,16 @@ class LowmarkKeeper:
     `<tracker group>.lowmark`, never lowering one."""
 
     def __init__(self, view: IndexView, bootstrap: str, tracker_group: str, *,
-                 delayed_topic: str, refiled_topic: str, interval_s: float) -> None:
+                 delayed_topic: str, refiled_topic: str, interval_s: float,
+                 leading: Callable[[], bool] = lambda: True) -> None:
         self.view = view
         self.bootstrap = bootstrap
         self.group = lowmark_group(tracker_group)
         self.delayed_topic = delayed_topic
         self.refiled_topic = refiled_topic
         self.interval_s = interval_s
+        # Whether this replica holds the bookkeeping lease (dwell.tracker.lease).
+        self.leading = leading
         self.committed: dict[tuple[str, int], int] = {}
         self.error: str | None = None
         self._stop = threading.Event()
@@ -113,6 +116,12 @@ class LowmarkKeeper:
 
     def run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if not self.leading():
+                # Another replica commits meanwhile: read its marks again when this one
+                # leads again, so that none is lowered.
+                self.committed = {}
+                self.error = None
+                continue
             try:
                 self.run_once()
                 self.error = None

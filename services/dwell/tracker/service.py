@@ -25,6 +25,7 @@ from dwell.tracker import metrics
 from dwell.tracker.app import build_app
 from dwell.tracker.index_view import IndexView
 from dwell.tracker.ingest_loop import IngestLoop
+from dwell.tracker.lease import Lease
 from dwell.tracker.recovery import LowmarkKeeper
 from dwell.tracker.registry import SubscriptionRegistry
 from dwell.tracker.restage import Restager
@@ -88,10 +89,15 @@ def main() -> None:
                            field_base=REFILED_FIELD_BASE)
     # One view of the index for the low watermarks, the stats and the HTTP stats.
     view = IndexView(connect(settings.redis_url))
+    # One replica at a time keeps the low watermarks and exports the index figures.
+    lease = Lease(connect(settings.redis_url), settings.bookkeeping_lease_ms)
+    lease.renew()  # a single tracker exports its figures from the first round
+    threading.Thread(target=lease.run, name="tracker-lease", daemon=True).start()
     keeper = LowmarkKeeper(view, settings.kafka_bootstrap,
                            settings.tracker_group_id, delayed_topic=settings.delayed_topic,
                            refiled_topic=settings.refile_log,
-                           interval_s=settings.lowmark_interval_ms / 1000)
+                           interval_s=settings.lowmark_interval_ms / 1000,
+                           leading=lease.held)
     threading.Thread(target=keeper.run, name="tracker-lowmark", daemon=True).start()
     trimmer = Trimmer(settings.kafka_bootstrap, settings.tracker_group_id,
                       delayed_topic=settings.delayed_topic, refiled_topic=settings.refile_log,
@@ -128,7 +134,8 @@ def main() -> None:
                                strict=settings.delayed_delivery_deliver_at_time_strict,
                                lookahead=settings.delayed_delivery_fixed_delay_detection_lookahead,
                                interval_s=settings.stats_refresh_s,
-                               rebuilding=lambda: bool(loop.rebuilding or refiled.rebuilding))
+                               rebuilding=lambda: bool(loop.rebuilding or refiled.rebuilding),
+                               leading=lease.held)
     REGISTRY.register(metrics.INDEX_STATS)
     threading.Thread(target=collector.run, name="tracker-stats", daemon=True).start()
     try:
@@ -138,6 +145,7 @@ def main() -> None:
         registry_stop.set()
         registry.close()
         keeper.stop()
+        lease.stop()
         trimmer.stop()
         loop.stop()
         refiled.stop()

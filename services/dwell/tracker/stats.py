@@ -97,7 +97,8 @@ class StatsRefresher:
     Redis."""
 
     def __init__(self, view: IndexView, cluster: str, *, strict: bool, lookahead: int,
-                 interval_s: float, rebuilding: Callable[[], bool] = lambda: False) -> None:
+                 interval_s: float, rebuilding: Callable[[], bool] = lambda: False,
+                 leading: Callable[[], bool] = lambda: True) -> None:
         self.view = view
         self.redis = view.redis
         self.strict = strict
@@ -106,12 +107,18 @@ class StatsRefresher:
         # Whether an ingest loop rebuilds the index: no sweep meanwhile, since a bucket
         # not indexed again yet looks gone.
         self.rebuilding = rebuilding
+        # Whether this replica holds the bookkeeping lease (dwell.tracker.lease): only its
+        # figures are exported, so each topic's are exported once.
+        self.leading = leading
         metrics.INDEX_STATS.cluster = cluster
         self._stop = threading.Event()
         # Per topic, where the sweep of its schedule keys goes on at the next refresh.
         self._key_cursors: dict[str, int] = {}
 
     def refresh(self) -> None:
+        if not self.leading():
+            metrics.INDEX_STATS.snapshot = []
+            return
         now = int(time.time() * 1000)
         snapshot = [
             topic_stats(self.view, t, now, strict=self.strict, lookahead=self.lookahead)

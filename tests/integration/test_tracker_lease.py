@@ -1,0 +1,172 @@
+"""The tracker's bookkeeping lease (dwell.tracker.lease) on real Redis, and two tracker
+processes sharing one Redis and one delay log: one of them exports the index figures at a
+time, and when it is killed with SIGKILL the other takes over within the lease's length."""
+
+from __future__ import annotations
+
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dwell import keys
+from dwell.adapters import kafka
+from dwell.adapters.redis import connect
+from dwell.index.topic import TopicIndex
+from dwell.tracker import metrics
+from dwell.tracker.index_view import IndexView
+from dwell.tracker.lease import Lease
+from dwell.tracker.stats import StatsRefresher
+from dwell_dev.procs import Child
+from dwell_dev.testkit import free_port
+
+pytestmark = pytest.mark.integration
+
+DB = 7
+TICK = 1000
+
+
+@pytest.fixture()
+def r(stack):  # type: ignore[no-untyped-def]
+    client = connect(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    client.flushdb()
+    return client
+
+
+def test_one_replica_holds_it_until_it_gives_it_up_or_it_runs_out(r) -> None:  # type: ignore[no-untyped-def]
+    a, b = Lease(r, 60_000, holder="a"), Lease(r, 60_000, holder="b")
+    assert (a.renew(), b.renew()) == (True, False)
+    assert (a.held(), b.held()) == (True, False)
+    assert a.renew() and r.pttl(keys.TRACKER_LEASE) > 59_000  # extended
+    a.stop()
+    assert not a.held() and r.get(keys.TRACKER_LEASE) is None
+    assert b.renew() and not a.renew()
+
+    # Not renewed: the holder stops counting itself one before Redis lets another in.
+    c, d = Lease(r, 300, key="lease:short", holder="c"), Lease(r, 300, key="lease:short",
+                                                                holder="d")
+    assert c.renew() and not d.renew()
+    time.sleep(0.35)
+    assert not c.held()
+    assert d.renew() and not c.renew()
+
+
+def test_a_lease_redis_lost_is_taken_again_and_its_old_holder_steps_down(r) -> None:  # type: ignore[no-untyped-def]
+    a, b = Lease(r, 60_000, holder="a"), Lease(r, 60_000, holder="b")
+    assert a.renew()
+    r.flushdb()
+    assert b.renew()
+    assert not a.renew() and not a.held()
+
+
+def test_a_stop_leaves_another_replicas_lease_alone(r) -> None:  # type: ignore[no-untyped-def]
+    a, b = Lease(r, 60_000, holder="a"), Lease(r, 300, holder="b")
+    assert b.renew()
+    time.sleep(0.35)
+    assert a.renew()
+    b._until = time.monotonic() + 60  # b still believes it holds the lease
+    b.stop()
+    assert r.get(keys.TRACKER_LEASE) == b"a" and a.renew()
+
+
+def test_without_redis_the_hold_runs_out(stack) -> None:  # type: ignore[no-untyped-def]
+    gone = connect(f"redis://127.0.0.1:{free_port()}/0")
+    lease = Lease(gone, 60_000, holder="a")
+    assert lease.renew() is False and not lease.held()
+
+
+def test_only_the_holder_exports_the_index_figures(r) -> None:  # type: ignore[no-untyped-def]
+    topic = "persistent://t/ns/leased"
+    at = (int(time.time() * 1000) // TICK + 3600) * TICK
+    TopicIndex(r, topic).add([(0, o, at, TICK) for o in range(5)])
+    leading = [True]
+    stats = StatsRefresher(IndexView(r), "c", strict=False, lookahead=0, interval_s=10,
+                           leading=lambda: leading[0])
+    try:
+        stats.refresh()
+        assert [s["delayedMessages"] for s in metrics.INDEX_STATS.snapshot] == [5]
+        leading[0] = False
+        stats.refresh()
+        assert metrics.INDEX_STATS.snapshot == []
+    finally:
+        metrics.INDEX_STATS.snapshot = []
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def _value(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_two_trackers_export_each_topic_once_and_hand_over_when_one_dies(
+        stack, r, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    tag = uuid.uuid4().hex[:8]
+    topic = f"persistent://t/ns/replicas-{tag}"
+    at = (int(time.time() * 1000) // TICK + 3600) * TICK
+    TopicIndex(r, topic).add([(0, o, at, TICK) for o in range(7)])
+    env = stack.service_env() | {
+        "DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+        "DWELL_DELAYED_TOPIC": f"test.lease.{tag}", "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}",
+        "DWELL_BOOKKEEPING_LEASE_MS": "3000", "DWELL_STATS_REFRESH_S": "0.5",
+        "DWELL_TRIM_INTERVAL_MS": "0"}
+    trackers: dict[str, Child] = {}
+    try:
+        for i in range(2):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            trackers[url] = Child.spawn(f"tracker-{i}", [sys.executable, "-m", "dwell.tracker"],
+                                        tmp_path / f"tracker-{i}.log",
+                                        env | {"DWELL_HTTP_PORT": str(port)})
+
+        def exported() -> dict[str, tuple[float | None, float | None]]:
+            out = {}
+            for url, child in trackers.items():
+                if not child.running():
+                    raise AssertionError(f"{child.name} exited:\n{child.tail()}")
+                try:
+                    text = _metrics(url)
+                except OSError:
+                    continue
+                out[url] = (_value(text, "dwell_tracker_bookkeeping"),
+                            _value(text, "dwell_tracker_delayed_messages"))
+            return out
+
+        def settled() -> dict[str, tuple[float | None, float | None]] | None:
+            got = exported()
+            if len(got) != len(trackers):
+                return None
+            if sorted(v[0] for v in got.values()) != [0.0] * (len(got) - 1) + [1.0]:
+                return None
+            if sorted((v[1] or 0) for v in got.values()) != [0.0] * (len(got) - 1) + [7.0]:
+                return None
+            return got
+
+        deadline = time.monotonic() + 90
+        while (got := settled()) is None:
+            assert time.monotonic() < deadline, f"never settled: {exported()}"
+            time.sleep(0.2)
+        holder = next(url for url, v in got.items() if v[0] == 1.0)
+        for _ in range(5):  # it stays so: no replica takes the lease from its holder
+            time.sleep(0.5)
+            assert exported()[holder][0] == 1.0
+
+        trackers.pop(holder).kill()
+        killed = time.monotonic()
+        while (got := settled()) is None:
+            assert time.monotonic() - killed < 3 + 10, f"no takeover: {exported()}"
+            time.sleep(0.2)
+        print(f"taken over {time.monotonic() - killed:.1f} s after the holder's SIGKILL")
+    finally:
+        for child in trackers.values():
+            child.stop()
+        for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
+            kafka.delete_topic(stack.kafka_bootstrap, log)
