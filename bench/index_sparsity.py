@@ -13,7 +13,7 @@ What is measured:
 
 - Redis bytes per pending message: INFO memory `used_memory` after the fill and
   compaction, less before, over N; and MEMORY USAGE of the index's keys over N, the
-  measure of README's 0.029 / 4.54 B (fixed delays / uniform over 1 h);
+  measure of docs/benchmarks.md's 0.029 / 4.54 B (fixed delays / uniform over 1 h);
 - the claim of a due bucket, by the drain's path (`TopicIndex.claim`, claim-6.lua): one
   bucket, and a round of up to `--round-buckets` due buckets, each timed a few times.
 
