@@ -89,8 +89,12 @@ def test_only_the_holder_exports_the_index_figures(r) -> None:  # type: ignore[n
         stats.refresh()
         assert [s["delayedMessages"] for s in metrics.INDEX_STATS.snapshot] == [5]
         leading[0] = False
+        TopicIndex(r, topic).add([(1, 9, at, TICK)])
+        read = stats.view.buckets_read
         stats.refresh()
         assert metrics.INDEX_STATS.snapshot == []
+        # Its view is kept in step all the same (for the HTTP stats): the one bucket named.
+        assert stats.view.buckets_read == read + 1 and stats.view.full_reads == 1
     finally:
         metrics.INDEX_STATS.snapshot = []
 

@@ -1,8 +1,8 @@
-"""The bookkeeping lease: of the tracker's replicas, the one holding it refreshes the
-index figures the metrics export and commits the low watermarks. Both are the same
-whichever replica computes them, from the whole index: done by every replica, their cost
-would grow with the replicas, and the figures of each topic would be exported once per
-replica (a dashboard's `sum by (topic)` would count them that many times).
+"""The bookkeeping lease: of the tracker's replicas, the one holding it exports the index
+figures and commits the low watermarks. Both are the same whichever replica computes
+them: exported by every replica, each topic's figures would be counted once per replica
+by a dashboard's `sum by (topic)`, and every replica would commit the same marks. (The
+others still keep their index view in step, for the HTTP stats they answer.)
 
 The lease is a key in Redis (keys.TRACKER_LEASE) holding the holder's id, taken when no
 replica holds it and extended by its holder every third of its length. A replica counts
