@@ -1,10 +1,12 @@
-"""The tracker's bookkeeping lease (dwell.tracker.lease) on real Redis, and two tracker
-processes sharing one Redis and one delay log: one of them exports the index figures at a
-time, and when it is killed with SIGKILL the other takes over within the lease's length."""
+"""The tracker's bookkeeping lease (dwell.tracker.lease) on real Redis: only its holder
+exports the index figures and trims; and two tracker processes sharing one Redis and one
+delay log: one of them exports the index figures at a time, and when it is killed with
+SIGKILL the other takes over within the lease's length."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -20,6 +22,7 @@ from dwell.tracker import metrics
 from dwell.tracker.index_view import IndexView
 from dwell.tracker.lease import Lease
 from dwell.tracker.stats import StatsRefresher
+from dwell.tracker.trim import Trimmer
 from dwell_dev.procs import Child
 from dwell_dev.testkit import free_port
 
@@ -97,6 +100,34 @@ def test_only_the_holder_exports_the_index_figures(r) -> None:  # type: ignore[n
         assert stats.view.buckets_read == read + 1 and stats.view.full_reads == 1
     finally:
         metrics.INDEX_STATS.snapshot = []
+
+
+def test_only_the_holder_trims_and_a_new_holder_reads_the_kept_rounds(r) -> None:  # type: ignore[no-untyped-def]
+    rounds: list[bool] = []
+
+    class Counted(Trimmer):
+        def run_once(self) -> dict[tuple[str, int], int]:
+            rounds.append(self.leading())
+            return {}
+
+    leading = [False]
+    trim = Counted("127.0.0.1:1", "dwell-lease-trim", delayed_topic="d", refiled_topic="d.r",
+                   interval_s=0.02, keep_delivered_s=60, redis=r, leading=lambda: leading[0])
+    trim._seen.append((0.0, {("d", 0): 5}))  # a round it read while it led before
+    trim._loaded = True
+    runner = threading.Thread(target=trim.run, daemon=True)
+    runner.start()
+    try:
+        time.sleep(0.3)
+        assert rounds == []
+        # What it kept from its own rounds is forgotten: the holder's are in Redis.
+        assert (list(trim._seen), trim._loaded) == ([], False)
+        leading[0] = True
+        time.sleep(0.3)
+    finally:
+        trim.stop()
+        runner.join(5)
+    assert rounds and all(rounds)
 
 
 def _metrics(url: str) -> str:

@@ -1,15 +1,16 @@
 """The bookkeeping lease: of the tracker's replicas, the one holding it exports the index
-figures and commits the low watermarks. Both are the same whichever replica computes
-them: exported by every replica, each topic's figures would be counted once per replica
-by a dashboard's `sum by (topic)`, and every replica would commit the same marks. (The
-others still keep their index view in step, for the HTTP stats they answer.)
+figures, commits the low watermarks and trims below them. Each is the same whichever
+replica does it: exported by every replica, each topic's figures would be counted once
+per replica by a dashboard's `sum by (topic)`, and every replica would commit the same
+marks and read `dwell.delivered` for the same trim. (The others still keep their index
+view in step, for the HTTP stats they answer.)
 
 The lease is a key in Redis (keys.TRACKER_LEASE) holding the holder's id, taken when no
 replica holds it and extended by its holder every third of its length. A replica counts
 itself the holder only until the lease's length after its last extension was sent, so it
 stops before Redis lets another take over. When the holder dies (or loses Redis), another
-replica takes over within one lease length; meanwhile the figures stay as they were and
-no low watermark moves, which delays the trim and nothing else."""
+replica takes over within one lease length; meanwhile the figures stay as they were, no
+low watermark moves and nothing is trimmed, which delays the trim and nothing else."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from dwell.index import marks
 INGESTED = Counter("dwell_tracker_ingested_total", "Positions indexed from dwell.delayed")
 BOOKKEEPING = Gauge("dwell_tracker_bookkeeping",
                     "1 on the tracker replica that holds the bookkeeping lease (it exports the "
-                    "index figures and commits the low watermarks), 0 on the others")
+                    "index figures, commits the low watermarks and trims), 0 on the others")
 INVALID = Counter("dwell_tracker_invalid_records_total",
                   "dwell.delayed records without a usable key, deliver-at or tick-time header")
 FLUSH_SECONDS = Histogram("dwell_tracker_flush_seconds", "Redis write of one ingest batch",

@@ -89,7 +89,7 @@ def main() -> None:
                            field_base=REFILED_FIELD_BASE)
     # One view of the index for the low watermarks, the stats and the HTTP stats.
     view = IndexView(connect(settings.redis_url))
-    # One replica at a time keeps the low watermarks and exports the index figures.
+    # One replica at a time keeps the low watermarks, trims and exports the index figures.
     lease = Lease(connect(settings.redis_url), settings.bookkeeping_lease_ms)
     lease.renew()  # a single tracker exports its figures from the first round
     threading.Thread(target=lease.run, name="tracker-lease", daemon=True).start()
@@ -103,7 +103,7 @@ def main() -> None:
                       delayed_topic=settings.delayed_topic, refiled_topic=settings.refile_log,
                       interval_s=settings.trim_interval_ms / 1000,
                       keep_delivered_s=settings.trim_keep_delivered_ms / 1000,
-                      redis=connect(settings.redis_url))
+                      redis=connect(settings.redis_url), leading=lease.held)
     if settings.trim_interval_ms:
         threading.Thread(target=trimmer.run, name="tracker-trim", daemon=True).start()
     parts, config = DWELL_TOPIC_DEFAULTS[topics.SUBSCRIPTIONS]

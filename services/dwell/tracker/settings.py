@@ -84,7 +84,7 @@ class TrackerSettings(ServiceSettings, ReadyTopicSettings, RedisLossSettings, Co
         "How often the low watermarks are committed to Kafka."))
     bookkeeping_lease_ms: int = Field(30_000, ge=300, description=(
         "Of the tracker's replicas, the one holding a lease in Redis exports the index "
-        "figures and commits the low watermarks; the lease's length. When its holder "
+        "figures, commits the low watermarks and trims; the lease's length. When its holder "
         "dies, another replica takes over within it."))
     trim_interval_ms: int = Field(60_000, ge=0, description=(
         "How often the records below the committed low watermarks are deleted from the "

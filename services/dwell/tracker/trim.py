@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import orjson
 import redis as redislib
@@ -40,13 +41,16 @@ class Trimmer:
 
     def __init__(self, bootstrap: str, tracker_group: str, *, delayed_topic: str,
                  refiled_topic: str, interval_s: float, keep_delivered_s: float = 0.0,
-                 redis: redislib.Redis | None = None) -> None:
+                 redis: redislib.Redis | None = None,
+                 leading: Callable[[], bool] = lambda: True) -> None:
         self.bootstrap = bootstrap
         self.tracker_group = tracker_group
         self.delayed_topic = delayed_topic
         self.refiled_topic = refiled_topic
         self.interval_s = interval_s
         self.keep_delivered_s = keep_delivered_s
+        # Whether this replica holds the bookkeeping lease (dwell.tracker.lease).
+        self.leading = leading
         self.error: str | None = None
         self._stop = threading.Event()
         # The committed low watermarks each round read, (time.time(), lows), oldest first:
@@ -158,6 +162,13 @@ class Trimmer:
 
     def run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if not self.leading():
+                # Another replica trims meanwhile, and keeps its rounds in Redis: read them
+                # again when this one leads again.
+                self._seen.clear()
+                self._loaded = self._redis is None
+                self.error = None
+                continue
             try:
                 deleted = self.run_once()
                 self.error = None
