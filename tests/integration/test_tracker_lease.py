@@ -65,6 +65,17 @@ def test_a_lease_redis_lost_is_taken_again_and_its_old_holder_steps_down(r) -> N
     assert not a.renew() and not a.held()
 
 
+def test_a_holder_without_an_expiry_is_taken_over(r) -> None:  # type: ignore[no-untyped-def]
+    # Set by hand or restored without its TTL: it would keep every replica out for good.
+    r.set(keys.TRACKER_LEASE, "gone-for-good")
+    a, b = Lease(r, 60_000, holder="a"), Lease(r, 60_000, holder="b")
+    assert a.renew() and not b.renew()
+    assert r.get(keys.TRACKER_LEASE) == b"a" and 59_000 < r.pttl(keys.TRACKER_LEASE) <= 60_000
+    # Its own id without an expiry is its own lease: extended, with an expiry again.
+    r.persist(keys.TRACKER_LEASE)
+    assert a.renew() and r.pttl(keys.TRACKER_LEASE) > 59_000
+
+
 def test_a_stop_leaves_another_replicas_lease_alone(r) -> None:  # type: ignore[no-untyped-def]
     a, b = Lease(r, 60_000, holder="a"), Lease(r, 300, holder="b")
     assert b.renew()

@@ -1,7 +1,9 @@
 --[[
   Take, keep or give up the tracker's bookkeeping lease (dwell:trk:bookkeeper): set it to
   this replica's id when no replica holds it, extend it when this replica does; with a
-  length of 0, delete it if this replica holds it.
+  length of 0, delete it if this replica holds it. A holder's id without an expiry (not
+  one this script set: written by hand, or restored without its TTL) holds nothing: it
+  would keep every replica from the lease for good, so it is taken over.
 
   Input:
     KEYS[1] lease STRING   the holder's id, expiring
@@ -17,7 +19,7 @@ if ARGV[2] == "0" then
   end
   return 0
 end
-if holder == false then
+if holder == false or (holder ~= ARGV[1] and redis.call("PTTL", KEYS[1]) == -1) then
   redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
   return 1
 end
