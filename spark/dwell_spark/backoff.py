@@ -2,7 +2,10 @@
 pass per partition, with no shuffle and no Spark state. Each Arrow batch of a partition is
 checked (dwell_spark.invalid: malformed events go to dwell.invalid from the same pass),
 decided and written to Redis by the Python worker that reads it, so the work spreads over
-the executors by partitions of dwell.acks.
+the executors by partitions of dwell.acks. A worker decides each batch while its writer
+thread writes the one before (the wait for Redis and for the JVM's next batch overlap):
+one batch's writes at a time, in order, the next one deciding on the pending entries the
+one being written leaves.
 
 The redelivery index does the timing, not Spark: when the job reads a `delivered` event
 with an ack timeout, or a `nack`, it writes the future redelivery into the subscription's
@@ -50,6 +53,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -326,15 +330,27 @@ class Pass:
 
     def run(self, cols: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
         """One Arrow batch of one partition: skip what Redis already holds, decide, write,
-        move the marker; all of it tried again while Redis or Kafka does not answer (a
+        move the marker; each step tried again while Redis or Kafka does not answer (a
         try that failed half-way is harmless to repeat). Its SUMMARY_SCHEMA row."""
-        part = int(cols["partition"][0])
-        done: list[dict[str, Any]] = []
-        tries = write_retrying(lambda: done.append(self._run(part, cols)),
-                               self.write_timeout_s, part)
-        return done[-1] | {"retries": tries - 1}
+        return self.commit(self.prepare(cols))
 
-    def _run(self, part: int, cols: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    def prepare(self, cols: Mapping[str, Sequence[Any]],
+                unwritten: Mapping[tuple[str, str], Mapping[str, PendingEntry | None]]
+                | None = None) -> Prepared:
+        """Skip what Redis already holds and decide the rest, tried again while Redis does
+        not answer. ``unwritten``: the pending entries a batch decided before this one
+        leaves, per subscription, while its writes may still be under way; they stand in
+        for what Redis holds of those messages."""
+        part = int(cols["partition"][0])
+        done: list[Prepared] = []
+        tries = write_retrying(lambda: done.append(self._prepare(part, cols, unwritten or {})),
+                               self.write_timeout_s, part)
+        done[-1].summary["retries"] = tries - 1
+        return done[-1]
+
+    def _prepare(self, part: int, cols: Mapping[str, Sequence[Any]],
+                 unwritten: Mapping[tuple[str, str], Mapping[str, PendingEntry | None]]
+                 ) -> Prepared:
         r = redis_adapter.shared(self.redis_url)
         # The drain trusts last_ts to say how far this partition is read (IndexKeeper's
         # read_to): only a broker's timestamp does; a producer's (dwell.acks made without
@@ -352,40 +368,116 @@ class Pass:
         exists, applied = pipe.execute()
         if not exists:
             summary["lost"] = True
-            return summary
+            return Prepared(part, summary, None)
+        # A marker read while an earlier batch's writes are under way is at most behind:
+        # it only ever moves past that batch, whose offsets are all below this one's.
         start = int(applied or 0)
         first = next((i for i, o in enumerate(cols["offset"]) if o >= start), None)
         if first is None:
-            return summary
+            return Prepared(part, summary, None)
         if first:
             cols = {k: v[first:] for k, v in cols.items()}
         started = time.monotonic()
-        decided = self.decide(cols, self.read_pending, int(time.time() * 1000))
-        decided_at = time.monotonic()
-        self.set_aside(decided)
-        self.write(decided)
-        moved = index_scripts(r).run("applied", [keys.BACKOFF_APPLIED],
-                                     [part, summary["next"]])
+
+        def read_pending(topic: str, sub: str, mids: list[str]) -> dict[str, PendingEntry]:
+            got = self.read_pending(topic, sub, mids)
+            for mid, entry in unwritten.get((topic, sub), {}).items():
+                if entry is None:
+                    got.pop(mid, None)
+                else:
+                    got[mid] = entry
+            return got
+
+        decided = self.decide(cols, read_pending, int(time.time() * 1000))
+        summary["decide_ms"] = (time.monotonic() - started) * 1000
+        return Prepared(part, summary, decided)
+
+    def commit(self, prepared: Prepared) -> dict[str, Any]:
+        """Write what ``prepared`` decided and move the partition's marker past it, tried
+        again while Redis or Kafka does not answer. Its SUMMARY_SCHEMA row."""
+        summary, decided = prepared.summary, prepared.decided
+        if decided is None:
+            return summary
+        started = time.monotonic()
+        moved: list[int] = []
+        tries = write_retrying(lambda: moved.append(self._commit(prepared.part, decided,
+                                                                  summary["next"])),
+                               self.write_timeout_s, prepared.part)
         kinds: dict[str, int] = {}
         for kind, *_ in decided.aside:
             kinds[kind] = kinds.get(kind, 0) + 1
-        summary.update(
-            events=decided.events, decisions=sum(map(len, decided.decisions.values())),
-            lead=decided.lead_ms(int(time.time() * 1000)),
-            invalid=json.dumps(kinds) if kinds else None,
-            reason=decided.aside[0][1] if decided.aside else None,
-            lost=int(moved) == 0, decide_ms=(decided_at - started) * 1000,
-            write_ms=(time.monotonic() - decided_at) * 1000)
-        return summary
+        return summary | {
+            "events": decided.events,
+            "decisions": sum(map(len, decided.decisions.values())),
+            "lead": decided.lead_ms(int(time.time() * 1000)),
+            "invalid": json.dumps(kinds) if kinds else None,
+            "reason": decided.aside[0][1] if decided.aside else None,
+            "retries": summary["retries"] + tries - 1,
+            "lost": moved[-1] == 0, "write_ms": (time.monotonic() - started) * 1000}
+
+    def _commit(self, part: int, decided: Decided, after: int) -> int:
+        self.set_aside(decided)
+        self.write(decided)
+        return int(index_scripts(redis_adapter.shared(self.redis_url)).run(
+            "applied", [keys.BACKOFF_APPLIED], [part, after]))
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            if batch.num_rows:
+        """mapInArrow's function: each batch decided while the one before it is written
+        (on the worker's writer thread), so the wait for Redis and for the next batch from
+        the JVM overlap. One batch's writes at a time, in order; the next one decides on
+        the pending entries the one being written leaves."""
+        writing: tuple[Future[dict[str, Any]], Prepared] | None = None
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
                 # A batch makes a few objects per record and no cycles: the cyclic
                 # collector would only scan them again and again (a third of the time).
                 with memory.cycles_paused():
-                    row = self.run(batch.to_pydict())
-                yield pa.RecordBatch.from_pylist([row], schema=_SUMMARY_ARROW)
+                    unwritten = ({} if writing is None or writing[1].decided is None
+                                 else writing[1].decided.pending)
+                    prepared = self.prepare(batch.to_pydict(), unwritten)
+                if writing is not None:
+                    yield _summary_batch(writing[0].result())
+                writing = (_writer().submit(self._commit_paused, prepared), prepared)
+            if writing is not None:
+                yield _summary_batch(writing[0].result())
+                writing = None
+        finally:
+            # Failed or closed early: the batch being written finishes first, so a retry
+            # of the task never writes beside it.
+            if writing is not None:
+                wait([writing[0]])
+
+    def _commit_paused(self, prepared: Prepared) -> dict[str, Any]:
+        with memory.cycles_paused():
+            return self.commit(prepared)
+
+
+@dataclass
+class Prepared:
+    """A batch of one partition decided and not yet written: its summary so far, and what
+    it decided (None: nothing to write, as Redis lost its marker or holds the batch)."""
+
+    part: int
+    summary: dict[str, Any]
+    decided: Decided | None
+
+
+def _summary_batch(row: dict[str, Any]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([row], schema=_SUMMARY_ARROW)
+
+
+# Per Python worker: the thread that writes the batches' decisions (one at a time).
+_writers: list[ThreadPoolExecutor] = []
+_writers_lock = threading.Lock()
+
+
+def _writer() -> ThreadPoolExecutor:
+    with _writers_lock:
+        if not _writers:
+            _writers.append(ThreadPoolExecutor(1, thread_name_prefix="backoff-writer"))
+        return _writers[0]
 
 
 _SUMMARY_ARROW: Final = pa.schema([

@@ -231,6 +231,85 @@ def test_a_batch_of_decisions_is_folded_per_message(redis_url: str, unique: str)
     assert sorted(rewrites) == sorted([bucket, bucket, later]), rewrites
 
 
+def test_a_batch_decided_before_the_one_before_it_is_written_sees_its_entries(
+        redis_url: str, unique: str) -> None:
+    """mapInArrow's pass decides a batch while the one before it is written: the pending
+    entries that one leaves stand in for Redis's, so an ack of a message scheduled there
+    cancels its entry, and a message acked there and delivered again starts anew."""
+    r, topic, w, idx = subscription_s(redis_url, unique)
+    now = int(time.time() * 1000)
+    base = {"topic": topic, "subscription": "s", "ackTimeoutMs": 2000}
+    a, b = (format_message_id("dwell.delayed", 2, o) for o in (40, 41))
+    w.run(columns([base | {"event": "delivered", "messageId": b, "ts": now}], 0))
+    first = w.prepare(columns([base | {"event": "delivered", "messageId": a, "ts": now},
+                               base | {"event": "ack", "messageId": b, "ts": now + 1}], 1))
+    assert first.decided is not None
+    # Decided with nothing of `first` in Redis yet.
+    second = w.prepare(columns([base | {"event": "ack", "messageId": a, "ts": now + 2},
+                                base | {"event": "delivered", "messageId": b,
+                                        "ts": now + TICK_MS}], 3), first.decided.pending)
+    assert (w.commit(first)["decisions"], w.commit(second)["decisions"]) == (3, 3)
+    due = now + TICK_MS + 2000
+    # a's entry, added by `first`, went again; b's is the one `second` added.
+    assert {bk: got for bk in idx.buckets() if any((got := live(idx, bk)).values())} == {
+        due - due % TICK_MS: {"dwell.delayed:2": {41}}}
+    assert idx.pending([a, b]) == [None, (due, due - due % TICK_MS, 1)]
+    assert r.hget(keys.sub_counts(topic, "s"), a) is None
+    assert r.hget(keys.BACKOFF_APPLIED, str(PARTITION)) == b"5"
+
+
+def test_the_pass_over_arrow_batches_writes_what_one_batch_at_a_time_does(
+        redis_url: str, unique: str) -> None:
+    """mapInArrow's function over many batches (deliveries, acks and redeliveries of the
+    same messages spread across them) leaves Redis as running them one after another
+    does, with one summary per batch, in order."""
+    import pyarrow as pa
+
+    from dwell_spark.backoff import _SUMMARY_ARROW
+
+    now = int(time.time() * 1000)
+    sub_of = {"seq": "s", "piped": "p"}
+    batches: list[list[dict[str, Any]]] = []
+    for k in range(8):
+        evs = []
+        for o in range(200):
+            ev = ("delivered", "ack", "delivered", "nack")[(o + k) % 4]
+            evs.append({"event": ev, "messageId": format_message_id("dwell.delayed", 0, o),
+                        "ts": now + k * 10 + o % 7, "ackTimeoutMs": 5000,
+                        "redeliveryCount": k % 3})
+        batches.append(evs)
+    r = redis_adapter.connect(redis_url)
+    topic = f"persistent://{unique}/ns/x"
+    for sub in sub_of.values():
+        registered(r, topic, sub)
+    fresh_marker(r)
+    w = work(redis_url)
+    offset = 0
+    for evs in batches:
+        w.run(columns([ev | {"topic": topic, "subscription": sub_of["seq"]} for ev in evs],
+                      offset))
+        offset += len(evs)
+    fresh_marker(r)
+    arrow, offset = [], 0
+    for evs in batches:
+        arrow.append(pa.RecordBatch.from_pydict(columns(
+            [ev | {"topic": topic, "subscription": sub_of["piped"]} for ev in evs], offset)))
+        offset += len(evs)
+    rows = [row for out in w(iter(arrow)) for row in out.to_pylist()]
+    assert [row["next"] for row in rows] == [200 * (k + 1) for k in range(8)]
+    assert all(not row["lost"] and row["events"] == 200 for row in rows)
+    assert pa.Table.from_batches([pa.RecordBatch.from_pylist(rows, schema=_SUMMARY_ARROW)])
+
+    def state(sub: str) -> tuple[Any, ...]:
+        idx = SubscriptionIndex(r, topic, sub)
+        return ({bk: live(idx, bk) for bk in idx.buckets()},
+                r.hgetall(keys.sub_counts(topic, sub)), r.hgetall(keys.sub_pending(topic, sub)))
+
+    seq, piped = state("s"), state("p")
+    assert seq[0] and seq[1] and seq[2]
+    assert piped == seq
+
+
 def test_a_redis_without_the_marker_gets_no_writes(redis_url: str, unique: str) -> None:
     """Redis lost the indexes (no marker): the pass writes nothing and says so, for the
     driver to rebuild; a stale pending entry (past its due time by more than the grace) is
