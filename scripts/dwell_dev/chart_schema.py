@@ -35,6 +35,8 @@ PARAM = re.compile(r"^## @param (\S+) ?(.*)$")
 CHART_OWNED = frozenset({
     "http_host", "http_port", "redis_url", "kafka_bootstrap", "kafka_replication_factor",
     "spark_master", "spark_metrics_port", "spark_jars", "tracker_url",
+    # the pod's name (a restarted container takes its own bookkeeping lease back)
+    "bookkeeping_lease_holder",
     *TlsSettings.model_fields, *KafkaSecurity.model_fields, *RedisSecurity.model_fields,
     # from the `auth:` values, the keys from its existingSecret
     "authentication_enabled", "authorization_enabled", "super_user_roles",

@@ -216,3 +216,47 @@ def test_two_trackers_export_each_topic_once_and_hand_over_when_one_dies(
             child.stop()
         for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
             kafka.delete_topic(stack.kafka_bootstrap, log)
+
+
+def test_a_tracker_restarted_under_its_holder_id_takes_its_lease_back_at_once(
+        stack, r, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The chart names each tracker's lease holder after its pod: a container restarted in
+    its pod after a SIGKILL holds the lease again as soon as it runs, not a lease length
+    (here 60 s) later."""
+    tag = uuid.uuid4().hex[:8]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = stack.service_env() | {
+        "DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+        "DWELL_DELAYED_TOPIC": f"test.lease.{tag}", "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}",
+        "DWELL_BOOKKEEPING_LEASE_MS": "60000", "DWELL_BOOKKEEPING_LEASE_HOLDER": f"pod-{tag}",
+        "DWELL_TRIM_INTERVAL_MS": "0", "DWELL_HTTP_PORT": str(port)}
+
+    def holding(child: Child, within_s: float) -> float:
+        started = time.monotonic()
+        while True:
+            assert child.running(), f"{child.name} exited:\n{child.tail()}"
+            try:
+                if _value(_metrics(url), "dwell_tracker_bookkeeping") == 1.0:
+                    return time.monotonic() - started
+            except OSError:
+                pass
+            assert time.monotonic() - started < within_s, (
+                f"{child.name} not holding the lease after {within_s} s:\n{child.tail()}")
+            time.sleep(0.2)
+
+    child = Child.spawn("tracker-first", [sys.executable, "-m", "dwell.tracker"],
+                        tmp_path / "tracker-first.log", env)
+    try:
+        holding(child, 60)
+        assert r.get(keys.TRACKER_LEASE) == f"pod-{tag}".encode()
+        child.kill()
+        child = Child.spawn("tracker-restarted", [sys.executable, "-m", "dwell.tracker"],
+                            tmp_path / "tracker-restarted.log", env)
+        took = holding(child, 30)
+        assert r.pttl(keys.TRACKER_LEASE) > 50_000
+        print(f"restarted tracker held its lease {took:.1f} s after it started")
+    finally:
+        child.stop()
+        for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
+            kafka.delete_topic(stack.kafka_bootstrap, log)

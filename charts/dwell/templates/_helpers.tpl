@@ -197,6 +197,13 @@ affinity:
     - name: DWELL_TRACKER_URL
       value: {{ printf "%s://%s:%s" (include "dwell.scheme" .root) (include "dwell.component" (dict "root" .root "component" "tracker")) (include "dwell.port" "tracker") | quote }}
     {{- end }}
+    {{- if eq .component "tracker" }}
+    {{- /* a container restarted in its pod takes its own bookkeeping lease back at once */}}
+    - name: DWELL_BOOKKEEPING_LEASE_HOLDER
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    {{- end }}
     {{- include "dwell.settingsEnv" $values.config | trim | nindent 4 }}
     {{- include "dwell.authEnv" .root | nindent 4 }}
     {{- include "dwell.kafkaLoginEnv" (dict "root" .root "principal" (printf "dwell-%s" .component)) | nindent 4 }}

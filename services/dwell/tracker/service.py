@@ -90,7 +90,8 @@ def main() -> None:
     # One view of the index for the low watermarks, the stats and the HTTP stats.
     view = IndexView(connect(settings.redis_url))
     # One replica at a time keeps the low watermarks, trims and exports the index figures.
-    lease = Lease(connect(settings.redis_url), settings.bookkeeping_lease_ms)
+    lease = Lease(connect(settings.redis_url), settings.bookkeeping_lease_ms,
+                  holder=settings.bookkeeping_lease_holder or None)
     lease.renew()  # a single tracker exports its figures from the first round
     threading.Thread(target=lease.run, name="tracker-lease", daemon=True).start()
     keeper = LowmarkKeeper(view, settings.kafka_bootstrap,

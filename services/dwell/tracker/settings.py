@@ -86,6 +86,12 @@ class TrackerSettings(ServiceSettings, ReadyTopicSettings, RedisLossSettings, Co
         "Of the tracker's replicas, the one holding a lease in Redis exports the index "
         "figures, commits the low watermarks and trims; the lease's length. When its holder "
         "dies, another replica takes over within it."))
+    bookkeeping_lease_holder: str = Field("", max_length=253, pattern=r"^[\x21-\x7e]*$",
+                                          description=(
+        "This replica's id in the bookkeeping lease; empty: one made for each process. No "
+        "two live trackers may share it. The chart sets it to the pod's name, so that a "
+        "tracker restarted in its pod after a crash takes its own lease back at once "
+        "instead of waiting out `DWELL_BOOKKEEPING_LEASE_MS`."))
     trim_interval_ms: int = Field(60_000, ge=0, description=(
         "How often the records below the committed low watermarks are deleted from the "
         "delay logs and `dwell.delivered`; 0 turns the trim off. Those topics have "
