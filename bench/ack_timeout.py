@@ -40,7 +40,7 @@ from dwell.client.consumer import DEFAULT_RECEIVER_QUEUE_SIZE
 from dwell.core.topics import TopicName
 from dwell_dev import devstack
 from dwell_dev.benchkit import BENCH_REDIS_DB, Procs, gauge, load_avg, test_servers
-from dwell_dev.testkit import now_ms
+from dwell_dev.testkit import now_ms, redis_db_url
 
 ACK_TIMEOUT_MS = 10_000
 BACKOFF = ExponentialRedeliveryBackoff(min_delay_ms=1000, max_delay_ms=60_000, multiplier=2)
@@ -116,7 +116,7 @@ def main() -> int:
 
 def run(st: devstack.Stack, rate: int, seconds: int, queue: int,
         keep_logs: bool) -> int:
-    redis_url = st.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+    redis_url = redis_db_url(st, BENCH_REDIS_DB)
     redis_adapter.connect(redis_url).flushdb()
     kafka.ensure_dwell_topics(st.kafka_bootstrap)
     tmp = Path(tempfile.mkdtemp(prefix="dwell-bench-"))

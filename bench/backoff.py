@@ -61,6 +61,7 @@ from dwell_dev.benchkit import (
     spark_env,
     wait_line,
 )
+from dwell_dev.testkit import redis_db_url
 
 FAR_MS = 600_000  # an ack timeout nothing in the run reaches
 BATCH_LINE = re.compile(r"backoff: (\d+) decisions from \d+ events.*decided in (\d+) ms, "
@@ -229,7 +230,7 @@ def main() -> None:
                     help="keep the app's logs (printed path) after a run that succeeded")
     args = ap.parse_args()
     st = devstack.Stack("test")
-    redis_url = st.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+    redis_url = redis_db_url(st, BENCH_REDIS_DB)
     r = redis_adapter.connect(redis_url)
     try:
         r.flushdb()

@@ -79,7 +79,7 @@ from dwell_dev.benchkit import (
     wait_healthy,
     wait_line,
 )
-from dwell_dev.testkit import free_port, now_ms
+from dwell_dev.testkit import free_port, now_ms, redis_db_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -427,7 +427,7 @@ def main() -> None:
         args.sizes, args.uniform_seconds, args.lateness_seconds = "20000", 10, 8
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     st = devstack.Stack("test")
-    redis_url = st.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+    redis_url = redis_db_url(st, BENCH_REDIS_DB)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     r = redis_adapter.connect(redis_url)
     try:

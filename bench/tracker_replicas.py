@@ -40,7 +40,7 @@ from dwell.adapters import redis as redis_adapter
 from dwell.tracker.index_view import IndexView
 from dwell_dev import devstack
 from dwell_dev.benchkit import BENCH_REDIS_DB, Procs, load_avg, test_servers, wait_healthy
-from dwell_dev.testkit import free_port, now_ms
+from dwell_dev.testkit import free_port, now_ms, redis_db_url
 
 TICKS = os.sysconf("SC_CLK_TCK")
 INGESTED = "dwell_tracker_ingested_total "
@@ -194,7 +194,7 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=600)
     args = ap.parse_args()
     st = devstack.Stack("test")
-    redis_url = st.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+    redis_url = redis_db_url(st, BENCH_REDIS_DB)
     topics = [f"persistent://bench/ns/t{i}" for i in range(args.topics)]
     tmp = Path(tempfile.mkdtemp(prefix="dwell-bench-replicas-"))
     procs = Procs(tmp)

@@ -26,7 +26,7 @@ from dwell.client import Consumer
 from dwell.core import topics as names
 from dwell.tracker import recovery
 from dwell_dev import devstack, images, say
-from dwell_dev.testkit import wait_for
+from dwell_dev.testkit import redis_db_url, wait_for
 
 # The services' ports in these checks: the test profile's, 300 up, so that a test
 # suite's own services on that profile can run at the same time.
@@ -168,7 +168,7 @@ def main() -> dict[str, object]:
     with backing_servers() as stack:
         ports = {s: stack.ports[s] + PORT_SHIFT
                  for s in ("policy", "admission", "tracker", "spark")}
-        redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
+        redis_url = redis_db_url(stack, REDIS_DB)
         group = f"dwell-tracker-images-{uuid.uuid4().hex[:8]}"
         recovery.start_group_at_end(stack.kafka_bootstrap, group, [names.DELAYED,
                                                                   names.REFILED])

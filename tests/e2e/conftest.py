@@ -44,7 +44,7 @@ from dwell.core import topics as names
 from dwell.tracker import recovery
 from dwell_dev import devstack
 from dwell_dev.procs import Child
-from dwell_dev.testkit import free_port, now_ms
+from dwell_dev.testkit import free_port, now_ms, redis_db_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,7 +169,7 @@ def _ok(r: httpx.Response) -> httpx.Response:
 
 @pytest.fixture(scope="package")
 def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Dwell]:
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{E2E_REDIS_DB}"
+    redis_url = redis_db_url(stack, E2E_REDIS_DB)
     redis_adapter.connect(redis_url).flushdb()
     group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
     # The fresh group starts where the delay logs end now, not at their beginning.

@@ -261,7 +261,7 @@ def test_a_registration_whose_numbers_could_overflow_is_a_400(
         services: Any, stack: devstack.Stack, unique: str) -> None:
     """The backoff reads the registry for events that carry no settings: what the
     tracker stores must fit the same bounds as an event's own."""
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    redis_url = redis_db_url(stack, DB)
     delayed = f"test.delayed.{unique}"
     kafka.ensure_topic(stack.kafka_bootstrap, delayed, 1)
     svc = services.start("tracker", env={"DWELL_REDIS_URL": redis_url,

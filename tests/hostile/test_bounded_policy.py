@@ -23,7 +23,7 @@ from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell.policy.settings import PolicySettings
 from dwell.policy.store import PolicyStore, TenantInfo
-from dwell_dev.testkit import Service, read_until, wait_for
+from dwell_dev.testkit import Service, read_until, redis_db_url, wait_for
 
 from .test_bounded_inputs import MIB, rss
 
@@ -36,7 +36,7 @@ DEFAULT_LIMIT = PolicySettings.model_fields["max_policy_record_bytes"].default
 
 @pytest.fixture(scope="module")
 def redis_url(stack: Any) -> str:
-    url = str(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    url = redis_db_url(stack, DB)
     redis_adapter.connect(url).flushdb()
     return url
 

@@ -20,7 +20,7 @@ from dwell.adapters import redis as redis_adapter
 from dwell.core import topics as names
 from dwell_dev import devstack
 from dwell_dev.benchkit import Procs, send_ack_events, spark_env, wait_line
-from dwell_dev.testkit import wait_for
+from dwell_dev.testkit import redis_db_url, wait_for
 from dwell_spark.backoff import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ OLD_CHECKPOINT = "backoff-shards"
 
 def test_a_backlog_is_read_in_bounded_batches_and_the_app_is_ready_after_the_first(
         stack: devstack.Stack, tmp_path: Path) -> None:
-    redis_url = stack.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
+    redis_url = redis_db_url(stack, REDIS_DB)
     r = redis_adapter.connect(redis_url)
     r.flushdb()
     first, again = Procs(tmp_path), Procs(tmp_path)

@@ -24,7 +24,7 @@ from dwell.index.marks import cancel_mark_record, mark_record, read_marks, write
 from dwell.index.roaring import encode
 from dwell.index.topic import TopicIndex
 from dwell.tracker.recovery import committed_lowmarks
-from dwell_dev.testkit import publish_delayed, wait_for
+from dwell_dev.testkit import publish_delayed, redis_db_url, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ DB = 12
 
 
 def _env(stack, unique: str) -> dict[str, str]:
-    return {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+    return {"DWELL_REDIS_URL": redis_db_url(stack, DB),
             "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
             "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
             "DWELL_LOWMARK_INTERVAL_MS": "300", "DWELL_REDIS_CHECK_INTERVAL_MS": "200"}

@@ -19,6 +19,7 @@ from dwell.index.roaring import pack_deltas
 from dwell.index.topic import TopicIndex
 from dwell.tracker.index_view import CorruptIndex, Figures, IndexView
 from dwell.tracker.recovery import pending_minimums
+from dwell_dev.testkit import redis_db_url
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ TICK = 1000
 
 @pytest.fixture()
 def r(stack):  # type: ignore[no-untyped-def]
-    client = connect(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    client = connect(redis_db_url(stack, DB))
     client.flushdb()
     return client
 

@@ -26,7 +26,7 @@ from dwell.tracker.recovery import (
     committed_lowmarks,
     pending_minimums,
 )
-from dwell_dev.testkit import wait_for
+from dwell_dev.testkit import redis_db_url, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ TICK = 1000
 
 @pytest.fixture()
 def index(stack, unique: str) -> TopicIndex:  # type: ignore[no-untyped-def]
-    r = connect(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    r = connect(redis_db_url(stack, DB))
     r.flushdb()
     return TopicIndex(r, f"persistent://t/ns/lowmark-{unique}")
 

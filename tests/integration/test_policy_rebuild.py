@@ -12,6 +12,7 @@ import pytest
 
 from dwell import keys
 from dwell.adapters import redis as redis_adapter
+from dwell_dev.testkit import redis_db_url
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +21,7 @@ DB = 13
 
 @pytest.fixture(scope="module")
 def policy(services, stack):  # type: ignore[no-untyped-def]
-    url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    url = redis_db_url(stack, DB)
     redis_adapter.connect(url).flushdb()
     svc = services.start("policy", env={"DWELL_REDIS_URL": url,
                                         "DWELL_STORE_CHECK_INTERVAL_MS": "200"})

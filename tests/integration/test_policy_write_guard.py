@@ -25,6 +25,7 @@ from dwell.policy.feed import PolicyFeed, record_version
 from dwell.policy.rebuild import StoreGuard
 from dwell.policy.settings import PolicySettings
 from dwell.policy.store import PolicyStore, StoreBehind, TenantInfo
+from dwell_dev.testkit import redis_db_url
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ class Losses:
 
 
 def _url(stack) -> str:  # type: ignore[no-untyped-def]
-    return str(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    return redis_db_url(stack, DB)
 
 
 @pytest.fixture()

@@ -20,7 +20,7 @@ from dwell.index.topic import TopicIndex
 from dwell.tracker.ingest import FIXED_FIELD
 from dwell.tracker.ingest_loop import IngestLoop
 from dwell.tracker.restage import PIECE_RECORDS, Restager
-from dwell_dev.testkit import wait_for
+from dwell_dev.testkit import redis_db_url, wait_for
 
 pytestmark = pytest.mark.integration
 TICK = 1000
@@ -31,7 +31,7 @@ DB = 11
 
 @pytest.fixture()
 def redis_url(stack) -> str:
-    url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    url = redis_db_url(stack, DB)
     connect(url).flushdb()
     return url
 

@@ -16,7 +16,7 @@ from dwell.adapters import kafka
 from dwell.adapters import redis as redis_adapter
 from dwell.core import topics
 from dwell.tracker.registry import record_key
-from dwell_dev.testkit import wait_for
+from dwell_dev.testkit import redis_db_url, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ ACK_BACKOFF = {"minDelayMs": 500, "maxDelayMs": 4000, "multiplier": 3.0}
 
 @pytest.fixture()
 def tracker(services, stack, unique: str):  # type: ignore[no-untyped-def]
-    url = stack.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    url = redis_db_url(stack, DB)
     r = redis_adapter.connect(url)
     r.flushdb()
     svc = services.start("tracker", env={

@@ -24,7 +24,7 @@ from dwell.tracker.lease import Lease
 from dwell.tracker.stats import StatsRefresher
 from dwell.tracker.trim import Trimmer
 from dwell_dev.procs import Child
-from dwell_dev.testkit import free_port
+from dwell_dev.testkit import free_port, redis_db_url
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ TICK = 1000
 
 @pytest.fixture()
 def r(stack):  # type: ignore[no-untyped-def]
-    client = connect(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    client = connect(redis_db_url(stack, DB))
     client.flushdb()
     return client
 
@@ -160,7 +160,7 @@ def test_two_trackers_export_each_topic_once_and_hand_over_when_one_dies(
     at = (int(time.time() * 1000) // TICK + 3600) * TICK
     TopicIndex(r, topic).add([(0, o, at, TICK) for o in range(7)])
     env = stack.service_env() | {
-        "DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+        "DWELL_REDIS_URL": redis_db_url(stack, DB),
         "DWELL_DELAYED_TOPIC": f"test.lease.{tag}", "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}",
         "DWELL_BOOKKEEPING_LEASE_MS": "3000", "DWELL_STATS_REFRESH_S": "0.5",
         "DWELL_TRIM_INTERVAL_MS": "0"}
@@ -227,7 +227,7 @@ def test_a_tracker_restarted_under_its_holder_id_takes_its_lease_back_at_once(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = stack.service_env() | {
-        "DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+        "DWELL_REDIS_URL": redis_db_url(stack, DB),
         "DWELL_DELAYED_TOPIC": f"test.lease.{tag}", "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}",
         "DWELL_BOOKKEEPING_LEASE_MS": "60000", "DWELL_BOOKKEEPING_LEASE_HOLDER": f"pod-{tag}",
         "DWELL_TRIM_INTERVAL_MS": "0", "DWELL_HTTP_PORT": str(port)}

@@ -24,7 +24,7 @@ from dwell.index.roaring import decode
 from dwell.index.topic import TopicIndex
 from dwell.tracker.recovery import committed_lowmarks
 from dwell.tracker.trim import Trimmer
-from dwell_dev.testkit import free_port, publish_delayed, wait_for
+from dwell_dev.testkit import free_port, publish_delayed, redis_db_url, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ KEEP_MS = 10000
 
 
 def _tracker(services, stack, unique: str, keep_ms: int):  # type: ignore[no-untyped-def]
-    env = {"DWELL_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + f"/{DB}",
+    env = {"DWELL_REDIS_URL": redis_db_url(stack, DB),
            "DWELL_DELAYED_TOPIC": f"dwell.delayed.{unique}",
            "DWELL_TRACKER_GROUP_ID": f"dwell-trk-{unique}", "DWELL_RESTAGE_ENABLED": "false",
            "DWELL_LOWMARK_INTERVAL_MS": "300", "DWELL_REDIS_CHECK_INTERVAL_MS": "200",
@@ -173,7 +173,7 @@ def test_a_restarted_trim_goes_on_from_the_rounds_it_kept(stack, unique: str) ->
     """The rounds' marks live in Redis: a tracker started again cuts where the one before
     would have, instead of holding the trim back a whole keep; a Redis that lost them
     holds it back (nothing is cut that may still be needed)."""
-    r = redis_adapter.connect(stack.redis_url.rsplit("/", 1)[0] + f"/{DB}")
+    r = redis_adapter.connect(redis_db_url(stack, DB))
     tp, group = ("dwell.delayed", 0), f"dwell-trk-{unique}"
 
     def trimmer() -> Trimmer:
