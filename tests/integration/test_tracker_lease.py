@@ -24,7 +24,7 @@ from dwell.tracker.lease import Lease
 from dwell.tracker.stats import StatsRefresher
 from dwell.tracker.trim import Trimmer
 from dwell_dev.procs import Child
-from dwell_dev.testkit import free_port, redis_db_url
+from dwell_dev.testkit import OwnRedis, free_port, redis_db_url
 
 pytestmark = pytest.mark.integration
 
@@ -258,5 +258,58 @@ def test_a_tracker_restarted_under_its_holder_id_takes_its_lease_back_at_once(
         print(f"restarted tracker held its lease {took:.1f} s after it started")
     finally:
         child.stop()
+        for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
+            kafka.delete_topic(stack.kafka_bootstrap, log)
+
+
+def test_a_redis_lost_under_two_trackers_leaves_one_holder_again(
+        stack, own_redis: OwnRedis, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Redis dies under two running trackers (renewals fail, both holds run out) and comes
+    back empty: the trackers keep running, and exactly one holds the lease again."""
+    tag = uuid.uuid4().hex[:8]
+    env = stack.service_env() | {
+        "DWELL_REDIS_URL": own_redis.url, "DWELL_DELAYED_TOPIC": f"test.lease.{tag}",
+        "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}", "DWELL_BOOKKEEPING_LEASE_MS": "3000",
+        "DWELL_TRIM_INTERVAL_MS": "0", "DWELL_REDIS_CHECK_INTERVAL_MS": "200"}
+    trackers: dict[str, Child] = {}
+
+    def holders() -> list[float | None]:
+        got = []
+        for url, child in trackers.items():
+            assert child.running(), f"{child.name} exited:\n{child.tail()}"
+            try:
+                got.append(_value(_metrics(url), "dwell_tracker_bookkeeping"))
+            except OSError:
+                got.append(None)
+        return got
+
+    def one_holder(within_s: float) -> float:
+        started = time.monotonic()
+        while sorted(h or 0.0 for h in holders()) != [0.0, 1.0] or None in holders():
+            assert time.monotonic() - started < within_s, f"no single holder: {holders()}"
+            time.sleep(0.2)
+        return time.monotonic() - started
+
+    try:
+        for i in range(2):
+            port = free_port()
+            trackers[f"http://127.0.0.1:{port}"] = Child.spawn(
+                f"tracker-{i}", [sys.executable, "-m", "dwell.tracker"],
+                tmp_path / f"tracker-{i}.log", env | {"DWELL_HTTP_PORT": str(port)})
+        one_holder(90)
+        own_redis.kill()
+        deadline = time.monotonic() + 10
+        while holders() != [0.0, 0.0]:  # both holds run out within the lease's length
+            assert time.monotonic() < deadline, f"a hold outlived its lease: {holders()}"
+            time.sleep(0.2)
+        own_redis.start()
+        took = one_holder(30)
+        for _ in range(5):  # and it stays one
+            time.sleep(0.5)
+            assert sorted(h or 0.0 for h in holders()) == [0.0, 1.0], holders()
+        print(f"one holder again {took:.1f} s after Redis came back empty")
+    finally:
+        for child in trackers.values():
+            child.stop()
         for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
             kafka.delete_topic(stack.kafka_bootstrap, log)
