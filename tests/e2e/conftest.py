@@ -171,6 +171,10 @@ def _ok(r: httpx.Response) -> httpx.Response:
 def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Dwell]:
     redis_url = redis_db_url(stack, E2E_REDIS_DB)
     redis_adapter.connect(redis_url).flushdb()
+    # What this fixture starts stops with the package: a tracker left running would go on
+    # indexing every later suite's delay-log records into this database, and rebuild it
+    # whenever a later test flushes it.
+    since = len(services.started)
     group = f"dwell-tracker-e2e-{uuid.uuid4().hex[:8]}"
     # The fresh group starts where the delay logs end now, not at their beginning.
     recovery.start_group_at_end(stack.kafka_bootstrap, group, [names.DELAYED, names.REFILED])
@@ -206,6 +210,7 @@ def e2e(services, stack: devstack.Stack, tmp_path_factory) -> Iterator[Dwell]:
     finally:
         spark.stop()
         print(f"spark app start times (s): {[round(s, 1) for s in spark.starts]}")
+        services.stop_all(since)
 
 
 def make_namespace(policy: httpx.Client, tenant: str) -> None:
