@@ -80,7 +80,6 @@ from dwell.cache import ExpiringCache
 from dwell.core import invalid as invalid_core
 from dwell.core import subscriptions as subs
 from dwell.core import topics as names
-from dwell.core.positions import parse_message_id
 from dwell.core.subscriptions import SubscriptionSettings
 from dwell.index import subscriptions as registry
 from dwell.index.bucket_index import scripts as index_scripts
@@ -179,8 +178,9 @@ class Changes:
             if action == ACK:
                 self.counts[mid] = None
                 continue
-            source, partition, offset = parse_message_id(mid)
-            entry = (source, partition, offset, int(bucket or 0))
+            # The id passed the event check (parse_message_id): its two numbers are digits.
+            source, partition, offset = mid.rsplit(":", 2)
+            entry = (source, int(partition), int(offset), int(bucket or 0))
             if action == CANCEL:
                 if self.adds.pop(entry, None) is None:
                     self.removes.add(entry)
@@ -277,7 +277,7 @@ class Pass:
             events = [doc for _, doc in rows]
             if any(ev.get(subs.ACK_TIMEOUT_MS) is None for ev in events):
                 events = fill_settings(events, self.lookup(topic, sub))
-            order = sorted(range(len(events)), key=lambda k: events[k]["ts"])
+            order = sorted(range(len(events)), key=[ev["ts"] for ev in events].__getitem__)
             mids = list(dict.fromkeys(ev["messageId"] for ev in events))
             read = read_pending(topic, sub, mids)
             live = {mid: e for mid, e in read.items() if e[0] + self.grace_ms > now_ms}

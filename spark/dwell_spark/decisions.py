@@ -66,23 +66,6 @@ def decide(ev: Event, pending: dict[str, PendingEntry], out: list[Decision],
     """One event's decisions, appended to ``out``; ``pending`` (messageId -> entry) is
     updated in place."""
     mid = ev["messageId"]
-    cur = pending.get(mid)
-
-    def cancel() -> None:
-        # Whatever is pending is superseded (a newer delivery, a nack, an ack).
-        if cur is not None:
-            out.append((mid, CANCEL, cur[0], cur[1], cur[2]))
-            del pending[mid]
-
-    def schedule(at: int, count: int, max_r: int | None) -> None:
-        bucket = bucket_start(at, tick_ms)
-        if max_r is not None and count >= max_r:
-            out.append((mid, DEAD, at, bucket, count))
-            pending[mid] = (at, bucket, -count - 1)
-            return
-        out.append((mid, SCHEDULE, at, bucket, count + 1))
-        pending[mid] = (at, bucket, count + 1)
-
     # Plain Kafka consumers may leave out the count of a first delivery.
     count = _opt_int(ev.get("redeliveryCount")) or 0
     kind = ev["event"]
@@ -93,22 +76,42 @@ def decide(ev: Event, pending: dict[str, PendingEntry], out: list[Decision],
         # alone (a repeat of a nacked copy must not cancel its nack); with one, the new
         # delivery restarts the clock.
         if ack_timeout > 0:
-            cancel()
+            _cancel(mid, pending, out)
             at = ack_timeout_redelivery_at(ts, ack_timeout,
                                            _backoff(ev.get(subs.ACK_TIMEOUT_BACKOFF)), count)
-            schedule(at, count, _opt_int(ev.get(subs.MAX_REDELIVER_COUNT)))
+            _schedule(mid, at, count, _opt_int(ev.get(subs.MAX_REDELIVER_COUNT)), pending,
+                      out, tick_ms)
     elif kind == "ack":
-        cancel()
+        _cancel(mid, pending, out)
         out.append((mid, ACK, ts, None, count))
     elif kind == "nack":
-        cancel()
+        _cancel(mid, pending, out)
         max_r = _opt_int(ev.get(subs.MAX_REDELIVER_COUNT))
         if max_r is not None and count >= max_r:
             # Past the limit: to the dead-letter topic at once (the drain's next round).
-            schedule(ts, count, max_r)
+            _schedule(mid, ts, count, max_r, pending, out, tick_ms)
         else:
-            schedule(nack_redelivery_at(ts, _backoff(ev.get(subs.NACK_BACKOFF)), count),
-                     count, max_r)
+            _schedule(mid, nack_redelivery_at(ts, _backoff(ev.get(subs.NACK_BACKOFF)), count),
+                      count, max_r, pending, out, tick_ms)
+
+
+def _cancel(mid: str, pending: dict[str, PendingEntry], out: list[Decision]) -> None:
+    """Whatever is pending for ``mid`` is superseded (a newer delivery, a nack, an ack)."""
+    cur = pending.pop(mid, None)
+    if cur is not None:
+        out.append((mid, CANCEL, cur[0], cur[1], cur[2]))
+
+
+def _schedule(mid: str, at: int, count: int, max_r: int | None,
+              pending: dict[str, PendingEntry], out: list[Decision], tick_ms: int) -> None:
+    """A redelivery of ``mid`` at ``at``, or its dead letter past ``max_r``."""
+    bucket = bucket_start(at, tick_ms)
+    if max_r is not None and count >= max_r:
+        out.append((mid, DEAD, at, bucket, count))
+        pending[mid] = (at, bucket, -count - 1)
+        return
+    out.append((mid, SCHEDULE, at, bucket, count + 1))
+    pending[mid] = (at, bucket, count + 1)
 
 
 def decide_or_fail(ev: Event, pending: dict[str, PendingEntry], out: list[Decision],

@@ -143,8 +143,8 @@ class SubscriptionCheck:
 
     def unknown(self, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         now = time.monotonic()
-        todo = sorted({p for p in pairs
-                       if _registered.get((self.redis_url, *p), 0.0) <= now})
+        todo = sorted(p for p in set(pairs)
+                      if _registered.get((self.redis_url, *p), 0.0) <= now)
         if not todo:
             return set()
         pipe = redis_adapter.shared(self.redis_url).pipeline(transaction=False)

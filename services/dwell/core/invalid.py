@@ -222,6 +222,70 @@ def check_ack_event(value: bytes | None, max_bytes: int,
     otherwise."""
     check_size(value, max_bytes, "acks_max_event_bytes")
     doc, fast = _json_object(value)
+    # Nearly every event is good: a quick look that accepts only what the full check
+    # accepts, which runs on the rest to name the first problem.
+    if not (fast and _plainly_good(doc, system_topics)):
+        _check_event(doc, fast, system_topics)
+    return doc
+
+
+# (name, upper bound) of each integer field of an event, `ts` (required) first.
+_INTEGER_FIELDS: Final = tuple((name, _MAXIMA[name][0])
+                               for name in ("ts", "redeliveryCount", *subs.INTEGER_FIELDS))
+
+
+def _plainly_good(doc: Mapping[str, Any], system_topics: frozenset[str]) -> bool:
+    """True only when :func:`_check_event` passes ``doc`` (which orjson read): its text
+    fields strings whose checks are cached together, its integers plain ints in bounds,
+    its settings (if any) cached as valid. False says nothing either way."""
+    event, topic, sub, mid = (doc.get("event"), doc.get("topic"), doc.get("subscription"),
+                              doc.get("messageId"))
+    if not (type(event) is str and type(topic) is str and type(sub) is str
+            and type(mid) is str):
+        return False
+    try:
+        kafka_topic = parse_message_id(mid)[0]
+    except ValueError:
+        return False
+    if not _names_good(event, topic, sub, kafka_topic, topic in system_topics):
+        return False
+    for name, top in _INTEGER_FIELDS:
+        v = doc.get(name)
+        if v is None:
+            if name == "ts":
+                return False
+        elif type(v) is not int or not 0 <= v <= top:
+            return False
+    settings = [doc.get(k) for k in subs.FIELDS]
+    return settings.count(None) == len(settings) or _settings_good(orjson.dumps(settings))
+
+
+@functools.lru_cache(maxsize=8192)
+def _names_good(event: str, topic: str, sub: str, kafka_topic: str, system: bool) -> bool:
+    if event not in EVENTS or _name_problem(validate_subscription, sub) is not None:
+        return False
+    if system:
+        return kafka_topic in _DELAY_LOGS
+    if _name_problem(TopicName.parse, topic) is not None:
+        return False
+    try:
+        return kafka_topic in _own_topics(topic, sub)
+    except ValueError:
+        return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _settings_good(values: bytes) -> bool:
+    """``values``: the JSON list of an event's subscription settings fields (subs.FIELDS,
+    null where absent), as orjson wrote what it read."""
+    settings = {k: v for k, v in zip(subs.FIELDS, orjson.loads(values), strict=True)
+                if v is not None}
+    return _settings_problem(settings) is None
+
+
+def _check_event(doc: Mapping[str, Any], fast: bool, system_topics: frozenset[str]) -> None:
+    """:func:`check_ack_event`'s checks of the parsed event, field by field: Malformed
+    with the first problem."""
     event = _text(doc, "event")
     if event not in EVENTS:
         raise Malformed(EVENT_KIND, f"event: {event[:100]!r} is not one of {', '.join(EVENTS)}")
@@ -255,7 +319,6 @@ def check_ack_event(value: bytes | None, max_bytes: int,
                    if fast else _settings_problem(settings))
         if problem is not None:
             raise Malformed(FIELD, problem)
-    return doc
 
 
 def _settings_problem(settings: Mapping[str, Any]) -> str | None:

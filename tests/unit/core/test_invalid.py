@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from dwell import headers as hdr
 from dwell.core import invalid
@@ -120,6 +123,42 @@ def test_numbers_are_bounded_so_no_due_time_overflows(field: str, value: object,
         with pytest.raises(invalid.Malformed) as exc:
             invalid.check_ack_event(enc(doc | {field: value}), 1024, frozenset({system}))
         assert exc.value.kind == invalid.FIELD and words in exc.value.reason, exc.value.reason
+
+
+SYSTEM = "persistent://dwell/system/x"
+# Values near every bound the check draws: types JSON can hold, the integers at the edges,
+# the names of other topics and of the event's own ones.
+_INTS = st.sampled_from([0, 1, 5, 999, 1000, 2**31 - 1, 2**31, invalid.MAX_TS_MS,
+                         invalid.MAX_TS_MS + 1, 3153600000000, 3153600000001, 2**63 - 1, -1])
+_SCALARS = st.one_of(st.none(), st.booleans(), _INTS, st.floats(allow_nan=False),
+                     st.sampled_from(["", "s", "x" * 300, "ack", "nack", "settle",
+                                      "persistent://t/ns/x", SYSTEM, "t.ns.x:0:5",
+                                      "t.ns.y:0:5", "dwell.delayed:0:1", "t.ns.x:0:-5",
+                                      "t.ns.x:1:99999999999999999999", "t.ns.x-s-RETRY:1:2"]))
+_BACKOFFS = st.dictionaries(st.sampled_from(["minDelayMs", "maxDelayMs", "multiplier", "x"]),
+                            _SCALARS, max_size=3)
+_FIELDS = ["event", "topic", "subscription", "messageId", "ts", "redeliveryCount",
+           "ackTimeoutMs", "maxRedeliverCount", "ackTimeoutRedeliveryBackoff",
+           "negativeAckRedeliveryBackoff"]
+
+
+@settings(max_examples=2000)
+@given(base=st.sampled_from([GOOD, GOOD | {"topic": SYSTEM, "messageId": "dwell.delayed:0:0"},
+                             GOOD | {"event": "ack", "messageId": "t.ns.x-s-RETRY:0:1"}]),
+       changes=st.dictionaries(st.sampled_from(_FIELDS), st.one_of(_SCALARS, _BACKOFFS),
+                               min_size=1, max_size=2),
+       dropped=st.sets(st.sampled_from(_FIELDS), max_size=1))
+@example(GOOD | {"topic": SYSTEM}, {"messageId": "t.ns.x:0:5"}, set())
+@example(GOOD, {"messageId": "t.ns.y:0:5"}, set())
+@example(GOOD, {"ts": True}, set())
+@example(GOOD, {"ackTimeoutRedeliveryBackoff": {"multiplier": True}}, set())
+def test_the_quick_look_accepts_only_what_the_full_check_accepts(
+        base: dict, changes: dict, dropped: set) -> None:
+    doc = {k: v for k, v in (base | changes).items() if k not in dropped}
+    doc = orjson.loads(orjson.dumps(doc))  # as the reader sees it
+    system = frozenset({SYSTEM})
+    if invalid._plainly_good(doc, system):
+        invalid._check_event(doc, True, system)  # must not raise
 
 
 def test_the_largest_numbers_allowed_leave_room_in_a_signed_64_bit_due_time() -> None:
