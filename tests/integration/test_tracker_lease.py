@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -153,17 +154,29 @@ def _value(text: str, name: str) -> float | None:
     return None
 
 
+def _tracker_env(stack, redis_url: str, tag: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """A tracker process of its own: its Redis, delay logs and group named by ``tag``."""
+    return stack.service_env() | {
+        "DWELL_REDIS_URL": redis_url, "DWELL_DELAYED_TOPIC": f"test.lease.{tag}",
+        "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}", "DWELL_TRIM_INTERVAL_MS": "0"}
+
+
+def _stop(children: Iterable[Child], stack, tag: str) -> None:  # type: ignore[no-untyped-def]
+    """Stop the trackers a test started and delete the delay logs named by ``tag``."""
+    for child in children:
+        child.stop()
+    for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
+        kafka.delete_topic(stack.kafka_bootstrap, log)
+
+
 def test_two_trackers_export_each_topic_once_and_hand_over_when_one_dies(
         stack, r, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     tag = uuid.uuid4().hex[:8]
     topic = f"persistent://t/ns/replicas-{tag}"
     at = (int(time.time() * 1000) // TICK + 3600) * TICK
     TopicIndex(r, topic).add([(0, o, at, TICK) for o in range(7)])
-    env = stack.service_env() | {
-        "DWELL_REDIS_URL": redis_db_url(stack, DB),
-        "DWELL_DELAYED_TOPIC": f"test.lease.{tag}", "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}",
-        "DWELL_BOOKKEEPING_LEASE_MS": "3000", "DWELL_STATS_REFRESH_S": "0.5",
-        "DWELL_TRIM_INTERVAL_MS": "0"}
+    env = _tracker_env(stack, redis_db_url(stack, DB), tag) | {
+        "DWELL_BOOKKEEPING_LEASE_MS": "3000", "DWELL_STATS_REFRESH_S": "0.5"}
     trackers: dict[str, Child] = {}
     try:
         for i in range(2):
@@ -212,10 +225,7 @@ def test_two_trackers_export_each_topic_once_and_hand_over_when_one_dies(
             time.sleep(0.2)
         print(f"taken over {time.monotonic() - killed:.1f} s after the holder's SIGKILL")
     finally:
-        for child in trackers.values():
-            child.stop()
-        for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
-            kafka.delete_topic(stack.kafka_bootstrap, log)
+        _stop(trackers.values(), stack, tag)
 
 
 def test_a_tracker_restarted_under_its_holder_id_takes_its_lease_back_at_once(
@@ -226,11 +236,9 @@ def test_a_tracker_restarted_under_its_holder_id_takes_its_lease_back_at_once(
     tag = uuid.uuid4().hex[:8]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = stack.service_env() | {
-        "DWELL_REDIS_URL": redis_db_url(stack, DB),
-        "DWELL_DELAYED_TOPIC": f"test.lease.{tag}", "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}",
+    env = _tracker_env(stack, redis_db_url(stack, DB), tag) | {
         "DWELL_BOOKKEEPING_LEASE_MS": "60000", "DWELL_BOOKKEEPING_LEASE_HOLDER": f"pod-{tag}",
-        "DWELL_TRIM_INTERVAL_MS": "0", "DWELL_HTTP_PORT": str(port)}
+        "DWELL_HTTP_PORT": str(port)}
 
     def holding(child: Child, within_s: float) -> float:
         started = time.monotonic()
@@ -257,9 +265,7 @@ def test_a_tracker_restarted_under_its_holder_id_takes_its_lease_back_at_once(
         assert r.pttl(keys.TRACKER_LEASE) > 50_000
         print(f"restarted tracker held its lease {took:.1f} s after it started")
     finally:
-        child.stop()
-        for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
-            kafka.delete_topic(stack.kafka_bootstrap, log)
+        _stop([child], stack, tag)
 
 
 def test_a_redis_lost_under_two_trackers_leaves_one_holder_again(
@@ -267,10 +273,8 @@ def test_a_redis_lost_under_two_trackers_leaves_one_holder_again(
     """Redis dies under two running trackers (renewals fail, both holds run out) and comes
     back empty: the trackers keep running, and exactly one holds the lease again."""
     tag = uuid.uuid4().hex[:8]
-    env = stack.service_env() | {
-        "DWELL_REDIS_URL": own_redis.url, "DWELL_DELAYED_TOPIC": f"test.lease.{tag}",
-        "DWELL_TRACKER_GROUP_ID": f"dwell-lease-{tag}", "DWELL_BOOKKEEPING_LEASE_MS": "3000",
-        "DWELL_TRIM_INTERVAL_MS": "0", "DWELL_REDIS_CHECK_INTERVAL_MS": "200"}
+    env = _tracker_env(stack, own_redis.url, tag) | {
+        "DWELL_BOOKKEEPING_LEASE_MS": "3000", "DWELL_REDIS_CHECK_INTERVAL_MS": "200"}
     trackers: dict[str, Child] = {}
 
     def holders() -> list[float | None]:
@@ -309,7 +313,4 @@ def test_a_redis_lost_under_two_trackers_leaves_one_holder_again(
             assert sorted(h or 0.0 for h in holders()) == [0.0, 1.0], holders()
         print(f"one holder again {took:.1f} s after Redis came back empty")
     finally:
-        for child in trackers.values():
-            child.stop()
-        for log in (f"test.lease.{tag}", f"test.lease.{tag}.refiled"):
-            kafka.delete_topic(stack.kafka_bootstrap, log)
+        _stop(trackers.values(), stack, tag)
