@@ -256,8 +256,8 @@ def _plainly_good(doc: Mapping[str, Any], system_topics: frozenset[str]) -> bool
                 return False
         elif type(v) is not int or not 0 <= v <= top:
             return False
-    settings = [doc.get(k) for k in subs.FIELDS]
-    return settings.count(None) == len(settings) or _settings_good(orjson.dumps(settings))
+    settings = _settings_of(doc)
+    return not settings or _cached_settings_problem(_settings_key(settings)) is None
 
 
 @functools.lru_cache(maxsize=8192)
@@ -272,15 +272,6 @@ def _names_good(event: str, topic: str, sub: str, kafka_topic: str, system: bool
         return kafka_topic in _own_topics(topic, sub)
     except ValueError:
         return False
-
-
-@functools.lru_cache(maxsize=1024)
-def _settings_good(values: bytes) -> bool:
-    """``values``: the JSON list of an event's subscription settings fields (subs.FIELDS,
-    null where absent), as orjson wrote what it read."""
-    settings = {k: v for k, v in zip(subs.FIELDS, orjson.loads(values), strict=True)
-                if v is not None}
-    return _settings_problem(settings) is None
 
 
 def _check_event(doc: Mapping[str, Any], fast: bool, system_topics: frozenset[str]) -> None:
@@ -309,16 +300,26 @@ def _check_event(doc: Mapping[str, Any], fast: bool, system_topics: frozenset[st
     if kafka_topic not in own:
         raise Malformed(FIELD, f"messageId: {kafka_topic[:100]!r} is not a Kafka topic of "
                                f"{topic!r} (its ready or retry topic, or a delay log)")
-    for name in ("ts", "redeliveryCount", *subs.INTEGER_FIELDS):
+    for name, _ in _INTEGER_FIELDS:
         _bounded(doc, name, required=name == "ts")
-    settings = {k: doc[k] for k in subs.FIELDS if doc.get(k) is not None}
+    settings = _settings_of(doc)
     if settings:
         # A subscription's events all carry the same settings: checked once per process,
         # by their JSON text (faithful for what orjson read).
-        problem = (_cached_settings_problem(orjson.dumps(settings, option=orjson.OPT_SORT_KEYS))
+        problem = (_cached_settings_problem(_settings_key(settings))
                    if fast else _settings_problem(settings))
         if problem is not None:
             raise Malformed(FIELD, problem)
+
+
+def _settings_of(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The subscription settings an event carries (its subs.FIELDS that are not null)."""
+    return {k: doc[k] for k in subs.FIELDS if doc.get(k) is not None}
+
+
+def _settings_key(settings: Mapping[str, Any]) -> bytes:
+    """The cache key of settings orjson read: their JSON text, faithful for those."""
+    return orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)
 
 
 def _settings_problem(settings: Mapping[str, Any]) -> str | None:
