@@ -73,6 +73,9 @@ class _Commits:
     def commit_in_background(self, offsets: dict[tuple[str, int], int]) -> None:
         self.commit(offsets, waited=False)
 
+    def close(self) -> None:
+        pass
+
 
 def _message(offset: int) -> Message:
     return Message(b"x", None, {}, f"m{offset}", 0, None, None, None, "t", TP[0], TP[1],
@@ -157,6 +160,9 @@ class _Events:
     def kinds(self) -> list[tuple[str, str]]:
         return [(str(b["event"]), str(b["messageId"])) for b, _ in self.sent]
 
+    def close(self) -> None:
+        pass
+
 
 def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, _Commits]:
     monkeypatch.setattr(consumer_module, "EVENT_WAIT_S", 0.2)
@@ -173,6 +179,10 @@ def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, 
     c._events = events = _Events()  # type: ignore[assignment]
     c._unwritten = deque()
     c._unsent = 0
+    c._lock = threading.Lock()
+    c._held, c._held_by = deque(), {}
+    c._closing = threading.Event()
+    c._releaser = None
     c._committed_at, c._to_commit, c._group_s = 0.0, False, 0.0
     c._acked = OrderedDict()
     for off in (10, 11, 12):
@@ -261,6 +271,61 @@ def test_events_wait_for_a_kafka_token_as_for_kafka(monkeypatch: pytest.MonkeyPa
         fut.set_result((0, 1))
     c._write_events(0)
     assert commits.committed[-1] == {TP: 12}
+
+
+def _holding_consumer(monkeypatch: pytest.MonkeyPatch, group_s: float
+                      ) -> tuple[Consumer, _Events, _Commits]:
+    c, events, commits = _away_consumer(monkeypatch)
+    c._group_s = group_s
+    c._hold_delivered_events()
+    return c, events, commits
+
+
+def _wait_for(what: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "not within 5 s"
+        time.sleep(0.01)
+
+
+def test_an_ack_within_the_group_time_is_sent_in_place_of_its_delivery(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an ack timeout and ``ack_group_time_ms``, a delivered event waits the group
+    time: an ack or nack of its message meanwhile is the one event sent. A delivery not
+    acknowledged in time is sent by itself while the application calls nothing, and
+    what comes after it is sent as well."""
+    c, events, commits = _holding_consumer(monkeypatch, 0.3)
+    try:
+        for off in (10, 11, 12):
+            c._emit("delivered", _message(off))
+        c.acknowledge(_message(10))
+        c.negative_acknowledge(_message(12))
+        assert events.kinds() == [("ack", "m10"), ("nack", "m12")]
+        _wait_for(lambda: len(events.sent) == 3)
+        assert events.kinds()[2] == ("delivered", "m11")
+        c.acknowledge(_message(11))
+        assert events.kinds()[3:] == [("ack", "m11")]
+        for _, fut in events.sent:
+            fut.set_result((0, 1))
+        with c._lock:
+            c._write_events(0)
+        assert commits.committed[-1] == {TP: 13}
+        assert not c._held and not c._held_by
+    finally:
+        c.close()
+
+
+def test_close_sends_the_held_deliveries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``close`` sends the delivered events still held, and waits for them as for any
+    queued event: the backoff job redelivers those messages after their ack timeout."""
+    c, events, commits = _holding_consumer(monkeypatch, 60.0)
+    c._emit("delivered", _message(10))
+    assert events.sent == []
+    started = time.monotonic()
+    c.close()
+    assert events.kinds() == [("delivered", "m10")]
+    assert time.monotonic() - started < 5
+    assert c._releaser is not None and not c._releaser.is_alive()
 
 
 def test_the_filters_keep_the_last_seen_limit_keys(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,11 @@ again. With ``ack_group_time_ms`` > 0 (Pulsar's ``acknowledgementsGroupTime``) e
 sent without waiting: each is kept, in order, until Kafka has taken it, its offset is
 settled then, and settled offsets are committed at most that often, without waiting,
 and on ``close``, waiting; a crash may then read up to that much again, as a Pulsar
-consumer's grouped acknowledgements lost in a crash redeliver.
+consumer's grouped acknowledgements lost in a crash redeliver. A delivery's event is
+then held back that long as well: a message acknowledged (or negatively acknowledged)
+within it sends one event, the ack (or nack), which tells the backoff job all the pair
+would, and a thread sends the held events whose time is up, whatever the application
+is doing. A crash before it was sent reads the message again.
 
 While Kafka is away, nothing raises into the application (a Pulsar consumer's acks wait
 for its broker too): an event not written within ``EVENT_WAIT_S`` stays queued, in
@@ -255,6 +259,13 @@ class Consumer:
                                                            self._settings_json)
         self._committed_at = 0.0
         self._to_commit = False
+        # Guards the event queue for the thread that sends held delivered events.
+        self._lock = threading.Lock()
+        # Delivered events held back (`_HELD`): (when to send, event) oldest first, and
+        # each by its record.
+        self._held: deque[tuple[float, _Event]] = deque()
+        self._held_by: dict[tuple[str, int, int], _Event] = {}
+        self._closing = threading.Event()
         parts = self._parts()
         reset = ("earliest" if self._start_offsets(initial_position, parts)
                  else initial_position)
@@ -278,6 +289,16 @@ class Consumer:
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._acked: OrderedDict[str, None] = OrderedDict()
         self._event_key = f"{self.topic}/{self.subscription}".encode()
+        self._releaser: threading.Thread | None = None
+        if self.ack_timeout_ms > 0 and self._group_s > 0:
+            self._hold_delivered_events()
+
+    def _hold_delivered_events(self) -> None:
+        """Hold delivered events back for the group time, and start the thread that sends
+        them once it is up (see the module's text)."""
+        self._releaser = threading.Thread(target=self._release_loop, daemon=True,
+                                          name="dwell-consumer-held-events")
+        self._releaser.start()
 
     def _check_partition(self) -> None:
         """SubscribeError unless x of `x-partition-N` is a partitioned topic with a
@@ -381,7 +402,8 @@ class Consumer:
             if left <= 0:
                 return None
             if self._unwritten:
-                self._write_events(0)
+                with self._lock:
+                    self._write_events(0)
             self._commit()
             self._buffer = self._consumer.poll(500, min(left, 1.0))
 
@@ -462,14 +484,33 @@ class Consumer:
         """Send ``event`` of ``msg`` to dwell.acks; its offset is settled once Kafka has
         taken it (offsets are committed on the strength of the event). Without grouping
         it waits for that, unless older events are queued (Kafka away): then it joins
-        their queue without waiting."""
+        their queue without waiting. With grouping and an ack timeout, a delivered event
+        is held back for the group time, and an ack or nack of its message meanwhile is
+        sent in its place (see the module's text)."""
         body = (f"{self._event_heads[event]}{json.dumps(msg.message_id)}, "
                 f'"redeliveryCount": {msg.redelivery_count}, '
                 f'"ts": {int(time.time() * 1000)}{self._event_tail}')
         ev = _Event(msg, body.encode(), self._reported)
-        # Sent now unless an older event waits to be sent (again): events go in order.
-        # Kafka refuses a partition's events in the order they were sent, so one it
-        # refused is the oldest still queued.
+        with self._lock:
+            if self._releaser is not None:
+                record = (msg.record_topic, msg.partition, msg.offset)
+                if event == "delivered":
+                    ev.state = _HELD
+                    self._held.append((time.monotonic() + self._group_s, ev))
+                    self._held_by[record] = ev
+                    self._write_events(0)
+                    return
+                held = self._held_by.pop(record, None)
+                if held is not None:
+                    held.state = None  # not sent: this event says all it would have
+            self._queue(ev)
+            self._write_events(EVENT_WAIT_S if self._group_s == 0
+                               and len(self._unwritten) == 1 else 0)
+
+    def _queue(self, ev: _Event) -> None:
+        """Send ``ev`` now unless an older event waits to be sent (again): events go in
+        order. Kafka refuses a partition's events in the order they were sent, so one it
+        refused is the oldest still queued."""
         unwritten = self._unwritten
         waiting = self._unsent > 0 or (
             bool(unwritten) and isinstance(unwritten[0].state, Exception))
@@ -479,8 +520,32 @@ class Consumer:
             self._unsent += 1
         else:
             self._send(ev, headers)
-        self._write_events(EVENT_WAIT_S if self._group_s == 0 and len(self._unwritten) == 1
-                           else 0)
+
+    def _release_loop(self) -> None:
+        """Send held delivered events once their time is up, until `close`."""
+        while not self._closing.wait(self._group_s / 2):
+            with self._lock:
+                self._release(time.monotonic())
+
+    def _release(self, now: float) -> None:
+        """Queue the held delivered events due by ``now``, oldest first; call with
+        ``_lock`` held."""
+        held = self._held
+        while held and held[0][0] <= now:
+            ev = held.popleft()[1]
+            if ev.state is not _HELD:
+                continue
+            msg = ev.msg
+            record = (msg.record_topic, msg.partition, msg.offset)
+            if self._held_by.get(record) is ev:  # not a later copy of the same record
+                del self._held_by[record]
+            ev.state = None
+            try:
+                self._queue(ev)
+            except kafka.KafkaUnavailable as exc:
+                # Queued, not sent: the next event, `receive` or `close` sends it again.
+                self._unsent += 1
+                log.warning("a delivered event was refused (%s); sent again later", exc)
 
     def _send(self, ev: _Event, headers: dict[str, str]) -> None:
         # Marked before the send: its report may come before send_then returns.
@@ -495,7 +560,7 @@ class Consumer:
     def _write_events(self, wait_s: float) -> None:
         """Settle the events Kafka has taken, oldest first, and commit (`_commit`); send
         the ones not sent yet and send again, in their order, the ones Kafka refused; wait
-        up to ``wait_s`` for the oldest."""
+        up to ``wait_s`` for the oldest. Call with ``_lock`` held."""
         deadline = time.monotonic() + wait_s if wait_s > 0 else 0.0
         unwritten = self._unwritten
         try:
@@ -565,9 +630,15 @@ class Consumer:
         """Write the queued events (waiting up to EVENT_WAIT_S for them), commit the
         settled offsets and leave the consumer group."""
         try:
-            if self._unwritten:
-                # A last chance for the queued events: what stays unwritten is read again.
-                self._write_events(EVENT_WAIT_S)
+            self._closing.set()
+            if self._releaser is not None:
+                self._releaser.join()
+            with self._lock:
+                self._release(float("inf"))
+                if self._unwritten:
+                    # A last chance for the queued events: what stays unwritten is read
+                    # again.
+                    self._write_events(EVENT_WAIT_S)
             self._commit(now=True)
             self._consumer.close()
         finally:
@@ -582,12 +653,15 @@ class Consumer:
 
 # `_Event.state` of an event sent and not reported yet.
 _SENT = object()
+# `_Event.state` of a delivered event held back for the group time (`Consumer._emit`).
+_HELD = object()
 
 
 class _Event:
-    """A dwell.acks event of ``msg`` (its JSON ``body``) and its ``state``: None until
-    sent, then _SENT, then True once Kafka has it or the KafkaUnavailable it was refused
-    with (set by `reported`, on the thread serving the producer's delivery reports)."""
+    """A dwell.acks event of ``msg`` (its JSON ``body``) and its ``state``: _HELD while
+    held back, None until sent, then _SENT, then True once Kafka has it or the
+    KafkaUnavailable it was refused with (set by `reported`, on the thread serving the
+    producer's delivery reports)."""
 
     __slots__ = ("msg", "body", "state", "_reported")
 
