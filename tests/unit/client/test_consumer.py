@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 
 import pytest
@@ -14,7 +14,7 @@ import pytest
 from dwell.adapters.kafka import KafkaUnavailable, Record
 from dwell.client import Consumer, ExponentialRedeliveryBackoff
 from dwell.client import consumer as consumer_module
-from dwell.client.consumer import Message, _event_parts, _Offsets, _remember, properties_of
+from dwell.client.consumer import Message, _event_parts, _Offsets, _Recent, properties_of
 from dwell.core import backoff
 from dwell.core.topics import TopicName
 
@@ -93,11 +93,11 @@ def test_a_commit_refused_while_kafka_is_away_is_carried_by_the_next(
     c._committed_at, c._to_commit, c._group_s = 0.0, False, 0.0
     for off in (10, 11):
         c._offsets.received(TP, off)
-    c._settle(_message(10))
+    c._settle((*TP, 10))
     c._commit(now=True)
     assert commits.committed == []
     assert "offsets not committed" in caplog.text
-    c._settle(_message(11))
+    c._settle((*TP, 11))
     c._commit(now=True)
     assert commits.committed == [{TP: 12}]
 
@@ -112,9 +112,9 @@ def test_grouped_offsets_are_committed_at_most_every_group_time() -> None:
     c._committed_at, c._to_commit, c._group_s = 0.0, False, 0.2
     for off in (10, 11, 12):
         c._offsets.received(TP, off)
-    c._settle(_message(10))
+    c._settle((*TP, 10))
     c._commit()
-    c._settle(_message(11))
+    c._settle((*TP, 11))
     c._commit()
     assert commits.committed == [{TP: 11}]
     time.sleep(0.25)
@@ -122,7 +122,7 @@ def test_grouped_offsets_are_committed_at_most_every_group_time() -> None:
     assert commits.committed == [{TP: 11}, {TP: 12}]
     c._commit(now=True)
     assert len(commits.committed) == 2
-    c._settle(_message(12))
+    c._settle((*TP, 12))
     c._commit(now=True)
     assert commits.committed[-1] == {TP: 13}
     assert commits.waited == [False, False, True]
@@ -157,6 +157,10 @@ class _Events:
         self.raw.append(value)
         self.headers.append(headers)
 
+    def poll(self, timeout: float = 0.0) -> int:
+        time.sleep(timeout)  # the reports are the test's to give
+        return 0
+
     def kinds(self) -> list[tuple[str, str]]:
         return [(str(b["event"]), str(b["messageId"])) for b, _ in self.sent]
 
@@ -172,19 +176,19 @@ def _away_consumer(monkeypatch: pytest.MonkeyPatch) -> tuple[Consumer, _Events, 
     c._settings_json = {}
     c._event_heads, c._event_tail = _event_parts(c.topic, c.subscription, {})
     c._event_key = b"persistent://acme/orders/new/s"
-    c._reported = threading.Event()
     c._kafka_tokens = None
     c._offsets = _Offsets()
     c._consumer = commits = _Commits(failures=0)  # type: ignore[assignment]
     c._events = events = _Events()  # type: ignore[assignment]
     c._unwritten = deque()
     c._unsent = 0
+    c._serve_at = 0.0
     c._lock = threading.Lock()
     c._held, c._held_by = deque(), {}
     c._closing = threading.Event()
     c._releaser = None
     c._committed_at, c._to_commit, c._group_s = 0.0, False, 0.0
-    c._acked = OrderedDict()
+    c._acked = _Recent()
     for off in (10, 11, 12):
         c._offsets.received(TP, off)
     return c, events, commits
@@ -240,6 +244,42 @@ def test_events_kafka_refused_are_sent_again_in_their_order(
     events.sent[4][1].set_result((0, 7))
     c._write_events(0)
     assert commits.committed[-1] == {TP: 13}
+
+
+class _PolledEvents(_Events):
+    """A producer whose delivery reports come only when the consumer polls for them, as
+    librdkafka's do without a thread of their own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken: list[_Sent] = []
+
+    def take_all(self) -> None:
+        """Kafka has every event sent so far; their reports wait for a poll."""
+        self.taken = [sent for _, sent in self.sent]
+
+    def poll(self, timeout: float = 0.0) -> int:
+        taken, self.taken = self.taken, []
+        for sent in taken:
+            sent.set_result((0, 1))
+        return len(taken)
+
+
+def test_acks_from_a_received_batch_commit_without_another_receive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``ack_group_time_ms``, acknowledgements of messages already received commit
+    their offsets as Kafka takes their events, while the application has not called
+    `receive` again: the consumer's own calls serve the delivery reports."""
+    c, _, commits = _away_consumer(monkeypatch)
+    c._group_s = 1e-6
+    c._events = events = _PolledEvents()  # type: ignore[assignment]
+    c.acknowledge(_message(10))
+    c.acknowledge(_message(11))
+    assert commits.committed == []
+    events.take_all()
+    time.sleep(consumer_module.REPORT_INTERVAL_S * 2)
+    c.acknowledge(_message(12))
+    assert commits.committed[-1] == {TP: 12}
 
 
 class _Tokens:
@@ -315,6 +355,59 @@ def test_an_ack_within_the_group_time_is_sent_in_place_of_its_delivery(
         c.close()
 
 
+def test_a_held_delivery_carries_the_time_it_was_received(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delivered event sent after the group time says when its message was received:
+    the backoff job's ack timeout runs from there, not from the send."""
+    c, events, _ = _holding_consumer(monkeypatch, 0.3)
+    try:
+        received = int(time.time() * 1000)
+        c._emit("delivered", _message(10))
+        _wait_for(lambda: len(events.sent) == 1)
+        sent_at = int(time.time() * 1000)
+        ts = events.sent[0][0]["ts"]
+        assert received <= ts < received + 100 and sent_at - ts >= 250
+    finally:
+        c.close()
+
+
+class _RefusingEvents(_Events):
+    """Events whose first send the client refuses at once (its queue is full)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusals = 1
+
+    def send_then(self, topic: str, value: bytes, key: bytes | None,
+                  headers: dict[str, str] | None,
+                  then: Callable[[KafkaUnavailable | None], None]) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise KafkaUnavailable("producer queue full")
+        super().send_then(topic, value, key, headers, then)
+
+
+def test_a_held_delivery_refused_at_once_is_sent_again_in_its_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held delivered event the client refuses when its time is up stays queued: the
+    next event waits behind it, and both are sent in their order."""
+    c, _, commits = _holding_consumer(monkeypatch, 0.05)
+    c._events = events = _RefusingEvents()  # type: ignore[assignment]
+    try:
+        c._emit("delivered", _message(10))
+        _wait_for(lambda: not c._held)
+        assert events.sent == [] and c._unsent == 1
+        c.acknowledge(_message(11))
+        assert events.kinds() == [("delivered", "m10"), ("ack", "m11")]
+        for _, fut in events.sent:
+            fut.set_result((0, 1))
+        with c._lock:
+            c._write_events(0)
+        assert commits.committed[-1] == {TP: 12}
+    finally:
+        c.close()
+
+
 def test_close_sends_the_held_deliveries(monkeypatch: pytest.MonkeyPatch) -> None:
     """``close`` sends the delivered events still held, and waits for them as for any
     queued event: the backoff job redelivers those messages after their ack timeout."""
@@ -329,13 +422,21 @@ def test_close_sends_the_held_deliveries(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_the_filters_keep_the_last_seen_limit_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The duplicate filter and the acknowledged ids forget the oldest key past
-    SEEN_LIMIT, and a key seen again is not counted twice."""
-    monkeypatch.setattr(consumer_module, "SEEN_LIMIT", 2)
-    seen: OrderedDict[str, None] = OrderedDict()
-    for key in ("a", "b", "b", "c"):
-        _remember(seen, key)
-    assert list(seen) == ["b", "c"]
+    """The duplicate filter and the acknowledged ids remember at least the last
+    SEEN_LIMIT keys and forget those older than twice as many; a key seen again counts
+    as new."""
+    monkeypatch.setattr(consumer_module, "SEEN_LIMIT", 3)
+    seen = _Recent()
+    for key in "abcdefg":
+        seen.add(key)
+        assert key in seen
+    assert [k for k in "abcdefg" if k in seen] == list("defg")
+    seen.add("d")  # the last three added: g, d, h
+    seen.add("h")
+    assert [k for k in "abcdefgh" if k in seen] == list("dgh")
+    for key in "ij":
+        seen.add(key)
+    assert [k for k in "abcdefghij" if k in seen] == list("dghij")
 
 
 @pytest.mark.parametrize("settings", [
@@ -389,7 +490,7 @@ def test_a_record_with_bad_headers_or_key_is_received_not_raised(
     `receive` gives the message with what can be read, and raises nothing."""
     c, _, _ = _away_consumer(monkeypatch)
     c.ack_timeout_ms = 0
-    c._seen = OrderedDict()
+    c._seen = _Recent()
     rec = Record(TP[0], TP[1], 10, b"\xff\xfek", b"v", {
         "dwell-message-id": b"\xff:0:1", "dwell-redelivery-count": b"-3",
         "dwell-deliver-at": b"soon", "dwell-publish-time": b"9" * 5000,

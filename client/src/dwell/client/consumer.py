@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -67,6 +68,12 @@ SEEN_LIMIT = 100_000
 # event while Kafka takes events, and `close` for the queued ones; past it the event is
 # queued (see the module's text).
 EVENT_WAIT_S = 30.0
+# How long one wait for an event's delivery report lasts before its deadline is looked at.
+REPORT_WAIT_S = 0.1
+# How often, at most, the consumer's calls serve its events' delivery reports when they
+# do not wait for one: often enough that settled offsets are committed on time, and
+# that few events are in flight at once.
+REPORT_INTERVAL_S = 0.005
 # How long librdkafka may hold grouped events (ack_group_time_ms > 0) to batch them.
 EVENT_LINGER_MS = 5
 # Pulsar's receiverQueueSize default, and librdkafka's bound on queued.min.messages (one
@@ -77,21 +84,43 @@ MAX_RECEIVER_QUEUE_SIZE = 10_000_000
 FETCH_QUEUE_BACKOFF_MS = 10
 HEADER_PREFIX = "dwell-"
 
-_K = TypeVar("_K", str, tuple[str, int])
+# A record: (Kafka topic, partition, offset).
+_Record = tuple[str, int, int]
+# A delivered event held back for the group time (`Consumer._emit`): (when to send, its
+# record, messageId, redelivery count, when received in ms since the epoch).
+_Held = tuple[float, _Record, str, int, int]
 
 
 class SubscribeError(Exception):
     """The tracker refused the subscription settings or could not be reached."""
 
 
-def _remember(seen: OrderedDict[_K, None], key: _K) -> None:
-    """Add ``key`` to a filter that keeps the last SEEN_LIMIT keys."""
-    seen[key] = None
-    if len(seen) > SEEN_LIMIT:
-        seen.popitem(last=False)
+class _Recent:
+    """The keys added lately: at least the last SEEN_LIMIT, at most twice as many. Two
+    plain dicts of strings, which Python's garbage collector does not track: a filter of
+    a hundred thousand keys adds nothing to its collections."""
+
+    __slots__ = ("_new", "_old")
+
+    def __init__(self) -> None:
+        self._new: dict[str, None] = {}
+        self._old: dict[str, None] = {}
+
+    def add(self, key: str) -> None:
+        new = self._new
+        new[key] = None
+        if len(new) >= SEEN_LIMIT:
+            self._old, self._new = new, {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._new or key in self._old
 
 
-@dataclass(frozen=True)
+# A slotted Message (Python 3.10+) is one object for the garbage collector, not two.
+_SLOTS: dict[str, bool] = {"slots": True} if sys.version_info >= (3, 10) else {}
+
+
+@dataclass(frozen=True, **_SLOTS)
 class Message:
     """One received message; pass it back to acknowledge / negative_acknowledge."""
 
@@ -246,25 +275,30 @@ class Consumer:
             except kafka.KafkaUnavailable:
                 kafka.ensure_topic(self._bootstrap, name, ready_topic_partitions)
         # Grouped events are not waited for: a few ms of linger let librdkafka batch them
-        # instead of waking its broker thread for each.
+        # instead of waking its broker thread for each. Their delivery reports are served
+        # by the consumer's own calls (`_serve_reports`), not by a thread of the producer
+        # that would take the GIL from the application for each report.
         self._events = kafka.Producer(self._bootstrap,
-                                      linger_ms=0 if self._group_s == 0 else EVENT_LINGER_MS)
+                                      linger_ms=0 if self._group_s == 0 else EVENT_LINGER_MS,
+                                      poll_in_background=False)
         # dwell.acks events Kafka has not taken yet, oldest first; how many of them wait to
         # be sent (no Kafka token yet, or refused and to be sent again in their order).
         self._unwritten: deque[_Event] = deque()
         self._unsent = 0
-        # Set by the delivery reports of events, for `_write_events` waiting on one.
-        self._reported = threading.Event()
+        # When `_write_events` serves delivery reports next (time.monotonic()).
+        self._serve_at = 0.0
         self._event_heads, self._event_tail = _event_parts(self.topic, self.subscription,
                                                            self._settings_json)
         self._committed_at = 0.0
         self._to_commit = False
         # Guards the event queue for the thread that sends held delivered events.
         self._lock = threading.Lock()
-        # Delivered events held back (`_HELD`): (when to send, event) oldest first, and
-        # each by its record.
-        self._held: deque[tuple[float, _Event]] = deque()
-        self._held_by: dict[tuple[str, int, int], _Event] = {}
+        # Delivered events held back: (when to send, record, messageId, redelivery count,
+        # when received in ms since the epoch) oldest first, and the last of each record
+        # by its record. Plain values, not objects: held by the thousand, they are
+        # nothing for the garbage collector to trace.
+        self._held: deque[_Held] = deque()
+        self._held_by: dict[_Record, _Held] = {}
         self._closing = threading.Event()
         parts = self._parts()
         reset = ("earliest" if self._start_offsets(initial_position, parts)
@@ -286,8 +320,9 @@ class Consumer:
             self._consumer.assign([(t, p, kafka.OFFSET_STORED) for t, p in parts])
         self._buffer: list[kafka.Record] = []
         self._offsets = _Offsets()
-        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._acked: OrderedDict[str, None] = OrderedDict()
+        # The duplicate filter ("<redelivery count>/<messageId>") and the acknowledged ids.
+        self._seen = _Recent()
+        self._acked = _Recent()
         self._event_key = f"{self.topic}/{self.subscription}".encode()
         self._releaser: threading.Thread | None = None
         if self.ack_timeout_ms > 0 and self._group_s > 0:
@@ -402,6 +437,7 @@ class Consumer:
             if left <= 0:
                 return None
             if self._unwritten:
+                self._serve_reports(0)
                 with self._lock:
                     self._write_events(0)
             self._commit()
@@ -415,7 +451,7 @@ class Consumer:
                       else format_message_id(rec.topic, rec.partition, rec.offset))
         count = max(0, _int_header(headers, hdr.REDELIVERY_COUNT) or 0)
         self._offsets.received(tp, rec.offset)
-        dedupe = (message_id, count)
+        dedupe = f"{count}/{message_id}"
         if dedupe in self._seen or message_id in self._acked:
             # A drain that crashed between writing and completing re-emits a bucket; a
             # redelivery the backoff job scheduled before it read this consumer's ack (the
@@ -425,7 +461,7 @@ class Consumer:
             # by same consumer" (ConsumerImpl.messageReceived).
             self._offsets.settle(tp, rec.offset)
             return None
-        _remember(self._seen, dedupe)
+        self._seen.add(dedupe)
         key = rec.key.decode(errors="replace") if rec.key is not None else None
         msg = Message(rec.value, key, properties_of(headers), message_id, count,
                       _int_header(headers, hdr.DELIVER_AT),
@@ -444,7 +480,7 @@ class Consumer:
         """Acknowledge ``msg``: it is not redelivered. Without ``ack_group_time_ms`` this
         returns once the ack is on ``dwell.acks`` and the offset committed (or queued while
         Kafka is away: see the module's text)."""
-        _remember(self._acked, msg.message_id)
+        self._acked.add(msg.message_id)
         self._emit("ack", msg)
 
     def negative_acknowledge(self, msg: Message) -> None:
@@ -453,10 +489,11 @@ class Consumer:
         topic once it has had ``max_redeliver_count`` redeliveries."""
         self._emit("nack", msg)
 
-    def _settle(self, msg: Message) -> None:
-        """``msg``'s record is the application's or the backoff job's now: its offset may
-        be committed."""
-        self._offsets.settle((msg.record_topic, msg.partition), msg.offset)
+    def _settle(self, record: _Record) -> None:
+        """``record`` (topic, partition, offset) is the application's or the backoff
+        job's now: its offset may be committed."""
+        topic, partition, offset = record
+        self._offsets.settle((topic, partition), offset)
         self._to_commit = True
 
     def _commit(self, now: bool = False) -> None:
@@ -487,25 +524,29 @@ class Consumer:
         their queue without waiting. With grouping and an ack timeout, a delivered event
         is held back for the group time, and an ack or nack of its message meanwhile is
         sent in its place (see the module's text)."""
-        body = (f"{self._event_heads[event]}{json.dumps(msg.message_id)}, "
-                f'"redeliveryCount": {msg.redelivery_count}, '
-                f'"ts": {int(time.time() * 1000)}{self._event_tail}')
-        ev = _Event(msg, body.encode(), self._reported)
+        ts = int(time.time() * 1000)
+        record = (msg.record_topic, msg.partition, msg.offset)
         with self._lock:
             if self._releaser is not None:
-                record = (msg.record_topic, msg.partition, msg.offset)
                 if event == "delivered":
-                    ev.state = _HELD
-                    self._held.append((time.monotonic() + self._group_s, ev))
-                    self._held_by[record] = ev
-                    self._write_events(0)
+                    # Its event is made when it is sent, if it is: most are not.
+                    held = (time.monotonic() + self._group_s, record, msg.message_id,
+                            msg.redelivery_count, ts)
+                    self._held.append(held)
+                    self._held_by[record] = held
                     return
-                held = self._held_by.pop(record, None)
-                if held is not None:
-                    held.state = None  # not sent: this event says all it would have
+                # Held, it is not sent: this event says all it would have.
+                self._held_by.pop(record, None)
+            ev = _Event(record, self._body(event, msg.message_id, msg.redelivery_count, ts))
             self._queue(ev)
             self._write_events(EVENT_WAIT_S if self._group_s == 0
                                and len(self._unwritten) == 1 else 0)
+
+    def _body(self, event: str, message_id: str, redelivery_count: int, ts: int) -> bytes:
+        """The JSON text of a message's ``event`` at ``ts`` (ms since the epoch)."""
+        return (f"{self._event_heads[event]}{json.dumps(message_id)}, "
+                f'"redeliveryCount": {redelivery_count}, '
+                f'"ts": {ts}{self._event_tail}').encode()
 
     def _queue(self, ev: _Event) -> None:
         """Send ``ev`` now unless an older event waits to be sent (again): events go in
@@ -524,22 +565,24 @@ class Consumer:
     def _release_loop(self) -> None:
         """Send held delivered events once their time is up, until `close`."""
         while not self._closing.wait(self._group_s / 2):
+            # Reports too, for an application that calls nothing for a while: its settled
+            # offsets are committed by its next call.
+            self._serve_reports(0)
             with self._lock:
                 self._release(time.monotonic())
 
     def _release(self, now: float) -> None:
         """Queue the held delivered events due by ``now``, oldest first; call with
         ``_lock`` held."""
-        held = self._held
+        held, held_by = self._held, self._held_by
         while held and held[0][0] <= now:
-            ev = held.popleft()[1]
-            if ev.state is not _HELD:
-                continue
-            msg = ev.msg
-            record = (msg.record_topic, msg.partition, msg.offset)
-            if self._held_by.get(record) is ev:  # not a later copy of the same record
-                del self._held_by[record]
-            ev.state = None
+            entry = held.popleft()
+            _, record, message_id, count, ts = entry
+            if held_by.get(record) is not entry:
+                continue  # acknowledged meanwhile, or received again and held again
+            del held_by[record]
+            # Stamped when the message was received: the ack timeout runs from there.
+            ev = _Event(record, self._body("delivered", message_id, count, ts))
             try:
                 self._queue(ev)
             except kafka.KafkaUnavailable as exc:
@@ -561,7 +604,11 @@ class Consumer:
         """Settle the events Kafka has taken, oldest first, and commit (`_commit`); send
         the ones not sent yet and send again, in their order, the ones Kafka refused; wait
         up to ``wait_s`` for the oldest. Call with ``_lock`` held."""
-        deadline = time.monotonic() + wait_s if wait_s > 0 else 0.0
+        now = time.monotonic()
+        deadline = now + wait_s if wait_s > 0 else 0.0
+        if now >= self._serve_at:
+            self._serve_at = now + REPORT_INTERVAL_S
+            self._serve_reports(0)
         unwritten = self._unwritten
         try:
             while unwritten:
@@ -569,7 +616,7 @@ class Consumer:
                 state = first.state
                 if state is True:
                     unwritten.popleft()
-                    self._settle(first.msg)
+                    self._settle(first.record)
                     continue
                 # Not sent, or refused: send again.
                 if state is not _SENT and not self._send_again():
@@ -584,11 +631,7 @@ class Consumer:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    # Cleared before looking, so that a report landing in between still
-                    # ends the wait.
-                    self._reported.clear()
-                    if first.state is _SENT:
-                        self._reported.wait(left)
+                    self._serve_reports(min(left, REPORT_WAIT_S))
                 state = first.state
                 if state is _SENT:
                     log.warning("%d dwell.acks events not written yet (Kafka away?); "
@@ -602,6 +645,11 @@ class Consumer:
                     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         finally:
             self._commit()
+
+    def _serve_reports(self, timeout: float) -> None:
+        """Serve the delivery reports of events (`_Event.reported`) on this thread,
+        waiting up to ``timeout`` for one."""
+        self._events.poll(timeout)
 
     def _send_again(self) -> bool:
         """Send, in their order, every queued event not sent yet or refused by Kafka;
@@ -653,27 +701,23 @@ class Consumer:
 
 # `_Event.state` of an event sent and not reported yet.
 _SENT = object()
-# `_Event.state` of a delivered event held back for the group time (`Consumer._emit`).
-_HELD = object()
 
 
 class _Event:
-    """A dwell.acks event of ``msg`` (its JSON ``body``) and its ``state``: _HELD while
-    held back, None until sent, then _SENT, then True once Kafka has it or the
+    """A dwell.acks event of the message read from ``record`` (its JSON ``body``) and its
+    ``state``: None until sent, then _SENT, then True once Kafka has it or the
     KafkaUnavailable it was refused with (set by `reported`, on the thread serving the
-    producer's delivery reports)."""
+    producer's delivery reports: `Consumer._serve_reports`)."""
 
-    __slots__ = ("msg", "body", "state", "_reported")
+    __slots__ = ("record", "body", "state")
 
-    def __init__(self, msg: Message, body: bytes, reported: threading.Event) -> None:
-        self.msg = msg
+    def __init__(self, record: _Record, body: bytes) -> None:
+        self.record = record
         self.body = body
         self.state: object = None
-        self._reported = reported
 
     def reported(self, error: kafka.KafkaUnavailable | None) -> None:
         self.state = True if error is None else error
-        self._reported.set()
 
 
 def _event_parts(topic: TopicName, subscription: str, settings: Mapping[str, Any]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -15,7 +16,12 @@ OutRecord = tuple[str, Optional[bytes], Optional[bytes], Optional[list[tuple[str
                   Optional[int]]
 
 
-@dataclass(frozen=True)
+# Records read come by the hundred at a time: slotted (Python 3.10+), each is one object
+# for the garbage collector instead of two.
+_SLOTS: dict[str, bool] = {"slots": True} if sys.version_info >= (3, 10) else {}
+
+
+@dataclass(frozen=True, **_SLOTS)
 class Record:
     topic: str
     partition: int
