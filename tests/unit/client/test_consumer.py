@@ -3,7 +3,9 @@ so a crash re-reads what the application or the backoff job does not yet own."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import threading
 import time
 from collections import deque
@@ -369,6 +371,33 @@ def test_a_held_delivery_carries_the_time_it_was_received(
         assert received <= ts < received + 100 and sent_at - ts >= 250
     finally:
         c.close()
+
+
+def test_a_record_received_again_while_held_sends_one_delivery(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record read again while its first copy's delivered event is held (a rebalance
+    handed its partition back) holds one event, the later copy's: one delivery of the
+    message reaches the backoff job, not two."""
+    c, events, _ = _holding_consumer(monkeypatch, 0.1)
+    try:
+        c._emit("delivered", _message(10))
+        c._emit("delivered", _message(10))
+        c._emit("delivered", _message(11))
+        _wait_for(lambda: len(events.sent) == 2)
+        time.sleep(0.25)
+        assert events.kinds() == [("delivered", "m10"), ("delivered", "m11")]
+        assert not c._held and not c._held_by
+    finally:
+        c.close()
+
+
+def test_a_message_survives_pickling_and_copies() -> None:
+    """Applications hand messages to other processes and copy them: a slotted, frozen
+    Message pickles and copies on every Python the client supports."""
+    m = _message(10)
+    assert pickle.loads(pickle.dumps(m)) == m
+    assert copy.copy(m) == m == copy.deepcopy(m)
+    assert m.data() == b"x" and "offset" not in repr(m)
 
 
 class _RefusingEvents(_Events):
