@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 import time
 from collections import deque
@@ -50,6 +49,7 @@ import httpx
 from dwell import endpoints
 from dwell import headers as hdr
 from dwell.adapters import kafka
+from dwell.adapters.kafka.record import DATACLASS_SLOTS
 from dwell.core import topics as names
 from dwell.core.backoff import ExponentialRedeliveryBackoff, validate_ack_timeout_ms
 from dwell.core.positions import format_message_id
@@ -116,11 +116,7 @@ class _Recent:
         return key in self._new or key in self._old
 
 
-# A slotted Message (Python 3.10+) is one object for the garbage collector, not two.
-_SLOTS: dict[str, bool] = {"slots": True} if sys.version_info >= (3, 10) else {}
-
-
-@dataclass(frozen=True, **_SLOTS)
+@dataclass(frozen=True, **DATACLASS_SLOTS)
 class Message:
     """One received message; pass it back to acknowledge / negative_acknowledge."""
 
@@ -437,7 +433,6 @@ class Consumer:
             if left <= 0:
                 return None
             if self._unwritten:
-                self._serve_reports(0)
                 with self._lock:
                     self._write_events(0)
             self._commit()

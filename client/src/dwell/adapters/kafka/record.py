@@ -16,12 +16,13 @@ OutRecord = tuple[str, Optional[bytes], Optional[bytes], Optional[list[tuple[str
                   Optional[int]]
 
 
-# Records read come by the hundred at a time: slotted (Python 3.10+), each is one object
-# for the garbage collector instead of two.
-_SLOTS: dict[str, bool] = {"slots": True} if sys.version_info >= (3, 10) else {}
+# `@dataclass(**DATACLASS_SLOTS)`: slotted where Python can (3.10+), so that each instance
+# is one object for the garbage collector instead of two. Records read come by the
+# hundred at a time.
+DATACLASS_SLOTS: dict[str, bool] = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 
-@dataclass(frozen=True, **_SLOTS)
+@dataclass(frozen=True, **DATACLASS_SLOTS)
 class Record:
     topic: str
     partition: int
