@@ -529,3 +529,28 @@ def test_a_record_with_bad_headers_or_key_is_received_not_raised(
     assert (msg.key, msg.message_id, msg.redelivery_count) == ("\ufffd\ufffdk", "\ufffd:0:1", 0)
     assert (msg.deliver_at, msg.publish_time, msg.event_time) == (None, None, None)
     assert msg.properties == {"colour": "\ufffdred"}
+
+
+def test_a_record_read_again_while_held_unacknowledged_keeps_its_offset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebalance that hands a partition back before its offset was committed reads a
+    record the application still holds. The copy is not given again, and its offset
+    stays pending until the first receipt is acknowledged: a commit past it would lose
+    the message to a crash. A copy at another offset (a redelivery after the ack) is
+    settled at once."""
+    c, _, _ = _away_consumer(monkeypatch)
+    c.ack_timeout_ms = 0
+    c._seen = _Recent()
+    c._offsets = _Offsets()
+
+    def record(offset: int) -> Record:
+        return Record(TP[0], TP[1], offset, None, b"v", {"dwell-message-id": b"m"}, 0)
+
+    held = c._accept(record(10))
+    assert held is not None
+    assert c._accept(record(10)) is None
+    assert c._offsets.committable() == {TP: 10}
+    c._settle((*TP, 10))  # the application's ack is on dwell.acks
+    assert c._offsets.committable() == {TP: 11}
+    assert c._accept(record(11)) is None
+    assert c._offsets.committable() == {TP: 12}

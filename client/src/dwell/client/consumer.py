@@ -174,6 +174,10 @@ class _Offsets:
     def settle(self, tp: tuple[str, int], offset: int) -> None:
         self.pending.get(tp, set()).discard(offset)
 
+    def is_pending(self, tp: tuple[str, int], offset: int) -> bool:
+        pend = self.pending.get(tp)
+        return pend is not None and offset in pend
+
     def committable(self) -> dict[tuple[str, int], int]:
         out = {}
         for tp, high in self.highest.items():
@@ -445,7 +449,6 @@ class Consumer:
         message_id = (raw_id.decode(errors="replace") if raw_id
                       else format_message_id(rec.topic, rec.partition, rec.offset))
         count = max(0, _int_header(headers, hdr.REDELIVERY_COUNT) or 0)
-        self._offsets.received(tp, rec.offset)
         dedupe = f"{count}/{message_id}"
         if dedupe in self._seen or message_id in self._acked:
             # A drain that crashed between writing and completing re-emits a bucket; a
@@ -453,9 +456,15 @@ class Consumer:
             # ack came within its ack timeout, but in its next micro-batch) comes after
             # the ack. An acknowledged message is not given to the application again: a
             # Pulsar consumer too ignores "a message as it was already being acked earlier
-            # by same consumer" (ConsumerImpl.messageReceived).
-            self._offsets.settle(tp, rec.offset)
+            # by same consumer" (ConsumerImpl.messageReceived). A copy of this very record
+            # (a rebalance handed its partition back before its offset was committed)
+            # leaves the offset to the first receipt's ack or event: settling it here
+            # would commit past a message the application still holds.
+            if not self._offsets.is_pending(tp, rec.offset):
+                self._offsets.received(tp, rec.offset)
+                self._offsets.settle(tp, rec.offset)
             return None
+        self._offsets.received(tp, rec.offset)
         self._seen.add(dedupe)
         key = rec.key.decode(errors="replace") if rec.key is not None else None
         msg = Message(rec.value, key, properties_of(headers), message_id, count,
