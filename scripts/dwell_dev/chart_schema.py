@@ -96,6 +96,16 @@ SCHEDULING = {"nodeSelector": MAP, "tolerations": LIST, "affinity": MAP,
               "podAnnotations": MAP}
 
 
+# A process's HorizontalPodAutoscaler and PodDisruptionBudget (templates/_scaling.tpl).
+SCALING = {
+    "autoscaling": obj({"enabled": BOOL, "minReplicas": POS, "maxReplicas": POS,
+                        "targetCPUUtilizationPercentage": {
+                            "type": "integer", "minimum": 1, "maximum": 100}}),
+    "podDisruptionBudget": obj({"enabled": BOOL,
+                                "maxUnavailable": {"type": ["integer", "string"]}}),
+}
+
+
 def component(name: str, extra: dict[str, Any]) -> dict[str, Any]:
     return obj({"config": settings_schema(COMPONENT_SETTINGS[name], own_only=True),
                 "resources": RESOURCES, **SCHEDULING, **extra})
@@ -154,16 +164,9 @@ def schema() -> dict[str, Any]:
                 "persistence": PERSISTENCE,
                 "resources": RESOURCES,
             }),
-            "policy": component("policy", {"replicaCount": POS}),
-            "admission": component("admission", {
-                "replicaCount": POS,
-                "autoscaling": obj({"enabled": BOOL, "minReplicas": POS, "maxReplicas": POS,
-                                    "targetCPUUtilizationPercentage": {
-                                        "type": "integer", "minimum": 1, "maximum": 100}}),
-                "podDisruptionBudget": obj({"enabled": BOOL,
-                                            "maxUnavailable": {"type": ["integer", "string"]}}),
-            }),
-            "tracker": component("tracker", {"replicaCount": POS}),
+            "policy": component("policy", {"replicaCount": POS, **SCALING}),
+            "admission": component("admission", {"replicaCount": POS, **SCALING}),
+            "tracker": component("tracker", {"replicaCount": POS, **SCALING}),
             "spark": component("spark", {
                 "image": IMAGE,
                 "mode": {"type": "string", "enum": ["client", "operator"]},

@@ -795,6 +795,31 @@ def test_admission_is_a_statefulset_for_stable_transactional_ids(helm: str) -> N
         "scaleTargetRef"]["kind"] == "StatefulSet"
 
 
+
+def test_each_process_can_scale_on_cpu_and_keeps_replicas_through_disruptions(
+        helm: str) -> None:
+    """Admission, the tracker and the policy service each get a PodDisruptionBudget over
+    their own pods, and with autoscaling on an HPA on CPU that owns the replica count;
+    without it the chart sets the replicas and makes no HPA."""
+    workloads = {"admission": "StatefulSet", "tracker": "Deployment", "policy": "Deployment"}
+    plain, scaled = render(helm), render(helm, *EVERYTHING)
+    assert not by_kind(plain, "HorizontalPodAutoscaler")
+    for name, kind in workloads.items():
+        full = f"rel-dwell-{name}"
+        pod_labels = by_kind(plain, kind)[full]["spec"]["template"]["metadata"]["labels"]
+        pdb = by_kind(plain, "PodDisruptionBudget")[full]["spec"]
+        assert pdb["maxUnavailable"] == 1
+        assert pdb["selector"]["matchLabels"].items() <= pod_labels.items()
+        assert pdb["selector"]["matchLabels"]["app.kubernetes.io/component"] == name
+        assert by_kind(plain, kind)[full]["spec"]["replicas"] >= 1
+        assert "replicas" not in by_kind(scaled, kind)[full]["spec"]
+        hpa = by_kind(scaled, "HorizontalPodAutoscaler")[full]["spec"]
+        assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": kind, "name": full}
+        assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+    off = render(helm, "--set", "tracker.podDisruptionBudget.enabled=false")
+    assert "rel-dwell-tracker" not in by_kind(off, "PodDisruptionBudget")
+
+
 # ---------------------------------------------------------------- monitoring
 
 
