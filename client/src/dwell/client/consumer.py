@@ -174,9 +174,12 @@ class _Offsets:
     def settle(self, tp: tuple[str, int], offset: int) -> None:
         self.pending.get(tp, set()).discard(offset)
 
-    def is_pending(self, tp: tuple[str, int], offset: int) -> bool:
-        pend = self.pending.get(tp)
-        return pend is not None and offset in pend
+    def skip(self, tp: tuple[str, int], offset: int) -> None:
+        """A record read and not given to the application: its offset may be committed,
+        unless an earlier receipt of the same record is still pending (a rebalance handed
+        its partition back before it was committed): that one settles it."""
+        if offset not in self.pending.get(tp, ()):
+            self.highest[tp] = max(self.highest.get(tp, -1), offset)
 
     def committable(self) -> dict[tuple[str, int], int]:
         out = {}
@@ -456,13 +459,8 @@ class Consumer:
             # ack came within its ack timeout, but in its next micro-batch) comes after
             # the ack. An acknowledged message is not given to the application again: a
             # Pulsar consumer too ignores "a message as it was already being acked earlier
-            # by same consumer" (ConsumerImpl.messageReceived). A copy of this very record
-            # (a rebalance handed its partition back before its offset was committed)
-            # leaves the offset to the first receipt's ack or event: settling it here
-            # would commit past a message the application still holds.
-            if not self._offsets.is_pending(tp, rec.offset):
-                self._offsets.received(tp, rec.offset)
-                self._offsets.settle(tp, rec.offset)
+            # by same consumer" (ConsumerImpl.messageReceived).
+            self._offsets.skip(tp, rec.offset)
             return None
         self._offsets.received(tp, rec.offset)
         self._seen.add(dedupe)
